@@ -1,0 +1,119 @@
+// Argument checks shared by the CPU and CUDA FFI handlers.
+//
+// The Python wrappers validate everything before a kernel runs; these checks
+// are the second line, so that a malformed direct ffi_call gets an
+// ffi::Error instead of a crash inside a kernel.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+
+namespace ffi = xla::ffi;
+
+enum class Fp8Kind { kE4M3, kE5M2, kInvalid };
+enum class WideKind { kF32, kBF16, kF16, kInvalid };
+
+inline Fp8Kind Fp8KindOf(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F8E4M3FN:
+      return Fp8Kind::kE4M3;
+    case ffi::DataType::F8E5M2:
+      return Fp8Kind::kE5M2;
+    default:
+      return Fp8Kind::kInvalid;
+  }
+}
+
+inline WideKind WideKindOf(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32:
+      return WideKind::kF32;
+    case ffi::DataType::BF16:
+      return WideKind::kBF16;
+    case ffi::DataType::F16:
+      return WideKind::kF16;
+    default:
+      return WideKind::kInvalid;
+  }
+}
+
+inline ffi::Error BadArg(const std::string& op, const std::string& what) {
+  return ffi::Error::InvalidArgument("fp8jax " + op + ": " + what);
+}
+
+// Shapes for a grouped elementwise op: `groups` independent tensors (one
+// scale each, from vmap), each of `per_group` elements.
+struct GroupShape {
+  int64_t groups = 1;
+  int64_t per_group = 0;
+};
+
+inline ffi::Error GroupShapeOf(const std::string& op, int64_t numel, int64_t groups,
+                               GroupShape* out) {
+  if (groups < 1) return BadArg(op, "scale must have at least one element");
+  if (numel % groups != 0) {
+    return BadArg(op, "tensor size " + std::to_string(numel) +
+                          " is not a multiple of the number of scales " + std::to_string(groups));
+  }
+  out->groups = groups;
+  out->per_group = numel / groups;
+  return ffi::Error::Success();
+}
+
+// Shapes for cast_transpose: `matrices` row-major [rows, cols] matrices,
+// `matrices / groups` of them share one scale.
+struct MatrixShape {
+  int64_t groups = 1;
+  int64_t matrices = 1;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+inline ffi::Error MatrixShapeOf(const std::string& op, ffi::AnyBuffer::Dimensions dims,
+                                int64_t groups, MatrixShape* out) {
+  if (dims.size() < 2) return BadArg(op, "input must have rank >= 2");
+  out->rows = dims[dims.size() - 2];
+  out->cols = dims[dims.size() - 1];
+  int64_t matrices = 1;
+  for (size_t i = 0; i + 2 < dims.size(); ++i) matrices *= dims[i];
+  if (groups < 1 || matrices % groups != 0) {
+    return BadArg(op, "leading dims are not a multiple of the number of scales");
+  }
+  out->groups = groups;
+  out->matrices = matrices;
+  return ffi::Error::Success();
+}
+
+// The amax-history update: `rows` independent states of length `len`.
+struct HistoryShape {
+  int64_t rows = 0;
+  int64_t len = 0;
+};
+
+inline ffi::Error HistoryShapeOf(ffi::AnyBuffer::Dimensions hist_dims, int64_t hist_numel,
+                                 int64_t n_scale, int64_t n_amax, int64_t n_max,
+                                 HistoryShape* out) {
+  const std::string op = "update_fp8_state";
+  if (hist_dims.size() < 1 || hist_dims[hist_dims.size() - 1] < 1) {
+    return BadArg(op, "amax_history must have rank >= 1 and a non-empty last dim");
+  }
+  out->len = hist_dims[hist_dims.size() - 1];
+  out->rows = hist_numel / out->len;
+  if (n_scale != out->rows || n_amax != out->rows || n_max != out->rows) {
+    return BadArg(op, "scale, amax and fp8_max must have one element per history row");
+  }
+  return ffi::Error::Success();
+}
+
+inline ffi::Error CheckAlgo(int64_t algo) {
+  if (algo != 0 && algo != 1) {
+    return BadArg("update_fp8_state", "algo must be 0 (max) or 1 (most_recent)");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace fp8jax

@@ -1,0 +1,72 @@
+"""Loads the compiled extensions and registers their XLA FFI targets.
+
+Every kernel is registered under one target name for ``cpu`` and, when the CUDA extension is built
+and JAX has a CUDA backend, for ``CUDA`` too, so one :func:`jax.ffi.ffi_call` runs on either
+platform. Registration is lazy (first op call) and idempotent: ``import fp8jax`` never touches a
+GPU, a driver or cuBLAS.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import warnings
+from types import ModuleType
+
+import jax
+
+__all__ = ["cuda_extension", "ensure_registered", "jax_has_cuda"]
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(f"fp8jax.{name}")
+    except ImportError:
+        return None
+
+
+@functools.cache
+def cpu_extension() -> ModuleType:
+    """The CPU extension module; it is always built, so its absence is an install error."""
+    mod = _load("_fp8jax_cpu")
+    if mod is None:
+        raise ImportError(
+            "fp8jax: the compiled extension fp8jax._fp8jax_cpu is missing; reinstall fp8jax with "
+            "`pip install .` (it needs a C++20 compiler and CMake)"
+        )
+    return mod
+
+
+@functools.cache
+def cuda_extension() -> ModuleType | None:
+    """The CUDA extension module, or ``None`` when it was not built."""
+    return _load("_fp8jax_cuda")
+
+
+@functools.cache
+def jax_has_cuda() -> bool:
+    """Whether JAX has a CUDA backend with at least one device."""
+    try:
+        return len(jax.devices("cuda")) > 0
+    except RuntimeError:
+        return False
+
+
+@functools.cache
+def ensure_registered() -> None:
+    """Registers every fp8jax FFI target (once per process)."""
+    for name, capsule in cpu_extension().registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    if not jax_has_cuda():
+        return
+    cuda = cuda_extension()
+    if cuda is None:
+        warnings.warn(
+            "fp8jax: JAX has a CUDA backend but fp8jax was built without its CUDA extension, so "
+            "fp8jax ops cannot run on the GPU; rebuild with FP8JAX_CUDA=ON and nvcc on PATH",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    for name, capsule in cuda.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")

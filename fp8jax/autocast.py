@@ -1,0 +1,149 @@
+"""The FP8 on/off switch and the current recipe.
+
+``with fp8jax.autocast(enabled=True, recipe=recipe): ...`` turns FP8 on for the fp8jax layers
+called inside the block and tells them which :class:`~fp8jax.recipe.Recipe` to follow. Outside any
+``autocast`` FP8 is off and there is no recipe. Blocks nest; leaving one (normally or by an
+exception) restores the state of the enclosing one.
+
+The state is **thread-local**: entering ``autocast`` in one thread changes nothing that another
+thread sees.
+
+The state is also **part of jax.jit's cache key** (it is held in a
+:func:`jax.make_user_context` context). A function jitted under one recipe, or with FP8 off, is
+traced again when it is called under another recipe or with the flag changed, so a stale trace is
+never reused; calling it again under a state seen before hits the cache.
+
+Enter it around ``init`` and ``apply`` of fp8jax layers, either outside ``jax.jit`` (the state
+then becomes part of the jitted call's cache key) or inside the jitted function, around the code
+that calls the layers (it is read while tracing)::
+
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        variables = layer.init(rng, x)
+
+    @jax.jit
+    def train_step(state, x, y):
+        with fp8jax.autocast(enabled=True, recipe=recipe):
+            ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+
+from fp8jax.recipe import DelayedScaling, Recipe
+
+__all__ = ["autocast", "fp8_autocast", "get_recipe", "is_fp8_enabled"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _State:
+    """The autocast state: hashable, so it can be part of jit's cache key."""
+
+    enabled: bool
+    recipe: Recipe | None
+
+
+_DEFAULT_STATE = _State(enabled=False, recipe=None)
+
+# Created once, at import: jax.make_user_context must not be called concurrently with other JAX
+# APIs. Using the context afterwards (from any thread) is thread-safe and thread-local.
+_CONTEXT = jax.make_user_context(default_value=_DEFAULT_STATE)
+
+
+def _current_state() -> _State:
+    """Returns the autocast state of the innermost ``autocast`` block of this thread."""
+    return _CONTEXT.value
+
+
+class _AutocastContext(contextlib.ContextDecorator):
+    """Enters a fixed :class:`_State`; reusable, reentrant, and usable from several threads."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+        self._local = threading.local()  # per-thread stack of entered jax contexts
+
+    def __enter__(self) -> None:
+        stack = self._local.__dict__.setdefault("stack", [])
+        ctx = _CONTEXT(self._state)
+        ctx.__enter__()
+        stack.append(ctx)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._local.stack.pop().__exit__(*exc_info)
+
+    def __repr__(self) -> str:
+        s = self._state
+        return f"autocast(enabled={s.enabled!r}, recipe={s.recipe!r})"
+
+
+def _checked(
+    enabled: Any, recipe: Any, fn: str, recipe_arg: str
+) -> contextlib.AbstractContextManager[None]:
+    """Validates the arguments of ``fn`` and returns the context manager entering the state."""
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise TypeError(f"{fn}: enabled must be a bool, got {enabled!r}")
+    if recipe is None:
+        recipe = DelayedScaling()
+    elif not isinstance(recipe, Recipe):
+        raise TypeError(
+            f"{fn}: {recipe_arg} must be None or a fp8jax.recipe.Recipe (e.g. DelayedScaling()), "
+            f"got {recipe!r} of type {type(recipe).__name__}"
+        )
+    return _AutocastContext(_State(enabled=bool(enabled), recipe=recipe))
+
+
+def autocast(
+    enabled: bool = True, recipe: Recipe | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """Context manager that turns FP8 on (or off) and sets the recipe for the block inside it.
+
+    Args:
+      enabled: Whether fp8jax layers compute in FP8 inside the block. With ``False`` the recipe is
+        still recorded (:func:`get_recipe` returns it) but :func:`is_fp8_enabled` is ``False``.
+      recipe: The :class:`~fp8jax.recipe.Recipe` to follow; ``None`` means
+        ``DelayedScaling()`` (TransformerEngine's defaults).
+
+    Returns:
+      A context manager (also usable as a decorator, and reusable); the arguments are checked
+      when ``autocast`` is called, not when the block is entered.
+
+    Raises:
+      TypeError: if ``enabled`` is not a bool or ``recipe`` is neither ``None`` nor a ``Recipe``.
+
+    Example:
+
+    >>> from fp8jax.recipe import DelayedScaling
+    >>> with autocast(enabled=True, recipe=DelayedScaling(margin=1)):
+    ...     print(is_fp8_enabled(), get_recipe().margin)
+    True 1
+    >>> is_fp8_enabled(), get_recipe()
+    (False, None)
+    """
+    return _checked(enabled, recipe, "autocast", "recipe")
+
+
+def fp8_autocast(
+    enabled: bool = False, fp8_recipe: Recipe | None = None
+) -> contextlib.AbstractContextManager[None]:
+    """:func:`autocast` with TransformerEngine's argument names and defaults (off by default).
+
+    For porting TE code: ``fp8_autocast(enabled=True, fp8_recipe=r)`` is
+    ``autocast(enabled=True, recipe=r)``.
+    """
+    return _checked(enabled, fp8_recipe, "fp8_autocast", "fp8_recipe")
+
+
+def is_fp8_enabled() -> bool:
+    """Whether FP8 is on in the innermost ``autocast`` block of this thread (``False`` outside)."""
+    return _current_state().enabled
+
+
+def get_recipe() -> Recipe | None:
+    """The recipe of the innermost ``autocast`` block of this thread (``None`` outside any)."""
+    return _current_state().recipe

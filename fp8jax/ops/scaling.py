@@ -1,0 +1,215 @@
+"""The delayed-scaling state update: ``update_fp8_state`` and its batched form.
+
+Exactly the order of DESIGN.md, per tensor, after the step that observed ``amax``:
+
+1. the rolling history takes ``amax`` in its newest slot, index 0; the oldest value (the last
+   index) falls off;
+2. the history is reduced: ``"max"`` over all of it (NaN-propagating), ``"most_recent"`` = index
+   0, or the recipe's callable;
+3. ``scale = (fp8_max / amax_reduced) * 2**-margin`` in float32; if ``amax_reduced`` is 0, inf
+   or NaN (or subnormal: XLA:CPU flushes subnormals, so this keeps platforms equal) the old
+   scale is kept; a scale that overflows to inf is clamped to float32's max
+   (TransformerEngine does the same). A recipe's ``scaling_factor_compute_algo`` replaces this
+   step entirely: ``scale = fn(amax_reduced, old_scale, fp8_max, recipe)``.
+
+The string algorithms run in one FFI kernel launch for any number of tensors
+(:func:`update_fp8_states`); a callable in the recipe runs as jnp (it is user Python).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax import _ffi
+from fp8jax.ops import _checks
+from fp8jax.recipe import DelayedScaling
+
+__all__ = ["update_fp8_state", "update_fp8_states", "update_fp8_states_reference"]
+
+_ALGO_CODES = {"max": 0, "most_recent": 1}
+_F32_MAX = np.float32(np.finfo(np.float32).max)
+_F32_TINY = np.float32(np.finfo(np.float32).smallest_normal)
+
+
+def _margin_factor(margin: int) -> np.float32:
+    return np.float32(2.0**-margin)
+
+
+def _nan_max(h: jax.Array) -> jax.Array:
+    """Row-wise max that propagates NaN (XLA:CPU's max-reduction does not reliably)."""
+    nan = jnp.isnan(h)
+    m = jnp.max(jnp.where(nan, -jnp.inf, h), axis=1)
+    return jnp.where(jnp.any(nan, axis=1), jnp.float32(jnp.nan), m)
+
+
+def update_fp8_states_reference(
+    amax_histories: jax.Array,
+    scales: jax.Array,
+    amaxes: jax.Array,
+    fp8_maxes: jax.Array,
+    recipe: DelayedScaling,
+) -> tuple[jax.Array, jax.Array]:
+    """Pure-jnp reference of the update for ``n`` states: histories ``[n, L]``, others ``[n]``."""
+    new_hist = jnp.concatenate([amaxes[:, None], amax_histories[:, :-1]], axis=1)
+    algo = recipe.amax_compute_algo
+    if algo == "max":
+        red = _nan_max(new_hist)
+    elif algo == "most_recent":
+        red = new_hist[:, 0]
+    else:
+        red = jax.vmap(lambda h: jnp.reshape(jnp.asarray(algo(h), jnp.float32), ()))(new_hist)
+    if recipe.scaling_factor_compute_algo is not None:
+        fn = recipe.scaling_factor_compute_algo
+        new_scales = jax.vmap(
+            lambda a, s, m: jnp.reshape(jnp.asarray(fn(a, s, m, recipe), jnp.float32), ())
+        )(red, scales, fp8_maxes)
+        return new_hist, new_scales
+    s = (fp8_maxes / red) * _margin_factor(recipe.margin)
+    s = jnp.where(s > _F32_MAX, _F32_MAX, s)
+    usable = (red >= _F32_TINY) & (red <= _F32_MAX)
+    return new_hist, jnp.where(usable, s, scales)
+
+
+def _uses_kernel(recipe: DelayedScaling) -> bool:
+    return isinstance(recipe.amax_compute_algo, str) and recipe.scaling_factor_compute_algo is None
+
+
+def _check_recipe(op: str, recipe: Any) -> DelayedScaling:
+    if not isinstance(recipe, DelayedScaling):
+        raise TypeError(
+            f"{op}: recipe must be a DelayedScaling (the only recipe with an amax history), "
+            f"got {type(recipe).__name__}"
+        )
+    return recipe
+
+
+def _fp8_maxes(op: str, recipe: DelayedScaling, backward: Any, n: int) -> jax.Array:
+    flags = np.asarray(backward)
+    if flags.dtype != np.bool_ or flags.shape not in ((), (n,)):
+        raise TypeError(
+            f"{op}: backward must be a bool or a sequence of {n} bools, got {backward!r}"
+        )
+    flags = np.broadcast_to(flags, (n,))
+    return jnp.asarray(
+        np.where(flags, recipe.fp8_max(backward=True), recipe.fp8_max(backward=False)),
+        jnp.float32,
+    )
+
+
+def update_fp8_states(
+    amax_histories: jax.Array,
+    scales: jax.Array,
+    amaxes: jax.Array,
+    recipe: DelayedScaling,
+    *,
+    backward: bool | Sequence[bool] = False,
+) -> tuple[jax.Array, jax.Array]:
+    """Updates ``n`` delayed-scaling states in one kernel launch.
+
+    Args:
+      amax_histories: float32 ``[n, amax_history_len]``, newest at index 0.
+      scales: float32 ``[n]`` or ``[n, 1]``.
+      amaxes: float32 of the same shape as ``scales``: each tensor's amax of this step.
+      recipe: a :class:`~fp8jax.recipe.DelayedScaling`.
+      backward: per state (or for all), whether it is a backward tensor (gradient), which picks
+        the recipe's backward FP8 format for ``fp8_max`` (E5M2 under HYBRID).
+
+    Returns:
+      ``(new_histories, new_scales)`` of the input shapes; bit-identical to calling
+      :func:`update_fp8_state` on each state.
+    """
+    op = "update_fp8_states"
+    recipe = _check_recipe(op, recipe)
+    hist = _checks.array_arg(op, "amax_histories", amax_histories)
+    scales = _checks.array_arg(op, "scales", scales)
+    amaxes = _checks.array_arg(op, "amaxes", amaxes)
+    for name, v in (("amax_histories", hist), ("scales", scales), ("amaxes", amaxes)):
+        if v.dtype != jnp.float32:
+            raise TypeError(f"{op}: {name} must be float32, got dtype {v.dtype}")
+    if hist.ndim != 2 or hist.shape[1] != recipe.amax_history_len:
+        raise ValueError(
+            f"{op}: amax_histories must have shape [n, {recipe.amax_history_len}] "
+            f"(recipe.amax_history_len), got {hist.shape}"
+        )
+    n = hist.shape[0]
+    if scales.shape not in ((n,), (n, 1)):
+        raise ValueError(f"{op}: scales must have shape ({n},) or ({n}, 1), got {scales.shape}")
+    if amaxes.shape != scales.shape:
+        raise ValueError(
+            f"{op}: amaxes must have the shape of scales {scales.shape}, got {amaxes.shape}"
+        )
+    fp8_maxes = _fp8_maxes(op, recipe, backward, n)
+    flat_scales = jnp.reshape(scales, (n,))
+    flat_amaxes = jnp.reshape(amaxes, (n,))
+    if not _uses_kernel(recipe):
+        new_hist, new_scales = update_fp8_states_reference(
+            hist, flat_scales, flat_amaxes, fp8_maxes, recipe
+        )
+        return new_hist, jnp.reshape(new_scales, scales.shape)
+    _ffi.ensure_registered()
+    out = (
+        jax.ShapeDtypeStruct(hist.shape, jnp.float32),
+        jax.ShapeDtypeStruct((n,), jnp.float32),
+    )
+    call = jax.ffi.ffi_call("fp8jax_update_fp8_state", out, vmap_method="broadcast_all")
+    new_hist, new_scales = call(
+        hist,
+        flat_scales,
+        flat_amaxes,
+        fp8_maxes,
+        margin=np.int64(recipe.margin),
+        algo=np.int64(_ALGO_CODES[recipe.amax_compute_algo]),
+    )
+    return new_hist, jnp.reshape(new_scales, scales.shape)
+
+
+def update_fp8_state(
+    amax_history: jax.Array,
+    scale: jax.Array,
+    amax: jax.Array,
+    recipe: DelayedScaling,
+    *,
+    backward: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """Updates one tensor's delayed-scaling state; returns ``(new_amax_history, new_scale)``.
+
+    Args:
+      amax_history: float32 ``[recipe.amax_history_len]``, newest at index 0.
+      scale: float32, shape ``()`` or ``(1,)``: the scale this step quantized with.
+      amax: float32, shape ``()`` or ``(1,)``: this step's amax of the tensor.
+      recipe: a :class:`~fp8jax.recipe.DelayedScaling`.
+      backward: whether the tensor is a gradient (uses the recipe's backward format's max).
+
+    >>> import jax.numpy as jnp, fp8jax
+    >>> r = fp8jax.DelayedScaling(amax_history_len=3)
+    >>> h, s = fp8jax.ops.update_fp8_state(jnp.zeros(3), jnp.float32(1), jnp.float32(2), r)
+    >>> h.tolist(), float(s)
+    ([2.0, 0.0, 0.0], 224.0)
+    """
+    op = "update_fp8_state"
+    recipe = _check_recipe(op, recipe)
+    hist = _checks.array_arg(op, "amax_history", amax_history)
+    if hist.dtype != jnp.float32:
+        raise TypeError(f"{op}: amax_history must be float32, got dtype {hist.dtype}")
+    if hist.shape != (recipe.amax_history_len,):
+        raise ValueError(
+            f"{op}: amax_history must have shape ({recipe.amax_history_len},) "
+            f"(recipe.amax_history_len), got {hist.shape}"
+        )
+    scale = _checks.scalar_f32(op, "scale", scale)
+    amax = _checks.scalar_f32(op, "amax", amax)
+    if not isinstance(backward, (bool, np.bool_)):
+        raise TypeError(f"{op}: backward must be a bool, got {backward!r}")
+    new_hist, new_scale = update_fp8_states(
+        hist[None, :],
+        jnp.reshape(scale, (1,)),
+        jnp.reshape(amax, (1,)),
+        recipe,
+        backward=bool(backward),
+    )
+    return new_hist[0], jnp.reshape(new_scale, scale.shape)

@@ -1,0 +1,35 @@
+"""Shared test setup: the kernel under test runs on the default backend (CPU here, CUDA on a GPU
+machine); expectations come from the jnp references pinned to the CPU and from numpy oracles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # makes tests/ops/_values.py importable
+
+jax.config.update("jax_enable_x64", False)
+
+
+def on_cpu(fn, *args, **kwargs):
+    """Runs ``fn`` with its array arguments committed to the CPU (the reference platform)."""
+    cpu = jax.devices("cpu")[0]
+    args = [jax.device_put(a, cpu) if isinstance(a, (jax.Array, np.ndarray)) else a for a in args]
+    with jax.default_device(cpu):
+        return fn(*args, **kwargs)
+
+
+def has_cuda() -> bool:
+    try:
+        return len(jax.devices("cuda")) > 0
+    except RuntimeError:
+        return False
+
+
+requires_cuda = pytest.mark.skipif(
+    not has_cuda(), reason="needs a CUDA device (JAX has no CUDA backend on this machine)"
+)

@@ -1,0 +1,63 @@
+# shellcheck shell=bash
+# Sourced (not run) by tools/test.sh and tools/demo.sh: puts fp8jax, built from this checkout, into
+# the repo's own virtual environment, ./.venv, creating it when it is missing.
+#
+# After sourcing, the current directory is the repo root and these are set:
+#   FP8JAX_ROOT  absolute path of the repo root
+#   FP8JAX_PY    the venv's python
+#   FP8JAX_CUDA  passed to the build (AUTO when unset: the CUDA extension is built if nvcc is found)
+#
+# The editable install ("pip install -e .[test]") is redone only when something that changes the
+# compiled extensions or the package's file list changed since the last install (a stamp in the
+# venv records that), so a second run starts in seconds. Python edits need no reinstall.
+# FP8JAX_REINSTALL=1 forces the install.
+
+set -euo pipefail
+
+FP8JAX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$FP8JAX_ROOT"
+export FP8JAX_CUDA="${FP8JAX_CUDA:-AUTO}"
+
+_fp8jax_venv="$FP8JAX_ROOT/.venv"
+FP8JAX_PY="$_fp8jax_venv/bin/python"
+
+if ! "$FP8JAX_PY" -c "import sys" >/dev/null 2>&1; then
+  if ! command -v python3 >/dev/null 2>&1; then
+    echo "fp8jax: python3 (>= 3.10) is needed on PATH to create .venv" >&2
+    exit 1
+  fi
+  echo "fp8jax: creating $_fp8jax_venv with $(python3 --version 2>&1) ($(command -v python3))"
+  rm -rf "$_fp8jax_venv"
+  python3 -m venv "$_fp8jax_venv"
+fi
+
+# What the install depends on: build files, kernel sources, the package's file list (an editable
+# install maps known files), the CUDA switch and nvcc's presence, and the interpreter.
+_fp8jax_stamp_now() {
+  {
+    echo "FP8JAX_CUDA=$FP8JAX_CUDA nvcc=$(command -v nvcc || echo none)"
+    "$FP8JAX_PY" -c "import sys; print(sys.version)"
+    cat pyproject.toml CMakeLists.txt
+    find cpp -type f -print0 | LC_ALL=C sort -z | xargs -0 -r cat
+    find fp8jax -type f \( -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \) | LC_ALL=C sort
+  } | sha256sum | cut -d' ' -f1
+}
+
+_fp8jax_stamp_file="$_fp8jax_venv/.fp8jax-install-stamp"
+_fp8jax_stamp="$(_fp8jax_stamp_now)"
+if [[ "${FP8JAX_REINSTALL:-0}" == "1" ]] \
+  || [[ ! -f "$_fp8jax_stamp_file" ]] \
+  || [[ "$(cat "$_fp8jax_stamp_file")" != "$_fp8jax_stamp" ]] \
+  || ! "$FP8JAX_PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('fp8jax._fp8jax_cpu') is None)" >/dev/null 2>&1; then
+  echo "fp8jax: installing into .venv (FP8JAX_CUDA=$FP8JAX_CUDA); this builds the extensions"
+  rm -f "$_fp8jax_stamp_file"
+  "$FP8JAX_PY" -m pip install --upgrade pip
+  "$FP8JAX_PY" -m pip install -e ".[test]"
+  echo "$_fp8jax_stamp" >"$_fp8jax_stamp_file"
+else
+  echo "fp8jax: .venv is up to date with this checkout (FP8JAX_REINSTALL=1 forces a reinstall)"
+fi
+
+unset _fp8jax_venv _fp8jax_stamp _fp8jax_stamp_file
+unset -f _fp8jax_stamp_now
+export FP8JAX_ROOT FP8JAX_PY

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# The GPU check: bash tools/gpu_check.sh [OUT]   (OUT defaults to ./out)
+#
+# Run from the repo root on a CUDA machine whose python already has JAX with its CUDA plugin,
+# pytest, scikit-build-core, nanobind and cmake (no network is needed or used). It builds fp8jax
+# in place with the CUDA extension forced on, runs the whole test suite on the GPU, runs the
+# benchmarks, and writes into OUT (at most 8 files, one folder level):
+#
+#   env.txt             nvidia-smi, python/jax versions, JAX devices, git commit
+#   build.log           the editable build (FP8JAX_CUDA=ON)
+#   pytest.log          pytest output;  pytest.xml  its JUnit report
+#   cast_bandwidth.json benchmarks/cast_bandwidth.py
+#   bench.log           the output of every benchmark
+#   bench/NAME.json     every other benchmarks/NAME.py that takes --json PATH
+#   summary.md          device, versions, build and test results, key benchmark numbers
+#
+# Exits with pytest's exit code (or the build's, if the build fails).
+
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${1:-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+PY="${PYTHON:-python}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-300}"
+
+# ---------------------------------------------------------------- environment
+{
+  echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "# git commit"
+  if command -v git >/dev/null 2>&1 && git rev-parse HEAD >/dev/null 2>&1; then
+    git rev-parse HEAD
+  else
+    echo "unknown"
+  fi
+  echo "# nvidia-smi"
+  nvidia-smi 2>&1 || echo "nvidia-smi not available"
+  echo "# nvcc"
+  nvcc --version 2>&1 || echo "nvcc not available"
+  echo "# python and jax"
+  "$PY" - <<'EOF' 2>&1 || echo "python/jax query failed"
+import sys
+
+print("python", sys.version.replace("\n", " "))
+try:
+    import jax
+    import jaxlib
+
+    print("jax", jax.__version__, "jaxlib", jaxlib.__version__)
+    print("backend", jax.default_backend())
+    for d in jax.devices():
+        print("device", d, d.device_kind, getattr(d, "compute_capability", ""))
+except Exception as e:  # report, never stop the check here
+    print("jax unavailable:", type(e).__name__, e)
+EOF
+} >"$OUT/env.txt"
+echo "gpu_check: environment recorded in $OUT/env.txt"
+
+# ---------------------------------------------------------------- build
+echo "gpu_check: building (FP8JAX_CUDA=ON, no build isolation), log in $OUT/build.log"
+build_rc=0
+{
+  # Without build isolation the build deps must already be in this python (there is no network).
+  "$PY" -c "import scikit_build_core, nanobind, jaxlib" \
+    || echo "gpu_check: this python lacks a build dependency: it needs scikit-build-core," \
+      "nanobind and jaxlib (and a CMake >= 3.26 with nvcc on PATH)"
+  command -v cmake >/dev/null 2>&1 && cmake --version | head -n 1
+} >"$OUT/build.log" 2>&1
+FP8JAX_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps -e . >>"$OUT/build.log" 2>&1 \
+  || build_rc=$?
+
+summary_py() {
+  "$PY" - "$OUT" "$build_rc" "${pytest_rc:-not run}" <<'EOF'
+import json, pathlib, re, sys
+
+out, build_rc, pytest_rc = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+lines = ["# fp8jax GPU check", ""]
+env = (out / "env.txt").read_text(errors="replace") if (out / "env.txt").exists() else ""
+devices = [ln[len("device "):] for ln in env.splitlines() if ln.startswith("device ")]
+versions = [ln for ln in env.splitlines() if ln.startswith(("python ", "jax "))]
+commit = env.split("# git commit\n", 1)[-1].split("\n", 1)[0] if "# git commit" in env else "?"
+lines += [f"- device: {', '.join(devices) or 'none found'}"]
+lines += [f"- {v}" for v in versions]
+lines += [f"- git commit: {commit}", f"- build rc: {build_rc}", f"- pytest rc: {pytest_rc}"]
+log = out / "pytest.log"
+if log.exists():
+    tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    last = tail[-1] if tail else ""
+    counts = dict.fromkeys(("passed", "failed", "skipped", "errors"), 0)
+    for num, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", last):
+        word = "errors" if word.startswith("error") else word
+        counts[word] = counts.get(word, 0) + int(num)
+    lines += ["- pytest: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
+    lines += [f"- pytest last line: `{last.strip('= ')}`"]
+jsons = sorted(out.glob("*.json")) + sorted((out / "bench").glob("*.json"))
+if jsons:
+    lines += ["", "## Benchmarks"]
+for path in jsons:
+    lines += ["", f"### {path.relative_to(out)}"]
+    try:
+        rep = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        lines += [f"unreadable: {e}"]
+        continue
+    if rep.get("skipped"):
+        lines += [f"skipped: {rep.get('reason', '')}"]
+        continue
+    if "checks" in rep:
+        lines += ["checks: " + ", ".join(f"{k}={v}" for k, v in rep["checks"].items())]
+    rows = rep.get("results")
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+        cols = [k for k, v in rows[0].items() if isinstance(v, (str, int, float))]
+        lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in rows:
+            cells = [f"{r.get(c):.4g}" if isinstance(r.get(c), float) else str(r.get(c))
+                     for c in cols]
+            lines += ["| " + " | ".join(cells) + " |"]
+    else:
+        lines += ["keys: " + ", ".join(map(str, rep))]
+(out / "summary.md").write_text("\n".join(lines) + "\n")
+EOF
+}
+
+if [[ $build_rc -ne 0 ]]; then
+  echo "gpu_check: BUILD FAILED (rc $build_rc); last lines of $OUT/build.log:" >&2
+  tail -n 40 "$OUT/build.log" >&2
+  summary_py || true
+  exit "$build_rc"
+fi
+"$PY" -c "import importlib.util as u; print('gpu_check: CUDA extension at', u.find_spec('fp8jax._fp8jax_cuda').origin)" \
+  | tee -a "$OUT/build.log" || echo "gpu_check: WARNING: no CUDA extension after an FP8JAX_CUDA=ON build" | tee -a "$OUT/build.log"
+
+# ---------------------------------------------------------------- tests
+echo "gpu_check: pytest, log in $OUT/pytest.log"
+pytest_rc=0
+"$PY" -m pytest -q tests -x --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1 || pytest_rc=$?
+tail -n 5 "$OUT/pytest.log"
+echo "gpu_check: pytest rc $pytest_rc"
+
+# ---------------------------------------------------------------- benchmarks
+run_bench() {  # run_bench SCRIPT JSON
+  local rc=0
+  echo "===== $1 --json $2" >>"$OUT/bench.log"
+  if command -v timeout >/dev/null 2>&1; then
+    timeout "$BENCH_TIMEOUT" "$PY" "$1" --json "$2" >>"$OUT/bench.log" 2>&1 || rc=$?
+  else
+    "$PY" "$1" --json "$2" >>"$OUT/bench.log" 2>&1 || rc=$?
+  fi
+  echo "===== $1: rc $rc" >>"$OUT/bench.log"
+  echo "gpu_check: $1 rc $rc"
+}
+
+: >"$OUT/bench.log"
+if [[ -f benchmarks/cast_bandwidth.py ]]; then
+  run_bench benchmarks/cast_bandwidth.py "$OUT/cast_bandwidth.json"
+fi
+for script in benchmarks/*.py; do
+  [[ -f "$script" ]] || continue
+  name="$(basename "$script" .py)"
+  if [[ "$name" == "cast_bandwidth" || "$name" == _* ]] || ! grep -q -- '--json' "$script"; then
+    continue
+  fi
+  mkdir -p "$OUT/bench"
+  run_bench "$script" "$OUT/bench/$name.json"
+done
+
+# ---------------------------------------------------------------- summary
+summary_py
+echo "gpu_check: summary in $OUT/summary.md"
+cat "$OUT/summary.md"
+exit "$pytest_rc"

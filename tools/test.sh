@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The fp8jax test command: bash tools/test.sh [PYTEST ARGS...]
+#
+# Sets itself up: creates ./.venv (with the python3 on PATH) when missing and installs fp8jax into
+# it, editable, building the CPU extension and, when nvcc is found, the CUDA one (FP8JAX_CUDA=
+# AUTO|ON|OFF, default AUTO). Then: ruff lint, ruff format check, the test suite, and the
+# multi-device tests (tests/distributed, if present) on 8 emulated CPU devices.
+# Extra arguments go to both pytest runs (e.g. -k quantize, -x). Exits non-zero on any failure.
+
+set -euo pipefail
+
+# shellcheck source=tools/_venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+
+lint_paths=()
+for p in fp8jax tests examples benchmarks tools; do
+  if [[ -e "$p" ]]; then
+    lint_paths+=("$p")
+  fi
+done
+
+echo "== ruff check"
+"$FP8JAX_PY" -m ruff check "${lint_paths[@]}"
+echo "== ruff format --check"
+"$FP8JAX_PY" -m ruff format --check "${lint_paths[@]}"
+
+# The multi-device tests need XLA_FLAGS set before JAX starts, so they run in their own process
+# (and are left out of the main run, which could not give them 8 devices).
+main_args=(-q tests)
+if [[ -d tests/distributed ]]; then
+  main_args+=(--ignore=tests/distributed)
+fi
+
+echo "== pytest tests"
+"$FP8JAX_PY" -m pytest "${main_args[@]}" "$@"
+
+if [[ -d tests/distributed ]]; then
+  echo "== pytest tests/distributed (8 CPU devices)"
+  rc=0
+  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=8" \
+    JAX_PLATFORMS=cpu \
+    "$FP8JAX_PY" -m pytest -q tests/distributed "$@" || rc=$?
+  if [[ $rc -eq 5 ]]; then
+    echo "tests/distributed holds no tests yet (pytest exit 5); not a failure"
+  elif [[ $rc -ne 0 ]]; then
+    exit "$rc"
+  fi
+fi
+
+echo "== all checks passed"
