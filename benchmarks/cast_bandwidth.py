@@ -22,55 +22,23 @@ unless ``--allow-cpu`` (a tiny size, to smoke-test the script).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import jaxlib
+from _common import environment, on_gpu, skipped_report, time_op, write_json
 
 import fp8jax
 
-REPO = Path(__file__).resolve().parent.parent
 E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = 448.0
 GPU_ELEMENTS = 64 * 2**20
 CPU_ELEMENTS = 2**16
-
-
-def _run(cmd: list[str]) -> str | None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True, cwd=REPO)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def environment() -> dict[str, Any]:
-    """Device, driver, versions and commit: what makes a result comparable to another."""
-    dev = jax.devices()[0]
-    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    return {
-        "device": dev.device_kind,
-        "platform": dev.platform,
-        "device_count": jax.device_count(),
-        "driver": driver.splitlines()[0] if driver else "unknown",
-        "jax": jax.__version__,
-        "jaxlib": getattr(jaxlib, "__version__", "unknown"),
-        "fp8jax": fp8jax.__version__,
-        "fp8_support": list(fp8jax.fp8_support()),
-        "git_commit": _run(["git", "rev-parse", "HEAD"]) or "unknown",
-        "python": sys.version.split()[0],
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
 
 
 def matrix_shape(n: int) -> tuple[int, int]:
@@ -79,21 +47,6 @@ def matrix_shape(n: int) -> tuple[int, int]:
     while n % rows:
         rows //= 2
     return rows, n // rows
-
-
-def time_op(fn: Callable[[], Any], *, iters: int, inner: int, warmup: int) -> list[float]:
-    """Seconds per call of ``fn``, one entry per measurement of ``inner`` back-to-back calls."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(inner):
-            out = fn()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / inner)
-    return times
 
 
 def device_copy(x: jax.Array) -> Callable[[], jax.Array]:
@@ -206,23 +159,18 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
 
-    on_gpu = jax.default_backend() in ("gpu", "cuda")
-    if not on_gpu and not args.allow_cpu:
-        msg = f"no CUDA device, skipped (JAX backend is {jax.default_backend()!r}; --allow-cpu)"
-        print(f"cast_bandwidth: {msg}")
-        report: dict[str, Any] = {"benchmark": "cast_bandwidth", "skipped": True, "reason": msg}
+    gpu = on_gpu()
+    if not gpu and not args.allow_cpu:
+        report: dict[str, Any] = skipped_report("cast_bandwidth")
     else:
         if args.elements is None:
-            args.elements = GPU_ELEMENTS if on_gpu else CPU_ELEMENTS
+            args.elements = GPU_ELEMENTS if gpu else CPU_ELEMENTS
         if args.elements < 4:
             p.error("--elements must be >= 4")
         report = {"benchmark": "cast_bandwidth", "skipped": False, "env": environment()}
         report.update(benchmark(args))
         print_table(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, report)
     return 0
 
 

@@ -8,8 +8,12 @@ GPU, a driver or cuBLAS.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import glob
 import importlib
+import importlib.util
+import os
 import warnings
 from types import ModuleType
 
@@ -37,10 +41,45 @@ def cpu_extension() -> ModuleType:
     return mod
 
 
+def _preload_cublaslt() -> None:
+    """Loads libcublasLt from the nvidia-cublas wheel (the one JAX's CUDA plugin installs).
+
+    The CUDA extension links libcublasLt and finds it through its RPATH when the wheel sits beside
+    fp8jax in site-packages; loading it here, globally, also covers a wheel elsewhere on
+    ``sys.path`` (e.g. fp8jax installed in another environment than JAX). Failure is ignored: the
+    import of the extension then reports what is missing.
+    """
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        return
+    for base in list(getattr(nvidia, "__path__", [])):
+        for sub in ("cu13", "cublas"):  # CUDA 13 wheels share nvidia/cu13; CUDA 12 has its own dir
+            for path in sorted(glob.glob(os.path.join(base, sub, "lib", "libcublasLt.so.*"))):
+                try:
+                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    continue
+                return
+
+
 @functools.cache
 def cuda_extension() -> ModuleType | None:
-    """The CUDA extension module, or ``None`` when it was not built."""
-    return _load("_fp8jax_cuda")
+    """The CUDA extension module, or ``None`` when it was not built (or cannot be loaded)."""
+    if importlib.util.find_spec("fp8jax._fp8jax_cuda") is None:
+        return None
+    _preload_cublaslt()
+    try:
+        return importlib.import_module("fp8jax._fp8jax_cuda")
+    except ImportError as e:
+        warnings.warn(
+            f"fp8jax: the CUDA extension is built but cannot be loaded ({e}); fp8jax ops cannot "
+            "run on the GPU. It needs libcublasLt from the nvidia-cublas wheel that JAX's CUDA "
+            "plugin installs (pip install 'jax[cuda13]')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 @functools.cache

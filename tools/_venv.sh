@@ -6,6 +6,8 @@
 #   FP8JAX_ROOT  absolute path of the repo root
 #   FP8JAX_PY    the venv's python
 #   FP8JAX_CUDA  passed to the build (AUTO when unset: the CUDA extension is built if nvcc is found)
+# FP8JAX_CUBLAS_ROOT, when set, tells the CUDA build where cuBLASLt is (see CMakeLists.txt); .ci/run
+# sets it to a cached nvidia-cublas wheel.
 #
 # The editable install ("pip install -e .[test]") is redone only when something that changes the
 # compiled extensions or the package's file list changed since the last install (a stamp in the
@@ -32,10 +34,11 @@ if ! "$FP8JAX_PY" -c "import sys" >/dev/null 2>&1; then
 fi
 
 # What the install depends on: build files, kernel sources, the package's file list (an editable
-# install maps known files), the CUDA switch and nvcc's presence, and the interpreter.
+# install maps known files), the CUDA switch, nvcc's presence, the cuBLAS root, and the interpreter.
 _fp8jax_stamp_now() {
   {
     echo "FP8JAX_CUDA=$FP8JAX_CUDA nvcc=$(command -v nvcc || echo none)"
+    echo "FP8JAX_CUBLAS_ROOT=${FP8JAX_CUBLAS_ROOT:-}"
     "$FP8JAX_PY" -c "import sys; print(sys.version)"
     cat pyproject.toml CMakeLists.txt
     find cpp -type f -print0 | LC_ALL=C sort -z | xargs -0 -r cat

@@ -3,8 +3,10 @@
 #
 # Run from the repo root on a CUDA machine whose python already has JAX with its CUDA plugin,
 # pytest, scikit-build-core, nanobind and cmake (no network is needed or used). It builds fp8jax
-# in place with the CUDA extension forced on, runs the whole test suite on the GPU, runs the
-# benchmarks, and writes into OUT (at most 8 files, one folder level):
+# in place with the CUDA extension forced on (cuBLASLt from FP8JAX_CUBLAS_ROOT, the CUDA toolkit, or
+# the nvidia-cublas wheel JAX's CUDA plugin installed in this python), runs the whole test suite on
+# the GPU (tests/ops/test_gemm.py included), runs the benchmarks (benchmarks/gemm.py included, as
+# bench/gemm.json), and writes into OUT (at most 8 files, one folder level):
 #
 #   env.txt             nvidia-smi, python/jax versions, JAX devices, git commit
 #   build.log           the editable build (FP8JAX_CUDA=ON)
@@ -130,6 +132,22 @@ if [[ $build_rc -ne 0 ]]; then
 fi
 "$PY" -c "import importlib.util as u; print('gpu_check: CUDA extension at', u.find_spec('fp8jax._fp8jax_cuda').origin)" \
   | tee -a "$OUT/build.log" || echo "gpu_check: WARNING: no CUDA extension after an FP8JAX_CUDA=ON build" | tee -a "$OUT/build.log"
+# Which libcublasLt the extension loads, and that the cuBLASLt GEMM is among its registered kernels.
+"$PY" - <<'EOF' 2>&1 | tee -a "$OUT/build.log" || true
+import importlib.util, subprocess
+
+from fp8jax import _ffi
+
+spec = importlib.util.find_spec("fp8jax._fp8jax_cuda")
+if spec is not None and spec.origin:
+    ldd = subprocess.run(["ldd", spec.origin], capture_output=True, text=True).stdout
+    print("gpu_check:", *[ln.strip() for ln in ldd.splitlines() if "cublas" in ln] or ["no cublas"])
+ext = _ffi.cuda_extension()
+names = sorted(ext.registrations()) if ext is not None else []
+print("gpu_check: CUDA targets:", ", ".join(names) or "none (the extension did not load)")
+if "fp8jax_gemm" not in names:
+    print("gpu_check: WARNING: fp8jax_gemm (cuBLASLt FP8 GEMM) is not registered")
+EOF
 
 # ---------------------------------------------------------------- tests
 echo "gpu_check: pytest, log in $OUT/pytest.log"

@@ -11,6 +11,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxQuantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmCuda);
 
 namespace {
 
@@ -29,6 +30,7 @@ NB_MODULE(_fp8jax_cuda, m) {
     d["fp8jax_dequantize"] = Capsule(Fp8jaxDequantizeCuda);
     d["fp8jax_cast_transpose"] = Capsule(Fp8jaxCastTransposeCuda);
     d["fp8jax_update_fp8_state"] = Capsule(Fp8jaxUpdateFp8StateCuda);
+    d["fp8jax_gemm"] = Capsule(Fp8jaxGemmCuda);
     return d;
   });
 }

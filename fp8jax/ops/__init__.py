@@ -1,14 +1,24 @@
 """fp8jax ops: each a pure-jnp reference beside its XLA FFI kernel binding. No Flax here."""
 
 from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_reference
-from fp8jax.ops.quantize import dequantize, dequantize_reference, quantize, quantize_reference
+from fp8jax.ops.gemm import gemm, gemm_reference
+from fp8jax.ops.quantize import (
+    cast_to_representable,
+    dequantize,
+    dequantize_reference,
+    quantize,
+    quantize_reference,
+)
 from fp8jax.ops.scaling import update_fp8_state, update_fp8_states, update_fp8_states_reference
 
 __all__ = [
+    "cast_to_representable",
     "cast_transpose",
     "cast_transpose_reference",
     "dequantize",
     "dequantize_reference",
+    "gemm",
+    "gemm_reference",
     "quantize",
     "quantize_reference",
     "update_fp8_state",

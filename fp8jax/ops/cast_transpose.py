@@ -3,17 +3,24 @@
 Hopper's FP8 GEMM wants both operands K-major, so the backward pass needs the transposed FP8
 copies of the activations and weights; producing them in the same pass as the cast saves a full
 read of the high-precision tensor. Numerics are exactly those of :func:`fp8jax.ops.quantize`.
+
+Sharding: under :func:`jax.jit` on a mesh, ``q`` keeps the sharding of ``x`` and ``q_t`` gets it
+with the last two dimensions' shardings swapped (each device transposes its own block, which is
+the matching block of the global transpose), so nothing is gathered; ``amax`` is the global max,
+made so by one all-reduce over exactly the mesh axes that split ``x``. Inside a ``shard_map``
+body ``amax`` is the local block's own, as for :func:`~fp8jax.ops.quantize`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from fp8jax import _ffi
-from fp8jax.ops import _checks
+from fp8jax.ops import _checks, _partition
 from fp8jax.ops.quantize import quantize_reference
 
 __all__ = ["cast_transpose", "cast_transpose_reference"]
@@ -48,13 +55,58 @@ def cast_transpose(
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     _ffi.ensure_registered()
-    t_shape = (*x.shape[:-2], x.shape[-1], x.shape[-2])
-    out = (
-        jax.ShapeDtypeStruct(x.shape, dt),
-        jax.ShapeDtypeStruct(t_shape, dt),
-        jax.ShapeDtypeStruct(scale.shape, jnp.float32),
-        jax.ShapeDtypeStruct(scale.shape, jnp.float32),
-    )
-    call = jax.ffi.ffi_call("fp8jax_cast_transpose", out, vmap_method="broadcast_all")
-    q, q_t, scale_inv, amax = call(x, scale)
+    q, q_t, scale_inv, amax = _cast_transpose_call(x, scale, dt)
     return q, q_t, scale_inv, amax
+
+
+# ------------------------------------------------------------------ partitioned kernel call
+# ``n_batch`` counts the leading batch dimensions that vmap added (see fp8jax.ops._partition).
+
+
+def _kernel(fp8_dtype: Any) -> Any:
+    def kernel(x, scale):
+        t_shape = (*x.shape[:-2], x.shape[-1], x.shape[-2])
+        out = (
+            _partition.result(x.shape, fp8_dtype, x),
+            _partition.result(t_shape, fp8_dtype, x, transpose=True),
+            _partition.result(scale.shape, jnp.float32, scale),
+            _partition.result(scale.shape, jnp.float32, scale),
+        )
+        call = jax.ffi.ffi_call("fp8jax_cast_transpose", out, vmap_method="broadcast_all")
+        return call(x, scale)
+
+    return kernel
+
+
+def _rule(n_batch: int, x_ndim: int, scale_ndim: int) -> str:
+    """The Shardy rule, e.g. ``"m n, s -> m n, n m, s, s"`` for a matrix and a ``(1,)`` scale."""
+    lead = _partition.factors("g", n_batch) + _partition.factors("d", x_ndim - n_batch - 2)
+    x = " ".join([*lead, "m", "n"])
+    t = " ".join([*lead, "n", "m"])
+    s = " ".join(_partition.factors("g", n_batch) + ["s"] * (scale_ndim - n_batch))
+    return f"{x}, {s} -> {x}, {t}, {s}, {s}"
+
+
+@functools.cache
+def _partitioned(fp8_dtype: Any, n_batch: int, x_ndim: int, scale_ndim: int) -> Any:
+    def plan(mesh, arg_shapes):
+        x, scale = arg_shapes
+        dims = _partition.dim_axes(x.sharding, x.shape)
+        xs = _partition.named(mesh, dims)
+        ts = _partition.named(mesh, (*dims[:-2], dims[-1], dims[-2]))
+        ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale.ndim))
+        amax_axes = _partition.splitting_axes(mesh, dims[n_batch:])
+        local = _partition.pmax_outputs(kernel, ((), (), (), amax_axes))
+        return (xs, ss), (xs, ts, ss, ss), local
+
+    kernel = _kernel(fp8_dtype)
+    return _partition.partitioned(kernel, plan, _rule(n_batch, x_ndim, scale_ndim))
+
+
+def _op(fp8_dtype: Any, n_batch: int) -> Any:
+    return lambda x, s: _partitioned(fp8_dtype, n_batch, x.ndim, s.ndim)(x, s)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _cast_transpose_call(x, scale, fp8_dtype):
+    return _partition.batchable_call(functools.partial(_op, fp8_dtype), x, scale)

@@ -9,20 +9,34 @@ float32. Finite values beyond the format's largest value, and +-inf, saturate to
 The kernels are bit-identical to the references on CPU and GPU. Under :func:`jax.vmap` each
 batch element is its own tensor with its own scale and amax; the kernels take a leading group
 dimension natively, so a vmapped call is still one launch.
+
+Sharding (see :mod:`fp8jax.ops._partition`): under :func:`jax.jit` on a mesh, ``quantize`` and
+``dequantize`` run where ``x`` lives: ``q`` keeps the sharding of ``x`` (of ``q`` for
+``dequantize``), nothing is gathered, and ``quantize``'s ``amax`` is the max over the *whole*
+tensor, made so by one all-reduce (``pmax``) over exactly the mesh axes that split ``x``; every
+device holds the same ``amax`` and ``scale_inv``. Inside a ``shard_map`` body the ops see only
+the local block, so ``amax`` there is the block's own (``jax.lax.pmax`` it yourself).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from fp8jax import _ffi
-from fp8jax.ops import _checks
+from fp8jax.ops import _checks, _partition
 from fp8jax.recipe import fp8_max
 
-__all__ = ["dequantize", "dequantize_reference", "quantize", "quantize_reference"]
+__all__ = [
+    "cast_to_representable",
+    "dequantize",
+    "dequantize_reference",
+    "quantize",
+    "quantize_reference",
+]
 
 
 def _saturating_cast(y: jax.Array, fp8_dtype: Any) -> jax.Array:
@@ -76,14 +90,95 @@ def quantize(
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     _ffi.ensure_registered()
-    out = (
-        jax.ShapeDtypeStruct(x.shape, dt),
-        jax.ShapeDtypeStruct(scale.shape, jnp.float32),
-        jax.ShapeDtypeStruct(scale.shape, jnp.float32),
-    )
-    call = jax.ffi.ffi_call("fp8jax_quantize", out, vmap_method="broadcast_all")
-    q, scale_inv, amax = call(x, scale)
+    q, scale_inv, amax = _quantize_call(x, scale, dt)
     return q, scale_inv, amax
+
+
+# ------------------------------------------------------------------ partitioned kernel calls
+# ``n_batch`` counts the leading batch dimensions that vmap added (shared by every operand and
+# output); the rest of ``x`` is the tensor whose amax is taken.
+
+
+def _quantize_kernel(fp8_dtype: Any) -> Any:
+    def kernel(x, scale):
+        out = (
+            _partition.result(x.shape, fp8_dtype, x),
+            _partition.result(scale.shape, jnp.float32, scale),
+            _partition.result(scale.shape, jnp.float32, scale),
+        )
+        return jax.ffi.ffi_call("fp8jax_quantize", out, vmap_method="broadcast_all")(x, scale)
+
+    return kernel
+
+
+def _quantize_rule(n_batch: int, x_ndim: int, scale_ndim: int) -> str:
+    """The Shardy rule of the partitioned quantize, e.g. ``"d0 d1, s -> d0 d1, s, s"``."""
+    g = _partition.factors("g", n_batch)
+    x = " ".join(g + _partition.factors("d", x_ndim - n_batch))
+    s = " ".join(g + ["s"] * (scale_ndim - n_batch))
+    return f"{x}, {s} -> {x}, {s}, {s}"
+
+
+@functools.cache
+def _quantize_partitioned(fp8_dtype: Any, n_batch: int, x_ndim: int, scale_ndim: int) -> Any:
+    def plan(mesh, arg_shapes):
+        x, scale = arg_shapes
+        dims = _partition.dim_axes(x.sharding, x.shape)
+        xs = _partition.named(mesh, dims)
+        ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale.ndim))
+        amax_axes = _partition.splitting_axes(mesh, dims[n_batch:])
+        return (xs, ss), (xs, ss, ss), _partition.pmax_outputs(kernel, ((), (), amax_axes))
+
+    kernel = _quantize_kernel(fp8_dtype)
+    return _partition.partitioned(kernel, plan, _quantize_rule(n_batch, x_ndim, scale_ndim))
+
+
+def _quantize_op(fp8_dtype: Any, n_batch: int) -> Any:
+    return lambda x, s: _quantize_partitioned(fp8_dtype, n_batch, x.ndim, s.ndim)(x, s)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _quantize_call(x, scale, fp8_dtype):
+    return _partition.batchable_call(functools.partial(_quantize_op, fp8_dtype), x, scale)
+
+
+def _dequantize_kernel(out_dtype: Any) -> Any:
+    def kernel(q, scale_inv):
+        out = _partition.result(q.shape, out_dtype, q)
+        call = jax.ffi.ffi_call("fp8jax_dequantize", (out,), vmap_method="broadcast_all")
+        return call(q, scale_inv)
+
+    return kernel
+
+
+def _dequantize_rule(n_batch: int, q_ndim: int, scale_ndim: int) -> str:
+    """The Shardy rule of the partitioned dequantize, e.g. ``"d0 d1, s -> d0 d1"``."""
+    g = _partition.factors("g", n_batch)
+    q = " ".join(g + _partition.factors("d", q_ndim - n_batch))
+    s = " ".join(g + ["s"] * (scale_ndim - n_batch))
+    return f"{q}, {s} -> {q}"
+
+
+@functools.cache
+def _dequantize_partitioned(out_dtype: Any, n_batch: int, q_ndim: int, scale_ndim: int) -> Any:
+    def plan(mesh, arg_shapes):
+        q, scale_inv = arg_shapes
+        dims = _partition.dim_axes(q.sharding, q.shape)
+        qs = _partition.named(mesh, dims)
+        ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale_inv.ndim))
+        return (qs, ss), (qs,), kernel
+
+    kernel = _dequantize_kernel(out_dtype)
+    return _partition.partitioned(kernel, plan, _dequantize_rule(n_batch, q_ndim, scale_ndim))
+
+
+def _dequantize_op(out_dtype: Any, n_batch: int) -> Any:
+    return lambda q, s: _dequantize_partitioned(out_dtype, n_batch, q.ndim, s.ndim)(q, s)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _dequantize_call(q, scale_inv, out_dtype):
+    return _partition.batchable_call(functools.partial(_dequantize_op, out_dtype), q, scale_inv)
 
 
 def dequantize_reference(q: jax.Array, scale_inv: jax.Array, out_dtype: Any) -> jax.Array:
@@ -104,5 +199,21 @@ def dequantize(q: jax.Array, scale_inv: jax.Array, out_dtype: Any = jnp.float32)
     scale_inv = _checks.scalar_f32(op, "scale_inv", scale_inv)
     dt = _checks.wide_dtype_arg(op, "out_dtype", out_dtype)
     _ffi.ensure_registered()
-    out = jax.ShapeDtypeStruct(q.shape, dt)
-    return jax.ffi.ffi_call("fp8jax_dequantize", out, vmap_method="broadcast_all")(q, scale_inv)
+    return _dequantize_call(q, scale_inv, dt)[0]
+
+
+def cast_to_representable(x: jax.Array, fp8_dtype: Any, scale: Any = 1.0) -> jax.Array:
+    """Rounds ``x`` to the nearest values that quantize exactly with ``scale``.
+
+    ``dequantize(*quantize(x, scale, fp8_dtype)[:2], x.dtype)``: feeding the result to an FP8
+    layer whose scale is ``scale`` loses nothing in the cast, so FP8 and high-precision results
+    differ only by accumulation order (the check the TransformerEngine FP8 tutorial makes).
+
+    >>> import jax.numpy as jnp, fp8jax
+    >>> fp8jax.cast_to_representable(jnp.array([0.3, 1000.0]), jnp.float8_e4m3fn).tolist()
+    [0.3125, 448.0]
+    """
+    x = _checks.wide_array("cast_to_representable", "x", x)
+    scale = jnp.asarray(scale, jnp.float32)
+    q, scale_inv, _ = quantize(x, scale, fp8_dtype)
+    return dequantize(q, scale_inv, x.dtype)

@@ -14,10 +14,15 @@ Exactly the order of DESIGN.md, per tensor, after the step that observed ``amax`
 
 The string algorithms run in one FFI kernel launch for any number of tensors
 (:func:`update_fp8_states`); a callable in the recipe runs as jnp (it is user Python).
+
+Sharding: the states are independent rows, so under :func:`jax.jit` on a mesh the kernel runs on
+each device's rows (the ``n`` dimension may be split, or replicated); the history dimension is
+never split (an operand split along it is gathered first). No collective is added.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import _ffi
-from fp8jax.ops import _checks
+from fp8jax.ops import _checks, _partition
 from fp8jax.recipe import DelayedScaling
 
 __all__ = ["update_fp8_state", "update_fp8_states", "update_fp8_states_reference"]
@@ -152,20 +157,57 @@ def update_fp8_states(
         )
         return new_hist, jnp.reshape(new_scales, scales.shape)
     _ffi.ensure_registered()
-    out = (
-        jax.ShapeDtypeStruct(hist.shape, jnp.float32),
-        jax.ShapeDtypeStruct((n,), jnp.float32),
-    )
-    call = jax.ffi.ffi_call("fp8jax_update_fp8_state", out, vmap_method="broadcast_all")
-    new_hist, new_scales = call(
+    new_hist, new_scales = _update_call(
         hist,
         flat_scales,
         flat_amaxes,
         fp8_maxes,
-        margin=np.int64(recipe.margin),
-        algo=np.int64(_ALGO_CODES[recipe.amax_compute_algo]),
+        recipe.margin,
+        _ALGO_CODES[recipe.amax_compute_algo],
     )
     return new_hist, jnp.reshape(new_scales, scales.shape)
+
+
+# ------------------------------------------------------------------ partitioned kernel call
+# Operands: histories [*batch, n, L] and scales, amaxes, fp8_maxes [*batch, n]; ``n_batch``
+# counts the leading batch dimensions that vmap added (see fp8jax.ops._partition).
+
+
+def _kernel(margin: int, algo: int) -> Any:
+    def kernel(hist, scales, amaxes, fp8_maxes):
+        out = (
+            _partition.result(hist.shape, jnp.float32, hist),
+            _partition.result(scales.shape, jnp.float32, scales),
+        )
+        call = jax.ffi.ffi_call("fp8jax_update_fp8_state", out, vmap_method="broadcast_all")
+        return call(hist, scales, amaxes, fp8_maxes, margin=np.int64(margin), algo=np.int64(algo))
+
+    return kernel
+
+
+def _rule(n_batch: int) -> str:
+    """The Shardy rule, e.g. ``"n l, n, n, n -> n l, n"``; ``l`` (the history) needs replication."""
+    rows = " ".join([*_partition.factors("g", n_batch), "n"])
+    return f"{rows} l, {rows}, {rows}, {rows} -> {rows} l, {rows}"
+
+
+@functools.cache
+def _partitioned(margin: int, algo: int, n_batch: int) -> Any:
+    def plan(mesh, arg_shapes):
+        hist = arg_shapes[0]
+        rows = _partition.dim_axes(hist.sharding, hist.shape)[: n_batch + 1]
+        hs = _partition.named(mesh, (*rows, ()))
+        rs = _partition.named(mesh, rows)
+        return (hs, rs, rs, rs), (hs, rs), kernel
+
+    kernel = _kernel(margin, algo)
+    return _partition.partitioned(kernel, plan, _rule(n_batch), need_replication=("l",))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _update_call(hist, scales, amaxes, fp8_maxes, margin, algo):
+    make_op = functools.partial(_partitioned, margin, algo)  # n_batch -> the op
+    return _partition.batchable_call(make_op, hist, scales, amaxes, fp8_maxes)
 
 
 def update_fp8_state(

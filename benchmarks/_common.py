@@ -1,0 +1,86 @@
+"""Shared helpers of the benchmark scripts: environment record, timing loop, JSON report.
+
+Imported by the scripts in this folder (``python benchmarks/NAME.py`` puts the folder on
+``sys.path``); not a benchmark itself (tools/gpu_check.sh skips ``_*.py``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jaxlib
+
+import fp8jax
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True, cwd=REPO)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def on_gpu() -> bool:
+    """Whether JAX's default backend is a CUDA GPU."""
+    return jax.default_backend() in ("gpu", "cuda")
+
+
+def environment() -> dict[str, Any]:
+    """Device, driver, versions and commit: what makes a result comparable to another."""
+    dev = jax.devices()[0]
+    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return {
+        "device": dev.device_kind,
+        "platform": dev.platform,
+        "device_count": jax.device_count(),
+        "driver": driver.splitlines()[0] if driver else "unknown",
+        "jax": jax.__version__,
+        "jaxlib": getattr(jaxlib, "__version__", "unknown"),
+        "fp8jax": fp8jax.__version__,
+        "fp8_support": list(fp8jax.fp8_support()),
+        "git_commit": _run(["git", "rev-parse", "HEAD"]) or "unknown",
+        "python": sys.version.split()[0],
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def time_op(fn: Callable[[], Any], *, iters: int, inner: int, warmup: int) -> list[float]:
+    """Seconds per call of ``fn``, one entry per measurement of ``inner`` back-to-back calls."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(inner):
+            out = fn()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / inner)
+    return times
+
+
+def skipped_report(name: str) -> dict[str, Any]:
+    """The report of a GPU benchmark run without a CUDA device (and without --allow-cpu)."""
+    msg = f"no CUDA device, skipped (JAX backend is {jax.default_backend()!r}; --allow-cpu)"
+    print(f"{name}: {msg}")
+    return {"benchmark": name, "skipped": True, "reason": msg}
+
+
+def write_json(path: Path | None, report: dict[str, Any]) -> None:
+    """Writes ``report`` to ``path`` (if given), creating its folder."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")

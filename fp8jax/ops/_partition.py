@@ -1,0 +1,244 @@
+"""How the fp8jax custom calls are split over a device mesh (shared by every op module).
+
+XLA cannot see inside an FFI custom call, so without help it gathers every sharded operand onto
+every device before the call. Each op therefore wraps its ``jax.ffi.ffi_call`` twice:
+
+* :func:`partitioned` makes a :class:`jax.experimental.custom_partitioning` function from the
+  op's kernel call, a Shardy ``sharding_rule`` string (used when
+  ``jax.config.jax_use_shardy_partitioner`` is on, the default) and a ``plan`` that decides,
+  from the operands' shardings, the shardings the kernel runs with and which mesh axes an
+  output must be max-reduced over. Each device then runs the kernel on its own block; an amax
+  is made global with one ``pmax`` over exactly the mesh axes that split the tensor.
+* :func:`batchable_call` puts a :func:`jax.custom_batching.custom_vmap` around it, because a
+  ``custom_partitioning`` function has no vmap rule of its own. Under ``vmap`` it does what
+  ``vmap_method="broadcast_all"`` does for the bare ``ffi_call`` (unbatched operands are
+  broadcast, the kernel takes the batch as leading group dimensions) and calls the partitioned
+  op again with one more leading batch dimension, which the sharding rule treats as a
+  dimension shared by every operand and output. So ``vmap`` of a sharded call and sharding of
+  a vmapped call both work, at any nesting depth.
+
+On one device (or when the computation is not partitioned at all, e.g. inside a fully manual
+``shard_map`` body) ``custom_partitioning`` inlines the kernel call unchanged, so results are
+bit-identical to a plain ``ffi_call``. Inside ``shard_map`` each device sees only its own block,
+so an amax computed there is the *local* amax; reducing it is the caller's business. In a
+``shard_map`` that is manual over only some mesh axes the bare kernel runs (XLA cannot apply a
+custom partitioning there), replicated over the automatic axes. Each op module wraps its public
+entry in :func:`jax.jit`, so an eager call on sharded arrays is partitioned too.
+
+Choices common to every op: a dimension that its mesh axes do not divide evenly is run unsplit
+(XLA would pad the blocks, and padding must not reach an amax); scales and amaxes are
+replicated (except along vmapped batch dims, which they share with the tensor); under explicit
+sharding (``AxisType.Explicit``) the outputs' types carry the shardings above (:func:`result`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = [
+    "Plan",
+    "batch_only",
+    "batchable_call",
+    "dim_axes",
+    "factors",
+    "named",
+    "partitioned",
+    "pmax_outputs",
+    "pmax_over",
+    "result",
+    "splitting_axes",
+]
+
+DimAxes = tuple[tuple[str, ...], ...]
+"""Per array dimension, the mesh axes that split it (``()``: not split)."""
+
+Plan = tuple[Sequence[NamedSharding], Sequence[NamedSharding], Callable[..., tuple[jax.Array, ...]]]
+"""What a ``plan`` returns: the operand shardings the kernel runs with, the output shardings,
+and the per-device function of the local blocks (the kernel, then e.g. :func:`pmax_outputs`)."""
+
+
+def _entry_axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    if isinstance(entry, (tuple, list)):
+        return tuple(entry)
+    return (entry,)
+
+
+def dim_axes(sharding: NamedSharding, shape: Sequence[int]) -> DimAxes:
+    """The mesh axes that split each dimension of an array of ``shape`` with ``sharding``.
+
+    A dimension that the axes do not divide evenly is reported as not split: XLA would pad its
+    blocks, and padding must not reach a kernel that computes an amax.
+    """
+    spec = tuple(sharding.spec)
+    spec = spec + (None,) * (len(shape) - len(spec))
+    sizes = sharding.mesh.shape
+    out = []
+    for n, entry in zip(shape, spec, strict=True):
+        axes = _entry_axes(entry)
+        out.append(axes if n % math.prod(sizes[a] for a in axes) == 0 else ())
+    return tuple(out)
+
+
+def named(mesh: Mesh, dims: DimAxes) -> NamedSharding:
+    """A :class:`~jax.sharding.NamedSharding` that splits dimension ``i`` over ``dims[i]``."""
+    return NamedSharding(
+        mesh, PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in dims))
+    )
+
+
+def batch_only(dims: DimAxes, n_batch: int, ndim: int) -> DimAxes:
+    """Dims for an ``ndim``-rank operand that shares only the ``n_batch`` leading (vmap) dims
+    of the operand with ``dims``, and is replicated in the rest (a per-tensor scale, say)."""
+    return dims[:n_batch] + ((),) * (ndim - n_batch)
+
+
+def splitting_axes(mesh: Mesh, dims: DimAxes) -> tuple[str, ...]:
+    """The mesh axes (of size > 1) that split any of ``dims``: a reduction over the whole array
+    needs exactly these. Axes that are unused, or only replicate the array, are left out."""
+    return tuple(a for d in dims for a in d if mesh.shape[a] > 1)
+
+
+def pmax_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """``jax.lax.pmax`` over ``axes`` (one all-reduce); ``x`` unchanged when there are none."""
+    return jax.lax.pmax(x, axes) if axes else x
+
+
+def pmax_outputs(
+    kernel: Callable[..., tuple[jax.Array, ...]], axes: Sequence[tuple[str, ...]]
+) -> Callable[..., tuple[jax.Array, ...]]:
+    """The per-device function: ``kernel`` on the local blocks, then output ``i`` max-reduced
+    over ``axes[i]`` (an amax made global; ``()``: left as it is)."""
+
+    def local(*args):
+        outs = kernel(*args)
+        return tuple(pmax_over(o, a) for o, a in zip(outs, axes, strict=True))
+
+    return local
+
+
+def factors(prefix: str, n: int) -> list[str]:
+    """``n`` distinct Shardy factor names: ``prefix0 prefix1 ...``."""
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def result(
+    shape: Sequence[int], dtype: Any, like: jax.Array, *, transpose: bool = False
+) -> jax.ShapeDtypeStruct:
+    """The ``ffi_call`` result type for an output laid out like operand ``like``.
+
+    Under explicit sharding (``jax.sharding.AxisType.Explicit``, where shardings are part of
+    the type) the result carries ``like``'s sharding, its last two dims swapped when
+    ``transpose``; otherwise no sharding (the partitioning rule decides).
+    """
+    sharding = jax.typeof(like).sharding
+    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+    if not any(t == jax.sharding.AxisType.Explicit for t in axis_types):
+        return jax.ShapeDtypeStruct(shape, dtype)
+    if transpose:
+        spec = (*sharding.spec, *(None,) * (len(shape) - len(sharding.spec)))
+        sharding = NamedSharding(sharding.mesh, PartitionSpec(*spec[:-2], spec[-1], spec[-2]))
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _replicated_plan(
+    kernel: Callable[..., Any], mesh: Mesh, arg_shapes: Sequence[Any], n_out: int
+) -> tuple[Mesh, Plan]:
+    """Fallback when the operands carry no named mesh: run the whole op on every device."""
+    if mesh.empty:
+        devices = sorted(arg_shapes[0].sharding.device_set, key=lambda d: d.id)
+        mesh = Mesh(np.array(devices), ("fp8jax_replicated",))
+    rep = NamedSharding(mesh, PartitionSpec())
+    return mesh, ([rep] * len(arg_shapes), [rep] * n_out, kernel)
+
+
+def partitioned(
+    kernel: Callable[..., tuple[jax.Array, ...]],
+    plan: Callable[[Mesh, Sequence[Any]], Plan],
+    rule: str,
+    *,
+    need_replication: tuple[str, ...] = (),
+) -> Callable[..., tuple[jax.Array, ...]]:
+    """Wraps ``kernel`` (arrays in, tuple of arrays out) in ``custom_partitioning``.
+
+    ``plan(mesh, arg_shapes)`` sees the operands (``ShapeDtypeStruct`` with a ``NamedSharding``)
+    and returns a :data:`Plan`; the partitioner reshards the operands to the plan's operand
+    shardings and each device runs the plan's function on its blocks (traced with the mesh
+    axes bound, so it may use collectives over them). ``rule`` is the Shardy sharding rule that
+    propagation uses; it must agree with the plan (same factor for a dimension that keeps its
+    sharding); ``need_replication`` names its factors that must not be split.
+    """
+    op = custom_partitioning(kernel)
+
+    def resolve(mesh: Mesh, arg_shapes: Sequence[Any], n_out: int) -> tuple[Mesh, Plan]:
+        # Plans read only the first operand's sharding (GSPMD may not know the others yet).
+        if mesh.empty or not isinstance(arg_shapes[0].sharding, NamedSharding):
+            return _replicated_plan(kernel, mesh, arg_shapes, n_out)
+        return mesh, plan(mesh, arg_shapes)
+
+    def partition(mesh, arg_shapes, result_shape):
+        mesh, (arg_shardings, out_shardings, local) = resolve(mesh, arg_shapes, len(result_shape))
+        return mesh, local, tuple(out_shardings), tuple(arg_shardings)
+
+    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):  # the GSPMD partitioner
+        return tuple(resolve(mesh, arg_shapes, len(result_shape))[1][1])
+
+    op.def_partition(
+        partition,
+        infer_sharding_from_operands=infer_sharding_from_operands,
+        sharding_rule=rule,
+        need_replication_factors=need_replication,
+    )
+
+    def call(*args):
+        # In a shard_map body that leaves some mesh axes automatic, XLA's partitioner cannot
+        # take custom partitioning rules (it mixes up the manual axes; it even aborts), so the
+        # bare kernel runs there: correct, replicated over the automatic axes.
+        return kernel(*args) if _partly_manual() else op(*args)
+
+    return call
+
+
+def _partly_manual() -> bool:
+    """Whether we trace inside a ``shard_map`` that is manual over some mesh axes but not all."""
+    types = getattr(jax.sharding.get_abstract_mesh(), "axis_types", ())
+    manual = [t == jax.sharding.AxisType.Manual for t in types]
+    return any(manual) and not all(manual)
+
+
+def batchable_call(
+    make_op: Callable[[int], Callable[..., tuple[jax.Array, ...]]],
+    *args: jax.Array,
+    n_batch: int = 0,
+) -> tuple[jax.Array, ...]:
+    """Calls ``make_op(n_batch)(*args)`` so that :func:`jax.vmap` adds a leading batch dim.
+
+    ``make_op(k)`` returns the op for operands with ``k`` leading batch dimensions (shared by
+    every operand and output, each batch element its own tensor). Under ``vmap`` every operand
+    gets the batch dimension in front (unbatched ones broadcast, as ``broadcast_all`` does) and
+    ``make_op(k + 1)`` runs; every output is batched.
+    """
+
+    @jax.custom_batching.custom_vmap
+    def call(*xs):
+        return tuple(make_op(n_batch)(*xs))
+
+    @call.def_vmap
+    def rule(axis_size, in_batched, *xs):
+        xs = [
+            x if b else jnp.broadcast_to(x, (axis_size, *x.shape))
+            for x, b in zip(xs, in_batched, strict=True)
+        ]
+        out = batchable_call(make_op, *xs, n_batch=n_batch + 1)
+        return out, tuple(True for _ in out)
+
+    return call(*args)

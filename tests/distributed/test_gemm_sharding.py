@@ -1,0 +1,135 @@
+"""The FP8 GEMM's sharding rule (``fp8jax/ops/_gemm_partition.py``) on 8 emulated devices.
+
+The rule wraps the single-device 2-D GEMM (``gemm._gemm_2d``: the XLA dot on CPU, cuBLASLt on
+CUDA); these tests call it directly, so they hold whether or not ``gemm`` routes through it yet.
+Per layout: the result equals the single-device GEMM (bit for bit unless K is split; then within
+one rounding of the output), its sharding is the expected one, and the compiled HLO has only the
+collectives a BF16 dot needs (an all-reduce over the K axes; FSDP: one gather of the weight).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+gemm_mod = importlib.import_module("fp8jax.ops.gemm")
+gemm_partition = importlib.import_module("fp8jax.ops._gemm_partition")
+
+N_DEVICES = 8
+pytestmark = pytest.mark.skipif(
+    jax.device_count() < N_DEVICES,
+    reason=f"needs {N_DEVICES} devices, found {jax.device_count()}; run with "
+    f"XLA_FLAGS=--xla_force_host_platform_device_count={N_DEVICES} JAX_PLATFORMS=cpu",
+)
+
+M, K, N = 32, 64, 48
+
+# name: (a spec [M, K], b spec [N, K], out spec, all-reduce group sizes, all-gathers)
+LAYOUTS = {
+    "dp": (P("data"), P(), P("data"), [], 0),
+    "tp_column": (P(), P("model"), P(None, "model"), [], 0),
+    "tp_row": (P(None, "model"), P(None, "model"), P(), [4], 0),
+    "dp_tp_column": (P("data"), P("model"), P("data", "model"), [], 0),
+    "dp_tp_row": (P("data", "model"), P(None, "model"), P("data"), [4], 0),
+    "k_split_a_only": (P(None, ("data", "model")), P(), P(), [8], 0),
+    "fsdp_weight_k": (P("data"), P(None, "data"), P("data"), [], 1),
+    "replicated": (P(), P(), P(), [], 0),
+}
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(2, 4), ("data", "model"))
+
+
+def _count(hlo: str, op: str) -> int:
+    return len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
+
+
+def _all_reduce_group_sizes(hlo: str) -> list[int]:
+    sizes = []
+    for line in hlo.splitlines():
+        if not re.search(r"\sall-reduce(?:-start)?\(", line):
+            continue
+        m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+        if m:
+            sizes.append(int(m.group(2)))
+            continue
+        m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+        assert m, f"cannot read the replica groups of {line!r}"
+        sizes.append(len(m.group(1).split(",")))
+    return sizes
+
+
+def _operands(seed=0):
+    rng = np.random.default_rng(seed)
+    a = jnp.asarray(rng.standard_normal((M, K)) * 8, jnp.float8_e4m3fn)
+    b = jnp.asarray(rng.standard_normal((N, K)) * 8, jnp.float8_e5m2)
+    return a, b
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(
+    ("out_dtype", "has_bias"),
+    [(jnp.bfloat16, True), (jnp.float32, False), (jnp.float32, True)],
+    ids=["bf16-bias", "f32", "f32-bias"],
+)
+def test_partitioned_gemm(layout, out_dtype, has_bias):
+    a_spec, b_spec, out_spec, reduce_groups, gathers = LAYOUTS[layout]
+    mesh = _mesh()
+    a, b = _operands()
+    sa, sb = jnp.full((1,), 0.37, jnp.float32), jnp.float32(0.011)
+    bias = jnp.linspace(-3, 3, N).astype(out_dtype) if has_bias else None
+    op = gemm_partition.partitioned_gemm(
+        gemm_mod._gemm_2d, jnp.dtype(out_dtype), "split", has_bias, 1, 0
+    )
+    one = jax.devices()[0]
+    want = gemm_mod.gemm(
+        *(jax.device_put(v, one) for v in (a, b, sa, sb)),
+        out_dtype=out_dtype,
+        bias=None if bias is None else jax.device_put(bias, one),
+        accumulate="split",
+    )
+
+    args = (
+        jax.device_put(a, NamedSharding(mesh, a_spec)),
+        jax.device_put(b, NamedSharding(mesh, b_spec)),
+    )
+    f = jax.jit(lambda a, b: op(a, b, sa, sb, bias))
+    got = f(*args)
+
+    assert got.dtype == want.dtype and got.shape == (M, N)
+    assert got.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2), got.sharding
+    g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    if reduce_groups:  # K split: float32 partial sums added in another order, one rounding
+        ulp = float(jnp.finfo(out_dtype).eps)
+        np.testing.assert_allclose(g, w, rtol=ulp, atol=ulp * float(np.abs(w).max()))
+    else:
+        np.testing.assert_array_equal(g, w)
+    hlo = f.lower(*args).compile().as_text()
+    assert _all_reduce_group_sizes(hlo) == reduce_groups, hlo
+    assert _count(hlo, "all-gather") == gathers, hlo
+    for other in ("all-to-all", "collective-permute", "reduce-scatter"):
+        assert _count(hlo, other) == 0, hlo
+
+
+def test_single_device_is_the_bare_gemm():
+    a, b = _operands(1)
+    op = gemm_partition.partitioned_gemm(
+        gemm_mod._gemm_2d, jnp.dtype(jnp.bfloat16), "fast", False, 0, 0
+    )
+    f = jax.jit(lambda a, b: op(a, b, jnp.float32(1.0), jnp.float32(2.0)))
+    assert "CustomSPMDPartitioning" not in f.lower(a, b).as_text()
+    want = gemm_mod.gemm(a, b, jnp.float32(1.0), jnp.float32(2.0))
+    np.testing.assert_array_equal(np.asarray(f(a, b), np.float32), np.asarray(want, np.float32))
+
+
+def test_sharding_rule_strings():
+    assert gemm_partition.gemm_sharding_rule(0, 0, False) == "m k, n k, ,  -> m n"
+    assert gemm_partition.gemm_sharding_rule(1, 0, True) == "m k, n k, sa, , n -> m n"
