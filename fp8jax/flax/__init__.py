@@ -1,0 +1,32 @@
+"""Flax Linen modules and the train-step helpers of fp8jax.
+
+- :class:`DenseGeneral`: FP8 drop-in for ``flax.linen.DenseGeneral`` (same params).
+- :class:`Fp8DotGeneral`: FP8 ``dot_general`` for ``nn.Dense(dot_general_cls=Fp8DotGeneral)``.
+- :class:`Fp8Einsum`: FP8 two-operand ``jnp.einsum`` with a weight.
+- :class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`zero_probes`,
+  :func:`accumulate_gradients`: the train step (see :mod:`fp8jax.flax.train`).
+
+FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"``
+(:data:`FP8_META`, :data:`FP8_PROBE`), never in ``params``.
+"""
+
+from fp8jax.flax._variables import FP8_META, FP8_PROBE
+from fp8jax.flax.dense import DenseGeneral, Fp8DotGeneral, Fp8Einsum
+from fp8jax.flax.train import (
+    Fp8TrainState,
+    accumulate_gradients,
+    update_fp8_variables,
+    zero_probes,
+)
+
+__all__ = [
+    "FP8_META",
+    "FP8_PROBE",
+    "DenseGeneral",
+    "Fp8DotGeneral",
+    "Fp8Einsum",
+    "Fp8TrainState",
+    "accumulate_gradients",
+    "update_fp8_variables",
+    "zero_probes",
+]

@@ -1,0 +1,223 @@
+"""``fp8jax.dense``: an FP8 dense layer as a ``jax.custom_vjp``.
+
+Forward: quantize the input and the kernel (E4M3 under HYBRID) with the delayed scales, one FP8
+GEMM with fast accumulation. Backward: quantize the output gradient (E5M2 under HYBRID) and run
+dgrad and wgrad as FP8 GEMMs with split (full-precision) accumulation; the bias gradient is taken
+in float32. Every GEMM gets K-major operands straight from ``cast_transpose``, so no XLA
+transpose of an FP8 tensor is needed.
+
+The layer reports what it saw, one amax per role (input, kernel, output-grad), as the cotangent of
+``probe`` (see :mod:`fp8jax.state`); ``fp8jax.update_fp8_meta`` turns that into the next step's
+state. Quantized residuals carry checkpoint names (:data:`CHECKPOINT_NAMES`) so a
+``jax.checkpoint`` policy can save them instead of recomputing them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from fp8jax.autocast import _current_state
+from fp8jax.ops.cast_transpose import cast_transpose
+from fp8jax.ops.gemm import gemm
+from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
+from fp8jax.state import Fp8Meta
+
+__all__ = ["CHECKPOINT_NAMES", "dense"]
+
+#: Names of the quantized residuals, for ``jax.checkpoint_policies.save_only_these_names``.
+CHECKPOINT_NAMES: tuple[str, ...] = ("fp8jax_input_fp8", "fp8jax_kernel_fp8")
+
+_WIDE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+class _Config(NamedTuple):
+    """Static (hashable) configuration of one dense call."""
+
+    fwd_dtype: Any
+    bwd_dtype: Any
+    out_dtype: Any
+    current_scaling: bool
+    margin: int
+    has_bias: bool
+
+
+def _current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
+    """Float8CurrentScaling: the scale from this tensor's own amax (1 if amax is 0/non-finite)."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+    s = (np.float32(fp8_max(fp8_dtype)) / amax) * np.float32(2.0**-margin)
+    ok = (amax >= np.finfo(np.float32).smallest_normal) & jnp.isfinite(amax)
+    return jnp.where(ok, jnp.minimum(s, np.finfo(np.float32).max), jnp.float32(1.0))
+
+
+def _cast_t(cfg: _Config, x: jax.Array, scale: jax.Array, fp8_dtype: Any):
+    if cfg.current_scaling:
+        scale = _current_scale(x, fp8_dtype, cfg.margin)
+    return cast_transpose(x, scale, fp8_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _dense2d(cfg: _Config, x, w, bias, scale, probe):
+    y, _ = _dense2d_fwd(cfg, x, w, bias, scale, probe)
+    return y
+
+
+def _dense2d_fwd(cfg: _Config, x, w, bias, scale, probe):
+    del probe
+    x_q, x_t, x_sinv, x_amax = _cast_t(cfg, x, scale[0], cfg.fwd_dtype)
+    w_q, w_t, w_sinv, w_amax = _cast_t(cfg, w, scale[1], cfg.fwd_dtype)
+    x_t = checkpoint_name(x_t, CHECKPOINT_NAMES[0])
+    w_q = checkpoint_name(w_q, CHECKPOINT_NAMES[1])
+    y = gemm(
+        x_q, w_t, x_sinv, w_sinv,
+        out_dtype=cfg.out_dtype,
+        bias=bias if cfg.has_bias else None,
+        accumulate="fast",
+    )  # fmt: skip
+    res = (x_t, w_q, x_sinv, w_sinv, x_amax, w_amax, scale[2])
+    return y, res
+
+
+def _dense2d_bwd(cfg: _Config, res, g):
+    x_t, w_q, x_sinv, w_sinv, x_amax, w_amax, g_scale = res
+    g_q, g_t, g_sinv, g_amax = _cast_t(cfg, g, g_scale, cfg.bwd_dtype)
+    # dgrad: dx[M,K] = g[M,N] @ w[K,N]^T; wgrad: dw[K,N] = x^T[K,M] @ g^T[N,M]^T.
+    # x and w were cast to the compute dtype, so their cotangents have it too.
+    dx = gemm(g_q, w_q, g_sinv, w_sinv, out_dtype=cfg.out_dtype, accumulate="split")
+    dw = gemm(x_t, g_t, x_sinv, g_sinv, out_dtype=cfg.out_dtype, accumulate="split")
+    dbias = jnp.sum(g.astype(jnp.float32), axis=0).astype(g.dtype) if cfg.has_bias else None
+    observed = jnp.stack([x_amax, w_amax, g_amax]).reshape(3)
+    return dx, dw, dbias, jnp.zeros((3,), jnp.float32), observed
+
+
+_dense2d.defvjp(_dense2d_fwd, _dense2d_bwd)
+
+
+def _normalize_axes(axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
+            raise ValueError(f"dense: axis {a!r} is out of range for an input of rank {ndim}")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out) or not out:
+        raise ValueError(f"dense: axis must name distinct input axes, got {axis!r}")
+    return tuple(out)
+
+
+def _check_inputs(x, kernel, bias, axes, dtype):
+    for name, v in (("x", x), ("kernel", kernel)):
+        if not hasattr(v, "dtype") or not jnp.issubdtype(v.dtype, jnp.floating):
+            raise TypeError(f"dense: {name} must be a floating-point array, got {v!r:.80}")
+    contract = tuple(x.shape[a] for a in axes)
+    if kernel.ndim < len(axes) or tuple(kernel.shape[: len(axes)]) != contract:
+        raise ValueError(
+            f"dense: kernel shape {kernel.shape} must start with the contracted input dims "
+            f"{contract} (x shape {x.shape}, axis {axes})"
+        )
+    features = kernel.shape[len(axes) :]
+    if bias is not None and tuple(bias.shape) != tuple(features):
+        raise ValueError(f"dense: bias must have shape {features}, got {bias.shape}")
+    if jnp.dtype(dtype) not in _WIDE:
+        raise TypeError(f"dense: dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    return features
+
+
+def dense(
+    x: jax.Array,
+    kernel: jax.Array,
+    bias: jax.Array | None = None,
+    fp8_meta: Fp8Meta | None = None,
+    recipe: Recipe | None = None,
+    *,
+    probe: jax.Array | None = None,
+    axis: int | Sequence[int] = -1,
+    dtype: Any = None,
+    enabled: bool | None = None,
+) -> jax.Array:
+    """FP8 dense layer: contracts ``x``'s ``axis`` dims with ``kernel``'s leading dims.
+
+    Shapes follow ``flax.linen.DenseGeneral``: ``kernel`` is ``contracted_dims + features`` and
+    the result is ``x``'s remaining dims + ``features``.
+
+    Args:
+      x: input, any float dtype; leading (batch) dims are kept.
+      kernel: weights, shape ``[x.shape[a] for a in axis] + features``.
+      bias: optional, shape ``features``.
+      fp8_meta: the layer's :class:`~fp8jax.state.Fp8Meta` (3 roles); needed for
+        :class:`~fp8jax.recipe.DelayedScaling`, ignored by ``Float8CurrentScaling``.
+      recipe: the recipe; default: the one of the enclosing :func:`fp8jax.autocast`.
+      probe: zero ``float32[3]`` whose cotangent is this call's observed amax of (input, kernel,
+        output-grad). Differentiate with respect to it to get the observation.
+      axis: input axes to contract (default: the last).
+      dtype: computation and output dtype (default: the promoted dtype of ``x`` and ``kernel``).
+      enabled: FP8 on/off; default: the enclosing autocast's switch. Off → a plain
+        high-precision dense with the same API.
+    """
+    axes = _normalize_axes(axis, getattr(x, "ndim", 0) or 1)
+    if dtype is None:
+        dtype = jnp.result_type(x, kernel) if hasattr(x, "dtype") else jnp.float32
+    features = _check_inputs(x, kernel, bias, axes, dtype)
+    state = _current_state()
+    if enabled is None:
+        enabled = state.enabled
+    if recipe is None:
+        recipe = state.recipe if state.recipe is not None else DelayedScaling()
+    x = x.astype(dtype)
+    kernel = kernel.astype(dtype)
+    bias = None if bias is None else bias.astype(dtype)
+    batch_axes = [a for a in range(x.ndim) if a not in axes]
+    x_perm = jnp.transpose(x, (*batch_axes, *axes))
+    batch_shape = x_perm.shape[: len(batch_axes)]
+    k = int(np.prod([x.shape[a] for a in axes]))
+    n = int(np.prod(features))
+    x2 = x_perm.reshape(int(np.prod(batch_shape)), k)
+    w2 = kernel.reshape(k, n)
+    b2 = None if bias is None else bias.reshape(n)
+    if not enabled:
+        y2 = jnp.dot(x2, w2, preferred_element_type=jnp.float32)
+        if b2 is not None:
+            y2 = y2 + b2.astype(jnp.float32)
+        return y2.astype(dtype).reshape(*batch_shape, *features)
+    cfg = _make_config(recipe, dtype, b2 is not None)
+    if cfg.current_scaling:
+        scale = jnp.ones((3,), jnp.float32)
+    else:
+        if not isinstance(fp8_meta, Fp8Meta):
+            raise TypeError(
+                "dense: DelayedScaling needs fp8_meta (an Fp8Meta with 3 roles, from "
+                f"fp8jax.init_fp8_meta(recipe)), got {type(fp8_meta).__name__}"
+            )
+        if fp8_meta.scale.shape != (3,):
+            raise ValueError(f"dense: fp8_meta must have 3 roles, got {fp8_meta.scale.shape}")
+        scale = jax.lax.stop_gradient(fp8_meta.scale)
+    if probe is None:
+        probe = jnp.zeros((3,), jnp.float32)
+    elif jnp.shape(probe) != (3,) or jnp.result_type(probe) != jnp.float32:
+        raise ValueError(f"dense: probe must be float32[3], got {jnp.shape(probe)}")
+    y2 = _dense2d(cfg, x2, w2, b2, scale, probe)
+    return y2.reshape(*batch_shape, *features)
+
+
+def _make_config(recipe: Recipe, dtype: Any, has_bias: bool) -> _Config:
+    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
+        raise TypeError(f"dense: recipe must be DelayedScaling or Float8CurrentScaling: {recipe!r}")
+    if recipe.fp8_format is Format.E5M2:
+        raise ValueError(
+            "dense: Format.E5M2 cannot run GEMMs (FP8 tensor cores have no E5M2 x E5M2 "
+            "matmul); use Format.HYBRID or Format.E4M3"
+        )
+    return _Config(
+        fwd_dtype=recipe.fwd_dtype,
+        bwd_dtype=recipe.bwd_dtype,
+        out_dtype=jnp.dtype(dtype),
+        current_scaling=isinstance(recipe, Float8CurrentScaling),
+        margin=recipe.margin,
+        has_bias=has_bias,
+    )

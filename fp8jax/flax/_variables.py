@@ -1,0 +1,192 @@
+"""The FP8 variables of fp8jax's Flax modules: the ``fp8_meta`` state and the per-call probes.
+
+A module that runs an FP8 GEMM with :class:`~fp8jax.recipe.DelayedScaling` owns, in its own scope:
+
+- collection ``"fp8_meta"``: ``amax_history`` float32[3, L] (zeros) and ``scale`` float32[3]
+  (ones), rows (input, kernel, grad_output): the delayed-scaling state (:class:`Fp8Meta`);
+- collection ``"fp8_probe"``: ``call_0``, ``call_1``, ... float32[3] zeros, one per call of the
+  module in a forward pass. The gradient of the loss with respect to ``call_i`` is what call ``i``
+  observed: its amax of (input, kernel, grad_output). Because every call has its own probe, the
+  observations of a module used several times are never summed by autodiff; the train step merges
+  them by max (:func:`fp8jax.flax.update_fp8_variables`).
+
+Both are created by ``init`` inside ``fp8jax.autocast(enabled=True, recipe=DelayedScaling(...))``.
+
+How calls are numbered
+----------------------
+A call's number is the number of earlier calls of a module *at the same scope path* during the
+same ``init``/``apply``. The count is kept on the module that the ``init``/``apply`` is running
+(Flax's module stack), keyed by scope path, so it is reset by every ``init``/``apply`` (and by
+every call of a bound compact model) and is shared by everything that Flax runs at one path:
+
+- one module instance called twice, a compact parent called twice (which builds a new child
+  instance at the same path each time), a ``dot_general_cls`` instance that ``nn.Dense`` builds
+  anew on every call, and ``nn.remat``/``nn.vmap``/... modules called several times (each call
+  runs in a fresh clone) all get distinct numbers;
+- Flax's ``nn.scan`` traces its body twice per call (a partial-evaluation pass whose variables it
+  discards, then the real scan), so the numbers of a scanned module start where the discarded
+  pass left off: a module called once per scan step has its probe named ``call_1``. The names are
+  stable between ``init`` and ``apply`` (both trace the same way); at ``apply`` the discarded
+  pass reads probes that do not exist, and gets a detached zero probe.
+
+A number is never given to two calls, so observations are never summed; a probe that no call
+uses (a module skipped by control flow) gets a zero gradient, which never wins a max. Not
+supported: ``nn.jit`` around a module called several times (a cached trace
+replays the same probe), calling ``model.apply`` of one model inside a module of another, and
+calling a bound model (``model.bind(...)``) whose method is not ``nn.compact`` more than once
+with probes (use ``apply``; for inference leave ``fp8_probe`` out).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.linen import module as _flax_module
+
+from fp8jax.autocast import get_recipe, is_fp8_enabled
+from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Recipe
+from fp8jax.state import DENSE_ROLES, Fp8Meta
+
+__all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "check_float_array", "fp8_call", "next_call_index"]
+
+#: Collection of the delayed-scaling state (``amax_history``, ``scale``).
+FP8_META = "fp8_meta"
+#: Collection of the per-call probes (``call_0``, ``call_1``, ...).
+FP8_PROBE = "fp8_probe"
+
+_N_ROLES = len(DENSE_ROLES)
+_CALL_RE = re.compile(r"call_(\d+)")
+_COUNTS_ATTR = "_fp8jax_call_counts"
+
+
+class Fp8Call(NamedTuple):
+    """What one call of an FP8 module computes with."""
+
+    enabled: bool  # FP8 on for this call
+    recipe: Recipe | None  # the autocast recipe (None outside autocast)
+    meta: Fp8Meta | None  # DelayedScaling state; None otherwise
+    probe: jax.Array | None  # float32[3] whose gradient is this call's observation, or None
+
+
+def _where(module: nn.Module) -> str:
+    path = "/".join(module.scope.path) if module.scope is not None else ""
+    return f"{type(module).__name__} at {path or '<root>'!r}"
+
+
+def _count_owner(module: nn.Module) -> nn.Module:
+    """The module that the running ``init``/``apply`` was called on (a fresh clone per call)."""
+    stack = getattr(getattr(_flax_module, "_context", None), "module_stack", None)
+    if isinstance(stack, list) and len(stack) > 1 and isinstance(stack[1], nn.Module):
+        return stack[1]
+    # Fallback for a Flax without a module stack: the outermost module reachable by parents.
+    owner = module
+    while isinstance(owner.parent, nn.Module):
+        owner = owner.parent
+    return owner
+
+
+def next_call_index(module: nn.Module) -> int:
+    """The number of this call of ``module`` (see the module docstring), counting it."""
+    owner = _count_owner(module)
+    # Keyed by the owner's scope too: a compact module gets a new scope after each call, which
+    # restarts the count when one bound module (``model.bind(...)``) is called again.
+    scope, counts = owner.__dict__.get(_COUNTS_ATTR, (None, None))
+    if counts is None or scope is not owner.scope:
+        counts = {}
+        object.__setattr__(owner, _COUNTS_ATTR, (owner.scope, counts))
+    key = tuple(module.scope.path)
+    index = counts.get(key, 0)
+    counts[key] = index + 1
+    return index
+
+
+def _meta(module: nn.Module, recipe: DelayedScaling) -> Fp8Meta:
+    length = recipe.amax_history_len
+    present = module.has_variable(FP8_META, "amax_history") and module.has_variable(
+        FP8_META, "scale"
+    )
+    if not present and not module.is_mutable_collection(FP8_META):
+        raise ValueError(
+            f"{_where(module)}: FP8 is enabled with DelayedScaling but the {FP8_META!r} variables "
+            f"(amax_history, scale) are missing. Initialise the model inside "
+            f"fp8jax.autocast(enabled=True, recipe=DelayedScaling(...)) (init creates them) "
+            f"and pass the {FP8_META!r} collection to apply."
+        )
+    hist = module.variable(
+        FP8_META, "amax_history", jnp.zeros, (_N_ROLES, length), jnp.float32
+    ).value
+    scale = module.variable(FP8_META, "scale", jnp.ones, (_N_ROLES,), jnp.float32).value
+    if jnp.shape(hist) != (_N_ROLES, length) or jnp.shape(scale) != (_N_ROLES,):
+        raise ValueError(
+            f"{_where(module)}: {FP8_META!r} has amax_history {jnp.shape(hist)} and scale "
+            f"{jnp.shape(scale)}; the recipe (amax_history_len={length}) wants "
+            f"({_N_ROLES}, {length}) and ({_N_ROLES},). Was the model initialised under another "
+            "recipe? (Under nn.scan, give fp8_meta a variable axis.)"
+        )
+    return Fp8Meta(amax_history=hist, scale=scale)
+
+
+def _probe(module: nn.Module) -> jax.Array | None:
+    index = next_call_index(module)
+    name = f"call_{index}"
+    if module.has_variable(FP8_PROBE, name) or module.is_mutable_collection(FP8_PROBE):
+        probe = module.variable(FP8_PROBE, name, jnp.zeros, (_N_ROLES,), jnp.float32).value
+        if jnp.shape(probe) != (_N_ROLES,):
+            raise ValueError(
+                f"{_where(module)}: probe {FP8_PROBE}/{name} must be float32[{_N_ROLES}], got "
+                f"shape {jnp.shape(probe)} (under nn.scan, give fp8_probe a variable axis)"
+            )
+        return probe
+    existing = [
+        int(m.group(1))
+        for k in module.variables.get(FP8_PROBE, {})
+        if (m := _CALL_RE.fullmatch(str(k)))
+    ]
+    if not existing or index < max(existing):
+        # No probes passed at all (inference), or a number that init's trace discarded (nn.scan).
+        return None
+    raise ValueError(
+        f"{_where(module)}: this is call number {index} of the module in this apply, but "
+        f"{FP8_PROBE!r} only has probes {sorted(f'call_{i}' for i in existing)} from init. "
+        "Initialise with the same number of calls per forward pass as apply makes (same "
+        "control flow), so that every call has its own probe. (A model bound with "
+        "model.bind(...) whose method is not nn.compact counts across its calls: use "
+        "model.apply per forward pass. For inference, leave fp8_probe out of the variables.)"
+    )
+
+
+def fp8_call(module: nn.Module) -> Fp8Call:
+    """Reads the autocast state and, for DelayedScaling, this call's state and probe.
+
+    Must be called from inside a bound module's method (``nn.compact`` or ``setup``-style).
+    Outside autocast or with FP8 disabled no variable is read or created; with
+    :class:`~fp8jax.recipe.Float8CurrentScaling` neither is needed.
+    """
+    recipe = get_recipe()
+    if not is_fp8_enabled():
+        return Fp8Call(enabled=False, recipe=recipe, meta=None, probe=None)
+    if isinstance(recipe, Float8CurrentScaling):
+        return Fp8Call(enabled=True, recipe=recipe, meta=None, probe=None)
+    if not isinstance(recipe, DelayedScaling):
+        raise TypeError(
+            f"{_where(module)}: the autocast recipe must be DelayedScaling or "
+            f"Float8CurrentScaling, got {recipe!r}"
+        )
+    meta = _meta(module, recipe)
+    return Fp8Call(enabled=True, recipe=recipe, meta=meta, probe=_probe(module))
+
+
+def check_float_array(owner: str, name: str, value: Any) -> jax.Array:
+    """``value`` as an array, or a TypeError naming ``name`` if it is not a float array."""
+    if not hasattr(value, "dtype") or not hasattr(value, "shape"):
+        raise TypeError(f"{owner}: {name} must be a floating-point array, got {type(value)}")
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        raise TypeError(
+            f"{owner}: {name} must be a floating-point array (float32, bfloat16 or float16), "
+            f"got dtype {value.dtype}"
+        )
+    return value

@@ -1,0 +1,386 @@
+"""Flax Linen modules for FP8 dense layers: ``DenseGeneral``, ``Fp8DotGeneral``, ``Fp8Einsum``.
+
+All three compute with :func:`fp8jax.dense.dense` and follow the enclosing
+:func:`fp8jax.autocast`: outside it, or with FP8 disabled, they are plain high-precision layers
+and need no FP8 variables. With :class:`~fp8jax.recipe.DelayedScaling` they keep their state in
+the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"`` (see
+:mod:`fp8jax.flax._variables`), both created by ``init`` inside ``autocast(enabled=True)``; with
+:class:`~fp8jax.recipe.Float8CurrentScaling` they need neither.
+
+>>> import jax, jax.numpy as jnp, fp8jax
+>>> from fp8jax.flax import DenseGeneral
+>>> layer = DenseGeneral(features=4)
+>>> with fp8jax.autocast(enabled=True, recipe=fp8jax.DelayedScaling(amax_history_len=8)):
+...     variables = layer.init(jax.random.key(0), jnp.ones((2, 3)))
+>>> jax.tree.map(jnp.shape, variables)  # doctest: +NORMALIZE_WHITESPACE
+{'fp8_meta': {'amax_history': (3, 8), 'scale': (3,)}, 'fp8_probe': {'call_0': (3,)},
+ 'params': {'bias': (4,), 'kernel': (3, 4)}}
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.core import meta
+from flax.typing import Initializer
+
+from fp8jax.dense import dense
+from fp8jax.flax._variables import check_float_array, fp8_call
+
+__all__ = ["DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
+
+_default_kernel_init = nn.initializers.lecun_normal()
+
+
+def _as_tuple(value: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(value, (int, np.integer)):
+        return (int(value),)
+    return tuple(value)
+
+
+def _normalize_axes(owner: str, name: str, axes: Any, ndim: int) -> tuple[int, ...]:
+    """Non-negative, sorted (as Flax sorts them), distinct axes; ValueError naming ``name``."""
+    try:
+        raw = _as_tuple(axes)
+    except TypeError:
+        raise TypeError(
+            f"{owner}: {name} must be an int or a sequence of ints, got {axes!r}"
+        ) from None
+    out = []
+    for a in raw:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+            raise TypeError(f"{owner}: {name} must hold ints, got {axes!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"{owner}: {name}={axes!r} names axis {a}, out of range for an input of rank {ndim}"
+            )
+        out.append(int(a) % ndim)
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"{owner}: {name} must name at least one axis, each once; got {axes!r}")
+    return tuple(sorted(out))
+
+
+def _flat_init(init: Initializer, flat_shape: tuple[int, ...]) -> Any:
+    """Wraps ``init`` to draw a ``flat_shape`` tensor and reshape it (as Flax's DenseGeneral)."""
+
+    def wrapped(rng: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Any:
+        value = init(rng, flat_shape, dtype)
+        if isinstance(value, meta.AxisMetadata):
+            return meta.replace_boxed(value, jnp.reshape(value.unbox(), shape))
+        return jnp.reshape(value, shape)
+
+    return wrapped
+
+
+class DenseGeneral(nn.Module):
+    """FP8 drop-in for :class:`flax.linen.DenseGeneral` (same arguments, params and shapes).
+
+    The params are ``kernel`` (contracted input dims + features) and ``bias`` (features), drawn
+    exactly as Flax draws them, so a checkpoint of ``nn.DenseGeneral`` loads unchanged and the same
+    ``init`` key gives the same params.
+
+    Inside ``fp8jax.autocast(enabled=True, recipe=...)`` the layer runs as one FP8 GEMM forward and
+    two backward (:func:`fp8jax.dense.dense`); otherwise it is a plain high-precision dense.
+
+    Attributes:
+      features: int or tuple of output features.
+      axis: input axes to contract (int or tuple; default the last).
+      batch_dims: only ``()``: FP8 GEMMs here have no batch dims (ValueError otherwise).
+      use_bias: whether to add a bias.
+      dtype: computation and output dtype; default: promoted from inputs and params.
+      param_dtype: dtype of the params.
+      kernel_init: initializer of the kernel, called with the flat ``(prod(contracted),
+        prod(features))`` shape as in Flax.
+      bias_init: initializer of the bias.
+      precision: only ``None`` (FP8 has no precision knob; ValueError otherwise).
+    """
+
+    features: int | Sequence[int]
+    axis: int | Sequence[int] = -1
+    batch_dims: Sequence[int] = ()
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Initializer = _default_kernel_init
+    bias_init: Initializer = nn.initializers.zeros_init()
+    precision: Any = None
+
+    def _check_config(self) -> tuple[int, ...]:
+        owner = "DenseGeneral"
+        if _as_tuple(self.batch_dims) != ():
+            raise ValueError(
+                f"{owner}: batch_dims must be () (FP8 GEMMs have no batch dims; fold them into "
+                f"the leading dims of the input), got {self.batch_dims!r}"
+            )
+        if self.precision is not None:
+            raise ValueError(
+                f"{owner}: precision must be None (an FP8 GEMM has no precision setting), got "
+                f"{self.precision!r}"
+            )
+        features = _as_tuple(self.features)
+        if not features or any(
+            not isinstance(f, (int, np.integer)) or isinstance(f, bool) or f < 1 for f in features
+        ):
+            raise ValueError(f"{owner}: features must be positive ints, got {self.features!r}")
+        return tuple(int(f) for f in features)
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        """Contracts ``inputs``' ``axis`` dims with the kernel; returns the rest + features."""
+        owner = "DenseGeneral"
+        features = self._check_config()
+        inputs = check_float_array(owner, "inputs", inputs)
+        axes = _normalize_axes(owner, "axis", self.axis, inputs.ndim)
+        contract = tuple(inputs.shape[a] for a in axes)
+        flat = (int(np.prod(contract)), int(np.prod(features)))
+        kernel = self.param(
+            "kernel", _flat_init(self.kernel_init, flat), contract + features, self.param_dtype
+        )
+        bias = None
+        if self.use_bias:
+            bias = self.param(
+                "bias", _flat_init(self.bias_init, flat[1:]), features, self.param_dtype
+            )
+        dtype = self.dtype
+        if dtype is None:
+            dtype = jnp.result_type(*(v for v in (inputs, kernel, bias) if v is not None))
+        fp8 = fp8_call(self)
+        return dense(
+            inputs,
+            kernel,
+            bias,
+            fp8.meta,
+            fp8.recipe,
+            probe=fp8.probe,
+            axis=axes,
+            dtype=dtype,
+            enabled=fp8.enabled,
+        )
+
+
+def _dim_numbers(dimension_numbers: Any) -> tuple[tuple[int, ...], ...]:
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        return tuple(lc), tuple(rc), tuple(lb), tuple(rb)
+    except (TypeError, ValueError):
+        raise ValueError(
+            "Fp8DotGeneral: dimension_numbers must be ((lhs_contract, rhs_contract), "
+            f"(lhs_batch, rhs_batch)), got {dimension_numbers!r}"
+        ) from None
+
+
+class Fp8DotGeneral(nn.Module):
+    """FP8 ``lax.dot_general`` for injection: ``nn.Dense(..., dot_general_cls=Fp8DotGeneral)``.
+
+    Works wherever a Flax layer takes ``dot_general_cls`` (``nn.Dense``, ``nn.DenseGeneral``
+    without ``batch_dims``): the layer instantiates it on every call and calls it as
+    ``dot_general(lhs, rhs, dimension_numbers, precision=..., preferred_element_type=...)``, with
+    ``rhs`` the weight. The contraction may not have batch dims (ValueError); the rhs contracted
+    dims are moved to the front for :func:`fp8jax.dense.dense`. The FP8 state and probes live in
+    the ``fp8_meta``/``fp8_probe`` collections of this submodule (e.g.
+    ``Dense_0/Fp8DotGeneral_0``). With FP8 off it is exactly ``lax.dot_general``.
+    """
+
+    @nn.compact
+    def __call__(
+        self,
+        lhs: jax.Array,
+        rhs: jax.Array,
+        dimension_numbers: Any,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+    ) -> jax.Array:
+        """``lax.dot_general(lhs, rhs, dimension_numbers)`` with FP8 operands when enabled."""
+        owner = "Fp8DotGeneral"
+        lhs = check_float_array(owner, "lhs", lhs)
+        rhs = check_float_array(owner, "rhs", rhs)
+        lc, rc, lb, rb = _dim_numbers(dimension_numbers)
+        if lb or rb:
+            raise ValueError(
+                f"{owner}: batch dims are not supported (got lhs_batch={lb}, rhs_batch={rb}); "
+                "fold them into the non-contracted dims of lhs"
+            )
+        if len(lc) != len(rc) or not lc:
+            raise ValueError(
+                f"{owner}: lhs and rhs must contract the same number (>= 1) of dims, got "
+                f"{lc} and {rc}"
+            )
+        lc_n = tuple(_normalize_one(owner, "lhs_contract", a, lhs.ndim) for a in lc)
+        rc_n = tuple(_normalize_one(owner, "rhs_contract", a, rhs.ndim) for a in rc)
+        for a, b in zip(lc_n, rc_n, strict=True):
+            if lhs.shape[a] != rhs.shape[b]:
+                raise ValueError(
+                    f"{owner}: contracted dims differ: lhs {lhs.shape} dim {a} vs rhs "
+                    f"{rhs.shape} dim {b}"
+                )
+        fp8 = fp8_call(self)
+        if not fp8.enabled:
+            return jax.lax.dot_general(
+                lhs,
+                rhs,
+                dimension_numbers,
+                precision=precision,
+                preferred_element_type=preferred_element_type,
+            )
+        if precision is not None:
+            raise ValueError(
+                f"{owner}: precision must be None with FP8 enabled (an FP8 GEMM has no "
+                f"precision setting), got {precision!r}"
+            )
+        free = tuple(d for d in range(rhs.ndim) if d not in rc_n)
+        perm = rc_n + free
+        kernel = rhs if perm == tuple(range(rhs.ndim)) else jnp.transpose(rhs, perm)
+        dtype = preferred_element_type or jnp.result_type(lhs, rhs)
+        return dense(
+            lhs,
+            kernel,
+            None,
+            fp8.meta,
+            fp8.recipe,
+            probe=fp8.probe,
+            axis=lc_n,
+            dtype=dtype,
+            enabled=True,
+        )
+
+
+def _normalize_one(owner: str, name: str, axis: Any, ndim: int) -> int:
+    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        raise ValueError(f"{owner}: {name} axis {axis!r} is out of range for rank {ndim}")
+    return int(axis) % ndim
+
+
+class _Equation:
+    """A parsed two-operand einsum ``x,w->out`` that one dense layer can compute."""
+
+    def __init__(self, equation: Any, x_ndim: int, w_ndim: int) -> None:
+        owner = "Fp8Einsum"
+        if not isinstance(equation, str):
+            raise TypeError(f"{owner}: equation must be a str, got {equation!r}")
+        eq = equation.replace(" ", "")
+        lhs, arrow, out = eq.partition("->")
+        operands = lhs.split(",")
+        if len(operands) != 2:
+            raise ValueError(
+                f"{owner}: equation must have exactly two operands (x, w), got {equation!r}"
+            )
+        x_spec, w_spec = operands
+        if "." in w_spec:
+            raise ValueError(f"{owner}: the weight w may not have '...' in {equation!r}")
+        letters = set(string.ascii_letters)
+        used = set(x_spec + w_spec + out) & letters
+        spare = iter(c for c in string.ascii_letters if c not in used)
+        ell: list[str] = []
+        if "..." in x_spec:
+            n_ell = x_ndim - (len(x_spec) - 3)
+            if n_ell < 0:
+                raise ValueError(f"{owner}: x of rank {x_ndim} does not fit {x_spec!r}")
+            ell = [next(spare) for _ in range(n_ell)]
+            x_spec = x_spec.replace("...", "".join(ell), 1)
+        if not arrow:  # implicit output: '...' first, then labels seen once, sorted
+            once = sorted(c for c in set(x_spec + w_spec) if (x_spec + w_spec).count(c) == 1)
+            out = "".join(ell) + "".join(c for c in once if c not in ell)
+        elif "..." in out:
+            out = out.replace("...", "".join(ell), 1)
+        for name, spec, ndim in (("x", x_spec, x_ndim), ("w", w_spec, w_ndim)):
+            if not set(spec) <= letters:
+                raise ValueError(f"{owner}: bad labels for {name} in {equation!r}")
+            if len(spec) != ndim:
+                raise ValueError(
+                    f"{owner}: {name} has rank {ndim} but {equation!r} gives it {len(spec)} labels"
+                )
+            if len(set(spec)) != len(spec):
+                raise ValueError(f"{owner}: a label repeats within {name} in {equation!r}")
+        if not set(out) <= letters or len(set(out)) != len(out):
+            raise ValueError(f"{owner}: bad or repeated output labels in {equation!r}")
+        if set(out) - set(x_spec + w_spec):
+            raise ValueError(f"{owner}: output labels not in any operand in {equation!r}")
+        shared = set(x_spec) & set(w_spec)
+        if shared & set(out):
+            raise ValueError(
+                f"{owner}: labels {sorted(shared & set(out))} are in x, w and the output "
+                f"(batch dims of a weight) in {equation!r}; only contracted dims may be shared"
+            )
+        if not shared:
+            raise ValueError(f"{owner}: {equation!r} contracts no dim of x with w")
+        lost = (set(x_spec) | set(w_spec)) - shared - set(out)
+        if lost:
+            raise ValueError(
+                f"{owner}: labels {sorted(lost)} of one operand are summed away in {equation!r}; "
+                "every non-contracted dim must appear in the output"
+            )
+        self.x, self.w, self.out = x_spec, w_spec, out
+        self.contracted = [c for c in w_spec if c in shared]  # in w's order
+        self.w_free = [c for c in w_spec if c not in shared]
+
+
+class Fp8Einsum(nn.Module):
+    """FP8 two-operand einsum for models that contract weights with ``jnp.einsum``.
+
+    ``Fp8Einsum()(equation, x, w)`` computes ``jnp.einsum(equation, x, w)`` with ``x`` the
+    activation and ``w`` the weight, as one :func:`fp8jax.dense.dense` between transposes and
+    reshapes. Every dim that ``x`` and ``w`` share must be contracted (no batch dims of the
+    weight), every other dim must appear in the output, ``...`` may stand for leading dims of
+    ``x``. Other equations raise ValueError (whether FP8 is on or not). With FP8 off it is exactly
+    ``jnp.einsum``. State and probes live in this module's ``fp8_meta``/``fp8_probe``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> x, w = jnp.ones((2, 5, 8)), jnp.ones((8, 4, 16))
+    >>> Fp8Einsum().apply({}, "btd,dnh->btnh", x, w).shape
+    (2, 5, 4, 16)
+    """
+
+    @nn.compact
+    def __call__(
+        self,
+        equation: str,
+        x: jax.Array,
+        w: jax.Array,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+    ) -> jax.Array:
+        """``jnp.einsum(equation, x, w)`` with FP8 operands when enabled."""
+        owner = "Fp8Einsum"
+        x = check_float_array(owner, "x", x)
+        w = check_float_array(owner, "w", w)
+        eq = _Equation(equation, x.ndim, w.ndim)
+        for c in eq.contracted:
+            if x.shape[eq.x.index(c)] != w.shape[eq.w.index(c)]:
+                raise ValueError(
+                    f"{owner}: dim {c!r} is {x.shape[eq.x.index(c)]} in x {x.shape} but "
+                    f"{w.shape[eq.w.index(c)]} in w {w.shape}"
+                )
+        fp8 = fp8_call(self)
+        if not fp8.enabled:
+            return jnp.einsum(
+                equation, x, w, precision=precision, preferred_element_type=preferred_element_type
+            )
+        if precision is not None:
+            raise ValueError(
+                f"{owner}: precision must be None with FP8 enabled (an FP8 GEMM has no "
+                f"precision setting), got {precision!r}"
+            )
+        perm = tuple(eq.w.index(c) for c in eq.contracted + eq.w_free)
+        kernel = w if perm == tuple(range(w.ndim)) else jnp.transpose(w, perm)
+        axes = tuple(eq.x.index(c) for c in eq.contracted)
+        dtype = preferred_element_type or jnp.result_type(x, w)
+        y = dense(
+            x,
+            kernel,
+            None,
+            fp8.meta,
+            fp8.recipe,
+            probe=fp8.probe,
+            axis=axes,
+            dtype=dtype,
+            enabled=True,
+        )
+        y_labels = [c for c in eq.x if c not in eq.contracted] + eq.w_free
+        out_perm = tuple(y_labels.index(c) for c in eq.out)
+        return y if out_perm == tuple(range(y.ndim)) else jnp.transpose(y, out_perm)

@@ -1,0 +1,138 @@
+"""The delayed-scaling state of a layer's FP8 tensors, and its functional per-step update.
+
+A layer with ``n`` quantized tensor roles (a dense layer has three: input, kernel, output-grad)
+keeps one :class:`Fp8Meta`: an amax history and a scale per role. Each step the layer quantizes
+with ``scale`` and reports what it saw, one amax per role, through the cotangent of a *probe*: a
+zero float32 vector that the layer takes as an input and whose gradient is the observation. The
+backward pass is the only place the output-grad amax exists, so this is how it leaves; the
+forward amaxes ride along so that one mechanism carries all three.
+
+Observations from several calls of the same layer (a layer applied twice, micro-batches of a
+gradient accumulation) are merged by **max** (:func:`merge_observations`), never summed, and then
+folded into the state by :func:`update_fp8_meta`, or for a whole model in one kernel launch by
+:func:`update_fp8_metas`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax.ops.scaling import update_fp8_states
+from fp8jax.recipe import DelayedScaling
+
+__all__ = [
+    "DENSE_BACKWARD",
+    "DENSE_ROLES",
+    "Fp8Meta",
+    "init_fp8_meta",
+    "merge_observations",
+    "update_fp8_meta",
+    "update_fp8_metas",
+]
+
+#: Tensor roles of a dense layer, in row order of its :class:`Fp8Meta`.
+DENSE_ROLES: tuple[str, ...] = ("input", "kernel", "grad_output")
+#: Which of those roles are backward (gradient) tensors: they use the recipe's backward format.
+DENSE_BACKWARD: tuple[bool, ...] = (False, False, True)
+
+
+class Fp8Meta(NamedTuple):
+    """Delayed-scaling state of one layer's FP8 tensors, one row per tensor role."""
+
+    amax_history: jax.Array  # float32[n_roles, amax_history_len], newest at column 0
+    scale: jax.Array  # float32[n_roles]
+
+
+def init_fp8_meta(recipe: DelayedScaling, n_roles: int = len(DENSE_ROLES)) -> Fp8Meta:
+    """The initial state: an all-zero history and scale 1 for every role.
+
+    >>> import fp8jax
+    >>> m = fp8jax.init_fp8_meta(fp8jax.DelayedScaling(amax_history_len=16))
+    >>> m.amax_history.shape, m.scale.tolist()
+    ((3, 16), [1.0, 1.0, 1.0])
+    """
+    if not isinstance(recipe, DelayedScaling):
+        raise TypeError(f"init_fp8_meta: recipe must be a DelayedScaling, got {recipe!r}")
+    if not isinstance(n_roles, int) or n_roles < 1:
+        raise ValueError(f"init_fp8_meta: n_roles must be a positive int, got {n_roles!r}")
+    return Fp8Meta(
+        amax_history=jnp.zeros((n_roles, recipe.amax_history_len), jnp.float32),
+        scale=jnp.ones((n_roles,), jnp.float32),
+    )
+
+
+def merge_observations(*observations: Any) -> Any:
+    """Merges amax observations (arrays or matching pytrees of them) by elementwise max."""
+    if not observations:
+        raise ValueError("merge_observations: give at least one observation")
+    return jax.tree.map(lambda *xs: jnp.max(jnp.stack(xs), axis=0), *observations)
+
+
+def _check_meta(op: str, meta: Any, recipe: DelayedScaling) -> Fp8Meta:
+    if not isinstance(meta, Fp8Meta):
+        raise TypeError(f"{op}: expected an Fp8Meta, got {type(meta).__name__}")
+    if meta.amax_history.ndim != 2 or meta.amax_history.shape[1] != recipe.amax_history_len:
+        raise ValueError(
+            f"{op}: amax_history has shape {meta.amax_history.shape}; the recipe wants "
+            f"[n_roles, {recipe.amax_history_len}]"
+        )
+    return meta
+
+
+def update_fp8_meta(
+    meta: Fp8Meta,
+    observed_amax: jax.Array,
+    recipe: DelayedScaling,
+    backward: tuple[bool, ...] = DENSE_BACKWARD,
+) -> Fp8Meta:
+    """Folds one step's observed amaxes (``float32[n_roles]``) into ``meta``; returns it new."""
+    return update_fp8_metas([meta], [observed_amax], recipe, [backward])[0]
+
+
+def update_fp8_metas(
+    metas: list[Fp8Meta],
+    observed: list[jax.Array],
+    recipe: DelayedScaling,
+    backward: list[tuple[bool, ...]] | None = None,
+) -> list[Fp8Meta]:
+    """Updates many layers' states in one kernel launch (the model's whole bookkeeping).
+
+    Args:
+      metas: the layers' :class:`Fp8Meta` states.
+      observed: per layer, ``float32[n_roles]``: this step's amax per role (already merged by
+        max over the layer's calls).
+      recipe: the :class:`~fp8jax.recipe.DelayedScaling` in force.
+      backward: per layer, which roles are gradients; default: the dense layout
+        (:data:`DENSE_BACKWARD`) for every layer.
+    """
+    op = "update_fp8_metas"
+    if len(metas) != len(observed):
+        raise ValueError(f"{op}: {len(metas)} states but {len(observed)} observations")
+    if not metas:
+        return []
+    if backward is None:
+        backward = [DENSE_BACKWARD] * len(metas)
+    rows, flags = [], []
+    for m, obs, bw in zip(metas, observed, backward, strict=True):
+        m = _check_meta(op, m, recipe)
+        n = m.scale.shape[0]
+        if jnp.shape(obs) != (n,) or len(bw) != n:
+            raise ValueError(
+                f"{op}: a state with {n} roles needs observed amax of shape ({n},) and {n} "
+                f"backward flags, got {jnp.shape(obs)} and {len(bw)}"
+            )
+        rows.append(n)
+        flags.extend(bool(b) for b in bw)
+    hist = jnp.concatenate([m.amax_history for m in metas])
+    scale = jnp.concatenate([m.scale for m in metas])
+    amax = jnp.concatenate([jnp.asarray(o, jnp.float32) for o in observed])
+    new_hist, new_scale = update_fp8_states(hist, scale, amax, recipe, backward=flags)
+    splits = np.cumsum(rows)[:-1].tolist()
+    return [
+        Fp8Meta(h, s)
+        for h, s in zip(jnp.split(new_hist, splits), jnp.split(new_scale, splits), strict=True)
+    ]

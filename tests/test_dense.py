@@ -1,0 +1,187 @@
+"""fp8jax.dense: forward, gradients and amax observations vs float32 references."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax import DelayedScaling, Float8CurrentScaling, Format
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+# Unit roundoff of each format: a quantized value is within u * |x| of x (normal range).
+U_E4M3 = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).eps) / 2  # 2**-4
+U_E5M2 = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).eps) / 2  # 2**-3
+RECIPE = DelayedScaling(amax_history_len=4)
+
+
+def _rand(shape, seed, scale=1.0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
+
+
+def _ref(x, w, b=None):
+    y = jnp.dot(x, w, precision=jax.lax.Precision.HIGHEST)
+    return y if b is None else y + b
+
+
+def _fp8(x, w, b=None, recipe=RECIPE, **kw):
+    meta = fp8jax.init_fp8_meta(recipe) if isinstance(recipe, DelayedScaling) else None
+    return fp8jax.dense(x, w, b, meta, recipe, enabled=True, **kw)
+
+
+def test_disabled_is_plain_dense():
+    x, w, b = _rand((5, 7, 16), 0), _rand((16, 12), 1), _rand((12,), 2)
+    y = fp8jax.dense(x, w, b, enabled=False)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(_ref(x, w, b)), rtol=1e-6, atol=1e-6)
+    # outside any autocast, FP8 is off by default
+    np.testing.assert_array_equal(np.asarray(fp8jax.dense(x, w, b)), np.asarray(y))
+
+
+def test_representable_inputs_forward_is_exact_to_accumulation_order():
+    x = fp8jax.cast_to_representable(_rand((64, 48), 3, 4.0), E4M3)
+    w = fp8jax.cast_to_representable(_rand((48, 32), 4, 0.5), E4M3)
+    y = _fp8(x, w)
+    ref = _ref(x, w)
+    # FP8 products are exact in float32: only the summation order differs (~1e-6 relative).
+    np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=1e-4, atol=1e-4)
+
+
+def test_representable_gradients_are_tight():
+    x = fp8jax.cast_to_representable(_rand((32, 48), 5, 2.0), E4M3)
+    w = fp8jax.cast_to_representable(_rand((48, 16), 6, 0.5), E4M3)
+    b = _rand((16,), 7)
+    c = fp8jax.cast_to_representable(_rand((32, 16), 8), E5M2)  # dL/dy = c, E5M2-exact
+
+    def loss(fn, x, w, b):
+        return jnp.sum(fn(x, w, b) * c)
+
+    g = jax.grad(lambda *a: loss(_fp8, *a), argnums=(0, 1, 2))(x, w, b)
+    gr = jax.grad(lambda *a: loss(_ref, *a), argnums=(0, 1, 2))(x, w, b)
+    for got, want in zip(g, gr, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def _normwise_bound(x, w, u):
+    """|fl(x) fl(w) - x w| <= (2u + u^2) |x| |w| elementwise; compare Frobenius norms."""
+    return (2 * u + u * u) * float(jnp.linalg.norm(jnp.abs(x) @ jnp.abs(w)))
+
+
+def test_random_inputs_within_fp8_tolerance_forward_and_grads():
+    x, w = _rand((128, 64), 9, 3.0), _rand((64, 96), 10, 0.2)
+    y = _fp8(x, w)
+    err = float(jnp.linalg.norm(y - _ref(x, w)))
+    assert err <= _normwise_bound(x, w, U_E4M3)
+    c = _rand((128, 96), 11)
+    dx, dw = jax.grad(lambda x, w: jnp.sum(_fp8(x, w) * c), argnums=(0, 1))(x, w)
+    # dgrad = fl5(c) fl4(w)^T, wgrad = fl4(x)^T fl5(c): one E4M3 and one E5M2 rounding each.
+    u = U_E4M3 + U_E5M2
+    assert float(jnp.linalg.norm(dx - c @ w.T)) <= _normwise_bound(c, w.T, u)
+    assert float(jnp.linalg.norm(dw - x.T @ c)) <= _normwise_bound(x.T, c, u)
+
+
+def test_probe_cotangent_is_the_observed_amax():
+    x, w = _rand((16, 8), 12, 5.0), _rand((8, 4), 13)
+    c = _rand((16, 4), 14, 3.0)
+    meta = fp8jax.init_fp8_meta(RECIPE)
+
+    def loss(x, w, probe):
+        return jnp.sum(fp8jax.dense(x, w, None, meta, RECIPE, probe=probe, enabled=True) * c)
+
+    obs = jax.grad(loss, argnums=2)(x, w, jnp.zeros(3))
+    np.testing.assert_array_equal(
+        np.asarray(obs), [jnp.max(jnp.abs(x)), jnp.max(jnp.abs(w)), jnp.max(jnp.abs(c))]
+    )
+
+
+def test_three_step_functional_loop_matches_hand_computation():
+    r = DelayedScaling(amax_history_len=2, fp8_format=Format.HYBRID)
+    meta = fp8jax.init_fp8_meta(r)
+    w = _rand((8, 4), 15)
+    hist = np.zeros((3, 2), np.float32)
+    for step in range(3):
+        x = _rand((16, 8), 20 + step, 1.0 + step)
+        c = _rand((16, 4), 30 + step, 0.1 * (step + 1))
+
+        def loss(x, w, probe, meta=meta, c=c):
+            return jnp.sum(fp8jax.dense(x, w, None, meta, r, probe=probe, enabled=True) * c)
+
+        obs = jax.grad(loss, argnums=2)(x, w, jnp.zeros(3))
+        meta = fp8jax.update_fp8_meta(meta, obs, r)
+        seen = np.array([np.abs(x).max(), np.abs(w).max(), np.abs(c).max()], np.float32)
+        hist = np.concatenate([seen[:, None], hist[:, :1]], axis=1)
+        fmax = np.array([448, 448, 57344], np.float32)
+        np.testing.assert_array_equal(np.asarray(meta.amax_history), hist)
+        np.testing.assert_array_equal(np.asarray(meta.scale), fmax / hist.max(axis=1))
+
+
+def test_current_scaling_needs_no_state():
+    x, w = _rand((32, 16), 16, 100.0), _rand((16, 8), 17, 0.01)
+    y = fp8jax.dense(x, w, None, None, Float8CurrentScaling(), enabled=True)
+    assert float(jnp.linalg.norm(y - _ref(x, w))) <= _normwise_bound(x, w, U_E4M3)
+    dx = jax.grad(
+        lambda x: jnp.sum(fp8jax.dense(x, w, None, None, Float8CurrentScaling(), enabled=True) ** 2)
+    )(x)
+    assert dx.shape == x.shape and bool(jnp.all(jnp.isfinite(dx)))
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "axis", "k_shape"),
+    [((2, 3, 8), -1, (8, 5)), ((2, 3, 8), (1, 2), (3, 8, 4, 2)), ((4, 6, 3), 1, (6, 7))],
+)
+def test_dense_general_axes_match_einsum(x_shape, axis, k_shape):
+    x = fp8jax.cast_to_representable(_rand(x_shape, 18), E4M3)
+    k = fp8jax.cast_to_representable(_rand(k_shape, 19, 0.5), E4M3)
+    y = _fp8(x, k, axis=axis)
+    axes = (axis,) if isinstance(axis, int) else axis
+    axes = [a % x.ndim for a in axes]
+    letters = "abcdefgh"
+    xs = [letters[i] for i in range(x.ndim)]
+    ks = [xs[a] for a in axes] + [letters[x.ndim + i] for i in range(k.ndim - len(axes))]
+    out = [c for i, c in enumerate(xs) if i not in axes] + ks[len(axes) :]
+    ref = jnp.einsum(
+        f"{''.join(xs)},{''.join(ks)}->{''.join(out)}", x, k, precision=jax.lax.Precision.HIGHEST
+    )
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_compute_dtype_and_jit():
+    x, w, b = _rand((64, 32), 21).astype(jnp.bfloat16), _rand((32, 16), 22), _rand((16,), 23)
+    f = jax.jit(lambda x, w, b: _fp8(x, w, b, dtype=jnp.bfloat16))
+    y = f(x, w, b)
+    assert y.dtype == jnp.bfloat16
+    hlo = f.lower(x, w, b).as_text()
+    assert "fp8jax_cast_transpose" in hlo
+
+
+def test_checkpoint_names_reach_the_jaxpr():
+    x, w = _rand((8, 8), 24), _rand((8, 8), 25)
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda x: jnp.sum(_fp8(x, w))))(x))
+    for name in fp8jax.CHECKPOINT_NAMES:
+        assert name in jaxpr
+    policy = jax.checkpoint_policies.save_only_these_names(*fp8jax.CHECKPOINT_NAMES)
+    g1 = jax.grad(jax.checkpoint(lambda x: jnp.sum(_fp8(x, w) ** 2), policy=policy))(x)
+    g2 = jax.grad(lambda x: jnp.sum(_fp8(x, w) ** 2))(x)
+    np.testing.assert_array_equal(np.asarray(g1), np.asarray(g2))
+
+
+def test_bad_input():
+    x, w = _rand((4, 8), 26), _rand((8, 3), 27)
+    meta = fp8jax.init_fp8_meta(RECIPE)
+    with pytest.raises(ValueError, match="kernel shape"):
+        fp8jax.dense(x, _rand((7, 3), 0), None, meta, RECIPE, enabled=True)
+    with pytest.raises(TypeError, match="x must be a floating-point"):
+        fp8jax.dense(jnp.ones((4, 8), jnp.int32), w, None, meta, RECIPE, enabled=True)
+    with pytest.raises(ValueError, match="axis 5 is out of range"):
+        fp8jax.dense(x, w, None, meta, RECIPE, axis=5, enabled=True)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        fp8jax.dense(x, w, jnp.ones(4), meta, RECIPE, enabled=True)
+    with pytest.raises(TypeError, match="needs fp8_meta"):
+        fp8jax.dense(x, w, None, None, RECIPE, enabled=True)
+    with pytest.raises(ValueError, match="E5M2 cannot run GEMMs"):
+        fp8jax.dense(x, w, None, None, Float8CurrentScaling(fp8_format=Format.E5M2), enabled=True)
+    with pytest.raises(ValueError, match="probe must be float32"):
+        fp8jax.dense(x, w, None, meta, RECIPE, probe=jnp.zeros(2), enabled=True)

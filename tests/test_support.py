@@ -1,0 +1,39 @@
+"""fp8_support() and extension loading."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+from conftest import has_cuda, requires_cuda
+
+import fp8jax
+from fp8jax import _ffi
+
+
+def test_cpu_extension_always_built_and_registered():
+    assert importlib.util.find_spec("fp8jax._fp8jax_cpu") is not None
+    names = set(_ffi.cpu_extension().registrations())
+    assert {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose"} <= names
+    _ffi.ensure_registered()  # idempotent
+    _ffi.ensure_registered()
+
+
+def test_fp8_support_on_cpu():
+    if jax.default_backend() != "cpu":
+        return
+    ok, reason = fp8jax.fp8_support()
+    assert ok and "emulated on CPU" in reason
+
+
+@requires_cuda
+def test_fp8_support_and_custom_call_on_gpu():
+    assert has_cuda() and _ffi.cuda_extension() is not None
+    ok, reason = fp8jax.fp8_support()
+    assert ok, reason
+    x = jnp.ones((64, 64), jnp.bfloat16)
+    f = jax.jit(lambda x: fp8jax.ops.cast_transpose(x, jnp.float32(1), jnp.float8_e4m3fn))
+    hlo = f.lower(x).compile().as_text()
+    assert "fp8jax_cast_transpose" in hlo
+    assert f(x)[0].devices().pop().platform == "gpu"
