@@ -40,6 +40,12 @@ def environment() -> dict[str, Any]:
     """Device, driver, versions and commit: what makes a result comparable to another."""
     dev = jax.devices()[0]
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    try:
+        import flax
+
+        flax_version = flax.__version__
+    except ImportError:
+        flax_version = None
     return {
         "device": dev.device_kind,
         "platform": dev.platform,
@@ -47,6 +53,7 @@ def environment() -> dict[str, Any]:
         "driver": driver.splitlines()[0] if driver else "unknown",
         "jax": jax.__version__,
         "jaxlib": getattr(jaxlib, "__version__", "unknown"),
+        "flax": flax_version,
         "fp8jax": fp8jax.__version__,
         "fp8_support": list(fp8jax.fp8_support()),
         "git_commit": _run(["git", "rev-parse", "HEAD"]) or "unknown",

@@ -27,20 +27,17 @@ it writes ``{"skipped": true}`` and exits 0, unless ``--allow-cpu`` (tiny sizes,
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import jaxlib
+from _common import environment, time_op
 from jax import lax
 
 import fp8jax
@@ -61,55 +58,6 @@ CPU_SHAPES = [(64, 48, 80), (128, 128, 128)]
 TARGET_SHAPE = (8192, 8192, 8192)
 TARGET_SPEEDUP = 1.75
 METHODS = ("bf16", "fp8jax", "xla_fp8")
-
-
-def _run(cmd: list[str]) -> str | None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True, cwd=REPO)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def environment() -> dict[str, Any]:
-    """Device, driver, versions and commit: what makes a result comparable to another."""
-    dev = jax.devices()[0]
-    driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    try:
-        import flax
-
-        flax_version = flax.__version__
-    except ImportError:
-        flax_version = None
-    return {
-        "device": dev.device_kind,
-        "platform": dev.platform,
-        "device_count": jax.device_count(),
-        "driver": driver.splitlines()[0] if driver else "unknown",
-        "jax": jax.__version__,
-        "jaxlib": getattr(jaxlib, "__version__", "unknown"),
-        "flax": flax_version,
-        "fp8jax": fp8jax.__version__,
-        "fp8_support": list(fp8jax.fp8_support()),
-        "git_commit": _run(["git", "rev-parse", "HEAD"]) or "unknown",
-        "python": sys.version.split()[0],
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def time_op(fn: Callable[[], Any], *, iters: int, inner: int, warmup: int) -> list[float]:
-    """Seconds per call of ``fn``, one entry per measurement of ``inner`` back-to-back calls."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn())
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(inner):
-            out = fn()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / inner)
-    return times
 
 
 def _flax_fp8_ops() -> Any:
