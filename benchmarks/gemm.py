@@ -42,7 +42,6 @@ from jax import lax
 
 import fp8jax
 
-REPO = Path(__file__).resolve().parent.parent
 E4M3 = jnp.float8_e4m3fn
 NT = (((1,), (1,)), ((), ()))
 GPU_SHAPES = [
