@@ -1,6 +1,8 @@
 """Flax Linen modules and the train-step helpers of fp8jax.
 
-- :class:`DenseGeneral`: FP8 drop-in for ``flax.linen.DenseGeneral`` (same params).
+- :class:`DenseGeneral`: FP8 drop-in for ``flax.linen.DenseGeneral`` (same params), with
+  optional logical axis names (``kernel_axes``, ``bias_axes``, ``output_axes``) and
+  :data:`DEFAULT_RULES` for :func:`flax.linen.logical_axis_rules`.
 - :class:`Fp8DotGeneral`: FP8 ``dot_general`` for ``nn.Dense(dot_general_cls=Fp8DotGeneral)``.
 - :class:`Fp8Einsum`: FP8 two-operand ``jnp.einsum`` with a weight.
 - :class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`zero_probes`,
@@ -11,7 +13,7 @@ FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp
 """
 
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
-from fp8jax.flax.dense import DenseGeneral, Fp8DotGeneral, Fp8Einsum
+from fp8jax.flax.dense import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8Einsum
 from fp8jax.flax.train import (
     Fp8TrainState,
     accumulate_gradients,
@@ -20,6 +22,7 @@ from fp8jax.flax.train import (
 )
 
 __all__ = [
+    "DEFAULT_RULES",
     "FP8_META",
     "FP8_PROBE",
     "DenseGeneral",

@@ -33,7 +33,20 @@ from flax.typing import Initializer
 from fp8jax.dense import dense
 from fp8jax.flax._variables import check_float_array, fp8_call
 
-__all__ = ["DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
+__all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
+
+#: Logical axis names fp8jax's examples use, mapped onto a ``("data", "model")`` mesh for data
+#: plus Megatron tensor parallelism; pass to :func:`flax.linen.logical_axis_rules`. ``batch``:
+#: examples; ``length``: sequence; ``embed``: model width; ``mlp``: MLP hidden width; ``heads``:
+#: attention heads; ``kv``: per-head width. For FSDP, map ``embed`` to ``"data"`` as well.
+DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
+    ("batch", "data"),
+    ("length", None),
+    ("embed", None),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("kv", None),
+)
 
 _default_kernel_init = nn.initializers.lecun_normal()
 
@@ -78,6 +91,30 @@ def _flat_init(init: Initializer, flat_shape: tuple[int, ...]) -> Any:
     return wrapped
 
 
+def _check_names(owner: str, name: str, names: Any, ndim: int) -> tuple[str | None, ...]:
+    """``names`` as a tuple of ``ndim`` logical axis names (str or None); ValueError otherwise."""
+    if isinstance(names, str):
+        names = (names,)
+    try:
+        out = tuple(names)
+    except TypeError:
+        raise TypeError(
+            f"{owner}: {name} must be a tuple of axis names (str or None), got {names!r}"
+        ) from None
+    if any(n is not None and not isinstance(n, str) for n in out):
+        raise TypeError(f"{owner}: {name} must hold str or None, got {names!r}")
+    if len(out) != ndim:
+        raise ValueError(f"{owner}: {name}={names!r} must name {ndim} dims, got {len(out)}")
+    return out
+
+
+def _annotated(owner: str, name: str, init: Any, names: Any, ndim: int) -> Any:
+    """``init`` boxed with logical axis ``names``; ``init`` itself when ``names`` is empty."""
+    if not names:
+        return init
+    return nn.with_logical_partitioning(init, _check_names(owner, name, names, ndim))
+
+
 class DenseGeneral(nn.Module):
     """FP8 drop-in for :class:`flax.linen.DenseGeneral` (same arguments, params and shapes).
 
@@ -99,6 +136,16 @@ class DenseGeneral(nn.Module):
         prod(features))`` shape as in Flax.
       bias_init: initializer of the bias.
       precision: only ``None`` (FP8 has no precision knob; ValueError otherwise).
+      kernel_axes: logical axis names of the kernel (one per kernel dim: contracted dims, then
+        features), e.g. ``("embed", "mlp")``; ``()`` (default) adds no annotation. When given, the
+        kernel is created with :func:`flax.linen.with_logical_partitioning`, so
+        ``nn.get_partition_spec`` and :func:`flax.linen.logical_axis_rules` map it onto a mesh.
+      bias_axes: logical axis names of the bias (one per feature dim); ``()``: none.
+      output_axes: logical axis names of the output (one per output dim), applied with
+        :func:`flax.linen.with_logical_constraint`; ``()``: no constraint.
+
+    The FP8 state (``fp8_meta``, ``fp8_probe``) is never annotated: it is a few floats per
+    layer and stays replicated, so every device holds (and computes) the same scales.
     """
 
     features: int | Sequence[int]
@@ -110,6 +157,9 @@ class DenseGeneral(nn.Module):
     kernel_init: Initializer = _default_kernel_init
     bias_init: Initializer = nn.initializers.zeros_init()
     precision: Any = None
+    kernel_axes: tuple[str | None, ...] = ()
+    bias_axes: tuple[str | None, ...] = ()
+    output_axes: tuple[str | None, ...] = ()
 
     def _check_config(self) -> tuple[int, ...]:
         owner = "DenseGeneral"
@@ -139,19 +189,23 @@ class DenseGeneral(nn.Module):
         axes = _normalize_axes(owner, "axis", self.axis, inputs.ndim)
         contract = tuple(inputs.shape[a] for a in axes)
         flat = (int(np.prod(contract)), int(np.prod(features)))
-        kernel = self.param(
-            "kernel", _flat_init(self.kernel_init, flat), contract + features, self.param_dtype
-        )
+        kernel_init = _annotated(
+            owner, "kernel_axes", _flat_init(self.kernel_init, flat), self.kernel_axes,
+            len(contract) + len(features),
+        )  # fmt: skip
+        kernel = self.param("kernel", kernel_init, contract + features, self.param_dtype)
         bias = None
         if self.use_bias:
-            bias = self.param(
-                "bias", _flat_init(self.bias_init, flat[1:]), features, self.param_dtype
-            )
+            bias_init = _annotated(
+                owner, "bias_axes", _flat_init(self.bias_init, flat[1:]), self.bias_axes,
+                len(features),
+            )  # fmt: skip
+            bias = self.param("bias", bias_init, features, self.param_dtype)
         dtype = self.dtype
         if dtype is None:
             dtype = jnp.result_type(*(v for v in (inputs, kernel, bias) if v is not None))
         fp8 = fp8_call(self)
-        return dense(
+        y = dense(
             inputs,
             kernel,
             bias,
@@ -162,6 +216,10 @@ class DenseGeneral(nn.Module):
             dtype=dtype,
             enabled=fp8.enabled,
         )
+        if self.output_axes:
+            names = _check_names(owner, "output_axes", self.output_axes, y.ndim)
+            y = nn.with_logical_constraint(y, names)
+        return y
 
 
 def _dim_numbers(dimension_numbers: Any) -> tuple[tuple[int, ...], ...]:

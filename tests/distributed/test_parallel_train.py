@@ -1,0 +1,324 @@
+"""Parallel training of an FP8 MLP block on 8 emulated devices: DP, FSDP, TP and DP x TP.
+
+The block is ``DenseGeneral(embed -> mlp)`` (column parallel), gelu, ``DenseGeneral(mlp ->
+embed)`` (row parallel), with logical axis names mapped onto a ``("data", "model")`` mesh by
+``nn.logical_axis_rules``. Three jitted train steps with ``DelayedScaling`` are compared with the
+same three steps on one device:
+
+- loss and params within float32 reduction-order tolerance (``rtol=2e-5, atol=1e-6``: a sharded
+  run sums the same products in another order, e.g. the row-parallel all-reduce);
+- the amax histories and scales within ``rtol=1e-6``: a max is exact in any order, but after the
+  first step the tensors themselves differ in the last bit (DP and FSDP give bit-identical
+  state here; TP does not, through the row-parallel sum); the amaxes of the data are exact;
+- every device holds the same scales (``addressable_shards``).
+
+HLO (compiled): no all-gather in DP, TP and DP x TP; in FSDP only weights are gathered (as the
+same model with FP8 disabled does), but one kernel twice (an xfail states it). The all-reduces
+are those of the FP8-disabled model plus the amax reductions, which XLA combines into one
+all-reduce per replica group (one per step in DP, FSDP and TP; three in DP x TP).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import fp8jax
+from fp8jax import DelayedScaling
+from fp8jax.flax import DEFAULT_RULES, DenseGeneral, Fp8TrainState
+
+N_DEVICES = 8
+pytestmark = pytest.mark.skipif(
+    jax.device_count() < N_DEVICES,
+    reason=f"needs {N_DEVICES} devices, found {jax.device_count()}; run with "
+    f"XLA_FLAGS=--xla_force_host_platform_device_count={N_DEVICES} JAX_PLATFORMS=cpu",
+)
+
+RECIPE = DelayedScaling(amax_history_len=4)
+BATCH, LENGTH, EMBED, MLP = 16, 4, 32, 64
+STEPS = 3
+FSDP_RULES = (("batch", "data"), ("embed", "data"), ("mlp", None), ("length", None))
+
+# mode: (mesh shape (data, model), logical axis rules)
+MODES = {
+    "dp": ((8, 1), DEFAULT_RULES),
+    "fsdp": ((8, 1), FSDP_RULES),
+    "tp": ((1, 8), DEFAULT_RULES),
+    "dp_tp": ((2, 4), DEFAULT_RULES),
+}
+
+
+class MlpBlock(nn.Module):
+    """embed -> mlp (column parallel) -> gelu -> embed (row parallel)."""
+
+    @nn.compact
+    def __call__(self, x):
+        h = DenseGeneral(
+            features=MLP,
+            kernel_axes=("embed", "mlp"),
+            bias_axes=("mlp",),
+            output_axes=("batch", "length", "mlp"),
+            name="wi",
+        )(x)
+        h = nn.gelu(h)
+        return DenseGeneral(
+            features=EMBED,
+            kernel_axes=("mlp", "embed"),
+            bias_axes=("embed",),
+            output_axes=("batch", "length", "embed"),
+            name="wo",
+        )(h)
+
+
+def _rand(shape, seed, scale=1.0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
+
+
+def _batches():
+    return [
+        (_rand((BATCH, LENGTH, EMBED), 10 + i, s), _rand((BATCH, LENGTH, EMBED), 20 + i))
+        for i, s in enumerate((1.0, 3.0, 0.5))
+    ]
+
+
+def _step_fn(model, enabled=True):
+    def step(state, x, y):
+        def loss_fn(params, probes):
+            with fp8jax.autocast(enabled=enabled, recipe=RECIPE):
+                out = model.apply(state.variables(params, probes), x)
+            return jnp.mean((out - y) ** 2)
+
+        loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+            state.params, state.fp8_probe
+        )
+        return state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=RECIPE), loss
+
+    return step
+
+
+def _init_state(model, x):
+    with fp8jax.autocast(enabled=True, recipe=RECIPE):
+        boxed = model.init(jax.random.key(0), x)
+    variables = nn.unbox(boxed)
+    state = Fp8TrainState.from_variables(
+        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1)
+    )
+    return state, boxed
+
+
+def _single_device_run():
+    model = MlpBlock()
+    batches = _batches()
+    state, _ = _init_state(model, batches[0][0])
+    step = jax.jit(_step_fn(model))
+    losses = []
+    for x, y in batches:
+        state, loss = step(state, x, y)
+        losses.append(float(loss))
+    return state, losses
+
+
+_REFERENCE: list = []
+
+
+def _reference():
+    if not _REFERENCE:
+        _REFERENCE.append(_single_device_run())
+    return _REFERENCE[0]
+
+
+def _mesh(shape) -> Mesh:
+    return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(shape), ("data", "model"))
+
+
+def _sharded_setup(mode, enabled=True):
+    """(jitted step, sharded state, sharded batches, mesh) for ``mode``."""
+    shape, rules = MODES[mode]
+    mesh = _mesh(shape)
+    model = MlpBlock()
+    batches = _batches()
+    state, boxed = _init_state(model, batches[0][0])
+    with nn.logical_axis_rules(rules):
+        specs = nn.get_partition_spec(boxed)
+        param_shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)["params"]
+    replicated = NamedSharding(mesh, P())
+    shardings = state.replace(
+        step=replicated,
+        params=param_shardings,
+        opt_state=jax.tree.map(lambda _: replicated, state.opt_state),
+        fp8_meta=jax.tree.map(lambda _: replicated, state.fp8_meta),
+        fp8_probe=jax.tree.map(lambda _: replicated, state.fp8_probe),
+    )
+    state = jax.device_put(state, shardings)
+    data = NamedSharding(mesh, P("data"))
+    batches = [jax.device_put(b, data) for b in batches]
+    inner = _step_fn(model, enabled)
+
+    def step(state, x, y):
+        with nn.logical_axis_rules(rules):
+            return inner(state, x, y)
+
+    jitted = jax.jit(step, out_shardings=(shardings, replicated))
+    return jitted, state, batches, mesh
+
+
+def _count(hlo: str, op: str) -> int:
+    return len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
+
+
+def _compiled_hlo(mode, enabled=True) -> str:
+    step, state, batches, mesh = _sharded_setup(mode, enabled)
+    with jax.set_mesh(mesh):
+        return step.lower(state, *batches[0]).compile().as_text()
+
+
+def test_logical_axes_annotate_params_only():
+    model = MlpBlock()
+    x = _batches()[0][0]
+    _, boxed = _init_state(model, x)
+    specs = nn.get_partition_spec(boxed)
+    assert specs["params"]["wi"]["kernel"] == P("embed", "mlp")
+    assert specs["params"]["wo"]["kernel"] == P("mlp", "embed")
+    assert specs["params"]["wo"]["bias"] == P("embed")
+    # the FP8 state is not boxed: replicated under any rules
+    for leaf in jax.tree.leaves(specs["fp8_meta"]) + jax.tree.leaves(specs["fp8_probe"]):
+        assert leaf == P()
+    # without axis names nothing is boxed (the checkpoint layout of before)
+    plain = DenseGeneral(features=4).init(jax.random.key(0), jnp.ones((2, 3)))
+    assert not any(isinstance(v, nn.Partitioned) for v in jax.tree.leaves(
+        plain, is_leaf=lambda v: isinstance(v, nn.Partitioned)))  # fmt: skip
+    with pytest.raises(ValueError, match="kernel_axes"):
+        DenseGeneral(features=4, kernel_axes=("embed",)).init(jax.random.key(0), jnp.ones((2, 3)))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_parallel_train_matches_single_device(mode):
+    ref_state, ref_losses = _reference()
+    step, state, batches, mesh = _sharded_setup(mode)
+    losses = []
+    with jax.set_mesh(mesh):
+        for x, y in batches:
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    jax.tree.map(close, jax.device_get(state.params), jax.device_get(ref_state.params))
+    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
+    # the first layer's input amaxes depend on the data only: exact in every mode
+    np.testing.assert_array_equal(meta["wi"]["amax_history"][0], ref_meta["wi"]["amax_history"][0])
+    for leaf in jax.tree.leaves(state.fp8_meta):
+        shards = leaf.addressable_shards
+        assert len(shards) == N_DEVICES
+        for shard in shards:
+            np.testing.assert_array_equal(shard.data, shards[0].data)
+    # the params really are sharded as the rules say
+    kernel = state.params["wi"]["kernel"]
+    if mode == "fsdp":
+        assert kernel.sharding.spec == P("data", None)
+    elif mode in ("tp", "dp_tp"):
+        assert kernel.sharding.spec == P(None, "model")
+
+
+# mode: (amax all-reduces: the scalar-only ones, their replica-group sizes, sorted), the number
+# of amaxes they reduce, the all-reduces of the same model with FP8 disabled. Each amax is
+# reduced over exactly the devices that split its tensor; XLA combines those with one group.
+AMAX_ALL_REDUCES = {
+    "dp": ([8], 4, 1),  # x, h, and both output grads are split over data; kernels replicated
+    "fsdp": ([8], 6, 1),  # the same four plus both kernels (split over data on embed)
+    "tp": ([8], 4, 1),  # wi kernel and output grad, wo input and kernel: split over model
+    "dp_tp": ([2, 4, 8], 6, 2),  # over data, over model, over both
+}
+
+
+def _all_reduces(hlo: str) -> list[str]:
+    return [line for line in hlo.splitlines() if re.search(r"\sall-reduce(?:-start)?\(", line)]
+
+
+def _group_size(line: str) -> int:
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    if m:
+        return len(m.group(1).split(","))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    assert m, f"cannot read the replica groups of {line!r}"
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+    return int(np.prod([int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2))]))
+
+
+def _is_scalar_reduce(line: str) -> bool:
+    line = re.sub(r"/\*.*?\*/", "", line)  # drop /*index=5*/ comments
+    shapes = re.match(r"\s*%\S+ = \(?([^=]*?)\)? all-reduce", line).group(1)
+    return all(s.strip() == "f32[]" for s in shapes.split(","))
+
+
+def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
+    out = []
+    for line in hlo.splitlines():
+        m = re.search(r"= \w+\[([\d,]*)\]\{[^}]*\} all-gather(?:-start)?\(", line)
+        if m:
+            out.append(tuple(int(d) for d in m.group(1).split(",") if d))
+    return out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_collectives(mode):
+    fp8 = _compiled_hlo(mode, enabled=True)
+    plain = _compiled_hlo(mode, enabled=False)
+    # no activation is gathered: every all-gather (FSDP only) gathers a kernel or a bias
+    param_shapes = {(EMBED, MLP), (MLP, EMBED), (MLP,), (EMBED,)}
+    gathered = _gathered_shapes(fp8)
+    assert set(gathered) <= param_shapes, gathered
+    if mode != "fsdp":
+        assert gathered == [], fp8
+    assert len(_gathered_shapes(plain)) == (3 if mode == "fsdp" else 0)
+    for op in ("all-to-all", "collective-permute", "reduce-scatter"):
+        assert _count(fp8, op) == _count(plain, op) == 0, op
+    # the all-reduces: those of the plain model plus the amax reductions
+    groups, n_amax, n_plain = AMAX_ALL_REDUCES[mode]
+    reduces = _all_reduces(fp8)
+    amax = [line for line in reduces if _is_scalar_reduce(line)]
+    assert sorted(_group_size(line) for line in amax) == groups, amax
+    assert sum(line.split(" all-reduce")[0].count("f32[]") for line in amax) == n_amax
+    assert len(_all_reduces(plain)) == n_plain
+    assert len(reduces) == n_plain + len(groups)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: under FSDP the backward pass gathers the row-parallel quantized kernel a "
+    "second time (its residual is kept sharded); the FP32 model reuses its one gather. The "
+    "FP8 gathers move 1-byte values (2-byte on CPU), so the bytes moved are still fewer.",
+)
+def test_fsdp_gathers_each_weight_once():
+    fp8 = _compiled_hlo("fsdp", enabled=True)
+    plain = _compiled_hlo("fsdp", enabled=False)
+    assert len(_gathered_shapes(fp8)) <= len(_gathered_shapes(plain))
+
+
+def test_parallel_train_example_runs(capsys):
+    path = Path(__file__).resolve().parents[2] / "examples" / "parallel_train.py"
+    spec = importlib.util.spec_from_file_location("parallel_train_example", path)
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # Flax's dataclasses look their module up
+    try:
+        spec.loader.exec_module(example)
+    finally:
+        del sys.modules[spec.name]
+    argv = ["--dp", "2", "--tp", "4", "--steps", "3", "--batch", "8", "--length", "2"]
+    losses = example.main([*argv, "--embed", "16", "--mlp", "32"])
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    assert losses[-1] < losses[0]
+    out = capsys.readouterr().out
+    assert "mesh: {'data': 2, 'model': 4}" in out
+    assert "P(None, 'model')" in out
