@@ -10,12 +10,12 @@ collectives a BF16 dot needs (an all-reduce over the K axes; FSDP: one gather of
 from __future__ import annotations
 
 import importlib
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _hlo import all_reduce_group_sizes, count
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -46,25 +46,6 @@ LAYOUTS = {
 
 def _mesh() -> Mesh:
     return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(2, 4), ("data", "model"))
-
-
-def _count(hlo: str, op: str) -> int:
-    return len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
-
-
-def _all_reduce_group_sizes(hlo: str) -> list[int]:
-    sizes = []
-    for line in hlo.splitlines():
-        if not re.search(r"\sall-reduce(?:-start)?\(", line):
-            continue
-        m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
-        if m:
-            sizes.append(int(m.group(2)))
-            continue
-        m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
-        assert m, f"cannot read the replica groups of {line!r}"
-        sizes.append(len(m.group(1).split(",")))
-    return sizes
 
 
 def _operands(seed=0):
@@ -113,10 +94,10 @@ def test_partitioned_gemm(layout, out_dtype, has_bias):
     else:
         np.testing.assert_array_equal(g, w)
     hlo = f.lower(*args).compile().as_text()
-    assert _all_reduce_group_sizes(hlo) == reduce_groups, hlo
-    assert _count(hlo, "all-gather") == gathers, hlo
+    assert all_reduce_group_sizes(hlo) == reduce_groups, hlo
+    assert count(hlo, "all-gather") == gathers, hlo
     for other in ("all-to-all", "collective-permute", "reduce-scatter"):
-        assert _count(hlo, other) == 0, hlo
+        assert count(hlo, other) == 0, hlo
 
 
 def test_single_device_is_the_bare_gemm():

@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _hlo import all_reduce_group_sizes, count
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -90,32 +90,12 @@ def _hlo(fn, *args) -> str:
     return jax.jit(fn).lower(*args).compile().as_text()
 
 
-def _count(hlo: str, op: str) -> int:
-    return len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
-
-
-def _all_reduce_group_sizes(hlo: str) -> list[int]:
-    """Replica-group sizes of every all-reduce (iota ``[groups,size]<=[n]`` or explicit)."""
-    sizes = []
-    for line in hlo.splitlines():
-        if not re.search(r"\sall-reduce(?:-start)?\(", line):
-            continue
-        m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
-        if m:
-            sizes.append(int(m.group(2)))
-            continue
-        m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
-        assert m, f"cannot read the replica groups of {line!r}"
-        sizes.append(len(m.group(1).split(",")))
-    return sizes
-
-
 def _assert_collectives(hlo: str, *, all_reduce_group: int | None) -> None:
     """No gather of any kind; one all-reduce over ``all_reduce_group`` devices, or none."""
     for op in ("all-gather", "all-to-all", "collective-permute", "reduce-scatter"):
-        assert _count(hlo, op) == 0, f"unexpected {op} in\n{hlo}"
+        assert count(hlo, op) == 0, f"unexpected {op} in\n{hlo}"
     want = [] if all_reduce_group is None else [all_reduce_group]
-    assert _all_reduce_group_sizes(hlo) == want, hlo
+    assert all_reduce_group_sizes(hlo) == want, hlo
 
 
 def _assert_same(got, want) -> None:
@@ -318,7 +298,7 @@ def test_update_fp8_states_history_dim_is_never_split():
     _assert_same(got[0], want[0])
     _assert_same(got[1], want[1])
     # The history is gathered (needed); rows stay split and no amax is reduced.
-    assert _all_reduce_group_sizes(_hlo(f, h, scales, amaxes)) == []
+    assert all_reduce_group_sizes(_hlo(f, h, scales, amaxes)) == []
 
 
 # ------------------------------------------------------------------ vmap with sharding

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _hlo import count
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -173,10 +174,6 @@ def _sharded_setup(mode, enabled=True):
     return jitted, state, batches, mesh
 
 
-def _count(hlo: str, op: str) -> int:
-    return len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
-
-
 def _compiled_hlo(mode, enabled=True) -> str:
     step, state, batches, mesh = _sharded_setup(mode, enabled)
     with jax.set_mesh(mesh):
@@ -283,7 +280,7 @@ def test_collectives(mode):
         assert gathered == [], fp8
     assert len(_gathered_shapes(plain)) == (3 if mode == "fsdp" else 0)
     for op in ("all-to-all", "collective-permute", "reduce-scatter"):
-        assert _count(fp8, op) == _count(plain, op) == 0, op
+        assert count(fp8, op) == count(plain, op) == 0, op
     # the all-reduces: those of the plain model plus the amax reductions
     groups, n_amax, n_plain = AMAX_ALL_REDUCES[mode]
     reduces = _all_reduces(fp8)
