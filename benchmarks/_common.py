@@ -91,3 +91,19 @@ def write_json(path: Path | None, report: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def add_timing_args(p: Any, *, iters: int, inner: int, what: str = "calls") -> None:
+    """Adds --json, --iters, --inner, --warmup and --allow-cpu, shared by every benchmark."""
+    p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument("--iters", type=int, default=iters, help="measurements; the median is reported")
+    p.add_argument("--inner", type=int, default=inner, help=f"back-to-back {what} per measurement")
+    p.add_argument("--warmup", type=int, default=3, help=f"untimed {what} after compiling")
+    p.add_argument("--allow-cpu", action="store_true", help="run on CPU (smoke test, tiny sizes)")
+
+
+def check_timing_args(p: Any, args: Any) -> None:
+    """Rejects --iters/--inner below 1 through the parser's own error."""
+    for name in ("iters", "inner"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1")

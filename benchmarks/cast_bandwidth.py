@@ -26,12 +26,19 @@ import math
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from _common import environment, on_gpu, skipped_report, time_op, write_json
+from _common import (
+    add_timing_args,
+    check_timing_args,
+    environment,
+    on_gpu,
+    skipped_report,
+    time_op,
+    write_json,
+)
 
 import fp8jax
 
@@ -148,16 +155,10 @@ def print_table(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--elements", type=int, help=f"default {GPU_ELEMENTS} ({CPU_ELEMENTS} on CPU)")
-    p.add_argument("--iters", type=int, default=50, help="measurements; the median is reported")
-    p.add_argument("--inner", type=int, default=10, help="back-to-back calls per measurement")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
-    p.add_argument("--allow-cpu", action="store_true", help="run on CPU (smoke test, tiny size)")
+    add_timing_args(p, iters=50, inner=10, what="calls")
     args = p.parse_args(argv)
-    for name in ("iters", "inner"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1")
+    check_timing_args(p, args)
 
     gpu = on_gpu()
     if not gpu and not args.allow_cpu:

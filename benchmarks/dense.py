@@ -27,13 +27,20 @@ import argparse
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from _common import environment, on_gpu, skipped_report, time_op, write_json
+from _common import (
+    add_timing_args,
+    check_timing_args,
+    environment,
+    on_gpu,
+    skipped_report,
+    time_op,
+    write_json,
+)
 from flax.linen import fp8_ops
 
 import fp8jax
@@ -206,18 +213,12 @@ def print_table(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--tokens", type=int, help=f"default {GPU_SIZES['tokens']} (CPU: tiny)")
     p.add_argument("--hidden", type=int, help=f"default {GPU_SIZES['hidden']}")
     p.add_argument("--ffn", type=int, help=f"default {GPU_SIZES['ffn']}")
-    p.add_argument("--iters", type=int, default=20, help="measurements; the median is reported")
-    p.add_argument("--inner", type=int, default=5, help="back-to-back steps per measurement")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps after compiling")
-    p.add_argument("--allow-cpu", action="store_true", help="run on CPU (smoke test, tiny sizes)")
+    add_timing_args(p, iters=20, inner=5, what="steps")
     args = p.parse_args(argv)
-    for name in ("iters", "inner"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1")
+    check_timing_args(p, args)
 
     gpu = on_gpu()
     if not gpu and not args.allow_cpu:

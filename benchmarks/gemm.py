@@ -32,12 +32,11 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from _common import environment, time_op
+from _common import add_timing_args, check_timing_args, environment, time_op
 from jax import lax
 
 import fp8jax
@@ -195,18 +194,12 @@ def _shape(text: str) -> tuple[int, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument(
         "--shapes", type=_shape, nargs="+", help="MxNxK shapes (default: the list in the doc)"
     )
-    p.add_argument("--iters", type=int, default=20, help="measurements; the median is reported")
-    p.add_argument("--inner", type=int, default=5, help="back-to-back calls per measurement")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
-    p.add_argument("--allow-cpu", action="store_true", help="run on CPU (smoke test, tiny sizes)")
+    add_timing_args(p, iters=20, inner=5, what="calls")
     args = p.parse_args(argv)
-    for name in ("iters", "inner"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1")
+    check_timing_args(p, args)
 
     on_gpu = jax.default_backend() in ("gpu", "cuda")
     if not on_gpu and not args.allow_cpu:
