@@ -4,7 +4,8 @@ Forward: quantize the input and the kernel (E4M3 under HYBRID) with the delayed 
 GEMM with fast accumulation. Backward: quantize the output gradient (E5M2 under HYBRID) and run
 dgrad and wgrad as FP8 GEMMs with split (full-precision) accumulation; the bias gradient is taken
 in float32. Every GEMM gets K-major operands straight from ``cast_transpose``, so no XLA
-transpose of an FP8 tensor is needed.
+transpose of an FP8 tensor is needed; the one exception is FSDP, where the dgrad GEMM transposes
+the kernel copy the forward GEMM gathered (on each device) rather than gather it a second time.
 
 The layer reports what it saw, one amax per role (input, kernel, output-grad), as the cotangent of
 ``probe`` (see :mod:`fp8jax.state`); ``fp8jax.update_fp8_meta`` turns that into the next step's
@@ -25,7 +26,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import _current_state
 from fp8jax.ops.cast_transpose import cast_transpose
-from fp8jax.ops.gemm import gemm
+from fp8jax.ops.gemm import gemm, gemm_reusing
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
 from fp8jax.state import Fp8Meta
 
@@ -80,16 +81,19 @@ def _dense2d_fwd(cfg: _Config, x, w, bias, scale, probe):
         bias=bias if cfg.has_bias else None,
         accumulate="fast",
     )  # fmt: skip
-    res = (x_t, w_q, x_sinv, w_sinv, x_amax, w_amax, scale[2])
+    res = (x_t, w_q, w_t, x_sinv, w_sinv, x_amax, w_amax, scale[2])
     return y, res
 
 
 def _dense2d_bwd(cfg: _Config, res, g):
-    x_t, w_q, x_sinv, w_sinv, x_amax, w_amax, g_scale = res
+    x_t, w_q, w_t, x_sinv, w_sinv, x_amax, w_amax, g_scale = res
     g_q, g_t, g_sinv, g_amax = _cast_t(cfg, g, g_scale, cfg.bwd_dtype)
     # dgrad: dx[M,K] = g[M,N] @ w[K,N]^T; wgrad: dw[K,N] = x^T[K,M] @ g^T[N,M]^T.
     # x and w were cast to the compute dtype, so their cotangents have it too.
-    dx = gemm(g_q, w_q, g_sinv, w_sinv, out_dtype=cfg.out_dtype, accumulate="split")
+    # Under FSDP dgrad reuses the forward GEMM's gathered w_t (no second all-gather).
+    dx = gemm_reusing(
+        g_q, w_q, g_sinv, w_sinv, reuse=(w_t, x_t), out_dtype=cfg.out_dtype, accumulate="split"
+    )
     dw = gemm(x_t, g_t, x_sinv, g_sinv, out_dtype=cfg.out_dtype, accumulate="split")
     dbias = jnp.sum(g.astype(jnp.float32), axis=0).astype(g.dtype) if cfg.has_bias else None
     observed = jnp.stack([x_amax, w_amax, g_amax]).reshape(3)

@@ -18,6 +18,17 @@ dot, with no gather that a BF16 dot would not do:
 
 Dims that their axes do not divide evenly are not split (see :mod:`fp8jax.ops._partition`).
 
+FSDP and the backward pass. A layer needs its FP8 weight in both layouts: ``w_t`` [N, K] as the
+forward GEMM's ``b`` and ``w_q`` [K, N] as the dgrad GEMM's ``b``. Under FSDP each GEMM would
+gather its own layout: two all-gathers of one weight per step, one of them on the backward
+critical path, where XLA's own dot gathers the weight once and keeps it. The dgrad GEMM
+therefore takes ``reuse = (w_t, x_t)``, the forward GEMM's ``b`` and its ``a`` transposed
+(read for its sharding only): when the forward GEMM gathered ``w_t``, the dgrad GEMM asks for
+``w_t`` with exactly the same sharding (XLA's partitioner reshards a value to a given sharding
+once and reuses it, so no second all-gather is emitted) and transposes the gathered copy
+locally; otherwise it uses ``w_q`` as usual. These operands get their own Shardy factors, so
+nothing propagates through them.
+
 ``local`` is the single-device 2-D GEMM, ``local(a, b, a_scale_inv, b_scale_inv, bias, *,
 out_dtype, accumulate)`` (``gemm._gemm_2d``): this module does not import ``gemm`` itself.
 """
@@ -38,8 +49,11 @@ from fp8jax.ops import _partition
 __all__ = ["gemm_sharding_rule", "partitioned_gemm"]
 
 
-def gemm_sharding_rule(a_scale_ndim: int, b_scale_ndim: int, has_bias: bool) -> str:
-    """The Shardy rule, e.g. ``"m k, n k, sa, sb, n -> m n"``.
+def gemm_sharding_rule(
+    a_scale_ndim: int, b_scale_ndim: int, has_bias: bool, has_reuse: bool = False
+) -> str:
+    """The Shardy rule, e.g. ``"m k, n k, sa, sb, n -> m n"``; with ``reuse``, two more operands
+    with factors of their own (``..., r0 r1, r2 r3 -> m n``).
 
     ``k`` is deliberately not declared a reduction factor: the partition function does the K
     reduction itself (``psum``), and a declared one would invite Shardy to add its own. (With
@@ -48,6 +62,8 @@ def gemm_sharding_rule(a_scale_ndim: int, b_scale_ndim: int, has_bias: bool) -> 
     operands = ["m k", "n k", "sa" * a_scale_ndim, "sb" * b_scale_ndim]
     if has_bias:
         operands.append("n")
+    if has_reuse:
+        operands += ["r0 r1", "r2 r3"]
     return ", ".join(operands) + " -> m n"
 
 
@@ -62,6 +78,39 @@ def _dims(arg) -> tuple[tuple[str, ...], ...]:
     return ((),) * arg.ndim  # not known yet (GSPMD): take it as replicated
 
 
+def _as_is(mesh, arg) -> NamedSharding:
+    """An operand's own sharding (for operands the kernel does not read: never resharded)."""
+    if isinstance(arg.sharding, NamedSharding):
+        return arg.sharding
+    return _partition.named(mesh, ((),) * arg.ndim)
+
+
+def _plan_mnk(mesh, a, b, a_dims, b_dims):
+    """The axes that split M, N and K of ``a [M, K] . b [N, K]^T`` (see the module docstring)."""
+    (am, ak), (bn, bk) = a_dims, b_dims
+    m = am  # the activations keep their rows' split (DP, SP); never re-laid out
+    k = ak or tuple(x for x in bk if x not in m)
+    k = _split(mesh, _split(mesh, k, a.shape[1]), b.shape[1])
+    n = _split(mesh, tuple(x for x in bn if x not in k and x not in m), b.shape[0])
+    return m, n, k
+
+
+def _reused_plan(mesh, a, w_t, x_t):
+    """For the dgrad GEMM ``a [M, N] . w_q [K, N]^T``: ``(m, n, k)`` of the GEMM run on the
+    transpose of the gathered ``w_t`` the forward GEMM ``x [M, K] . w_t [N, K]^T`` made, or
+    ``None`` when the forward GEMM did not gather ``w_t``."""
+    x_dims = _dims(x_t)[::-1]
+    x = jax.ShapeDtypeStruct(x_t.shape[::-1], x_t.dtype)
+    _, fwd_n, fwd_k = _plan_mnk(mesh, x, w_t, x_dims, _dims(w_t))
+    if (fwd_n, fwd_k) == _dims(w_t):
+        return None  # w_t ran as it lives: nothing was gathered, nothing to reuse
+    m = _dims(a)[0]
+    if set(m) & set(fwd_n + fwd_k):
+        return None  # the gradient's rows are split otherwise than x's: the plain plan
+    # dgrad's N is the forward's K (output columns), its K is the forward's N (contracted).
+    return m, fwd_k, fwd_n
+
+
 @functools.cache
 def partitioned_gemm(
     local: Callable[..., jax.Array],
@@ -70,54 +119,63 @@ def partitioned_gemm(
     has_bias: bool,
     a_scale_ndim: int,
     b_scale_ndim: int,
+    has_reuse: bool = False,
 ) -> Callable[..., jax.Array]:
-    """The 2-D GEMM ``(a, b, a_scale_inv, b_scale_inv, bias=None) -> out`` with its sharding
-    rule; ``has_bias`` says whether ``bias`` is given. Cached, so a jit cache sees one
-    partitioned function per configuration."""
+    """The 2-D GEMM ``(a, b, a_scale_inv, b_scale_inv, bias=None, reuse=None) -> out`` with its
+    sharding rule; ``has_bias``/``has_reuse`` say whether ``bias``/``reuse`` are given.
+    ``reuse = (w_t, x_t)``: for a dgrad GEMM ``a = g [M, N]``, ``b = w_q [K, N]``, the forward
+    GEMM's ``b = w_t = b^T`` and ``a^T = x_t`` (see the module docstring). Cached, so a jit cache
+    sees one partitioned function per configuration."""
 
-    def kernel(a, b, a_scale_inv, b_scale_inv, *bias):
-        y = local(
-            a,
-            b,
-            a_scale_inv,
-            b_scale_inv,
-            bias[0] if bias else None,
-            out_dtype=out_dtype,
-            accumulate=accumulate,
-        )
+    def unpack(args, from_reuse):
+        a, b, a_scale_inv, b_scale_inv = args[:4]
+        bias = args[4] if has_bias else None
+        if from_reuse:
+            b = jnp.swapaxes(args[-2], 0, 1)  # the gathered w_t, transposed on each device
+        return a, b, a_scale_inv, b_scale_inv, bias
+
+    def kernel(from_reuse, *args):
+        a, b, a_scale_inv, b_scale_inv, bias = unpack(args, from_reuse)
+        y = local(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dtype, accumulate=accumulate)
         return (y,)
 
-    def k_split(k_axes, a, b, a_scale_inv, b_scale_inv, *bias):
+    def k_split(k_axes, from_reuse, *args):
+        a, b, a_scale_inv, b_scale_inv, bias = unpack(args, from_reuse)
         part = local(
             a, b, a_scale_inv, b_scale_inv, None, out_dtype=jnp.float32, accumulate=accumulate
         )
         y = jax.lax.psum(part, k_axes)
-        if bias:
-            y = y + bias[0].astype(jnp.float32)
+        if bias is not None:
+            y = y + bias.astype(jnp.float32)
         return (y.astype(out_dtype),)
 
     def plan(mesh, arg_shapes):
         a, b = arg_shapes[0], arg_shapes[1]
-        (am, ak), (bn, bk) = _dims(a), _dims(b)
-        m = am  # the activations keep their rows' split (DP, SP); never re-laid out
-        k = ak or tuple(x for x in bk if x not in m)
-        k = _split(mesh, _split(mesh, k, a.shape[1]), b.shape[1])
-        n = _split(mesh, tuple(x for x in bn if x not in k and x not in m), b.shape[0])
+        reused = _reused_plan(mesh, a, *arg_shapes[-2:]) if has_reuse else None
+        m, n, k = reused or _plan_mnk(mesh, a, b, _dims(a), _dims(b))
         ins = [
             _partition.named(mesh, (m, k)),
-            _partition.named(mesh, (n, k)),
+            _as_is(mesh, b) if reused else _partition.named(mesh, (n, k)),
             _partition.named(mesh, ((),) * a_scale_ndim),
             _partition.named(mesh, ((),) * b_scale_ndim),
         ] + ([_partition.named(mesh, (n,))] if has_bias else [])
+        if has_reuse:
+            w_t, x_t = arg_shapes[-2:]
+            # w_t: the very sharding the forward GEMM gave it (one all-gather, shared).
+            ins += [_partition.named(mesh, (k, n)) if reused else _as_is(mesh, w_t)]
+            ins += [_as_is(mesh, x_t)]
         out = _partition.named(mesh, (m, n))
         k_axes = _partition.splitting_axes(mesh, (k,))
-        return ins, (out,), functools.partial(k_split, k_axes) if k_axes else kernel
+        from_reuse = reused is not None
+        if k_axes:
+            return ins, (out,), functools.partial(k_split, k_axes, from_reuse)
+        return ins, (out,), functools.partial(kernel, from_reuse)
 
-    rule = gemm_sharding_rule(a_scale_ndim, b_scale_ndim, has_bias)
-    op = _partition.partitioned(kernel, plan, rule)
+    rule = gemm_sharding_rule(a_scale_ndim, b_scale_ndim, has_bias, has_reuse)
+    op = _partition.partitioned(functools.partial(kernel, False), plan, rule)
 
-    def call(a, b, a_scale_inv, b_scale_inv, bias=None):
+    def call(a, b, a_scale_inv, b_scale_inv, bias=None, reuse=None):
         args = (a, b, a_scale_inv, b_scale_inv) + ((bias,) if has_bias else ())
-        return op(*args)[0]
+        return op(*args, *(reuse if has_reuse else ()))[0]
 
     return call

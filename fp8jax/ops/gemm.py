@@ -265,6 +265,71 @@ def _batchable_gemm(out_dtype: np.dtype, accumulate: str) -> Any:
     return gemm_2d
 
 
+@functools.cache
+def _batchable_gemm_reuse(out_dtype: np.dtype, accumulate: str) -> Any:
+    """:func:`_batchable_gemm` (no bias) that also takes ``reuse = (w_t, x_t)``, see
+    :func:`gemm_reusing`."""
+
+    @jax.custom_batching.custom_vmap
+    def gemm_2d(a, b, a_scale_inv, b_scale_inv, w_t, x_t):
+        op = _gemm_partition.partitioned_gemm(
+            _gemm_2d,
+            out_dtype,
+            accumulate,
+            False,
+            jnp.ndim(a_scale_inv),
+            jnp.ndim(b_scale_inv),
+            True,
+        )
+        return op(a, b, a_scale_inv, b_scale_inv, None, (w_t, x_t))
+
+    @gemm_2d.def_vmap
+    def _vmap_rule(axis_size, in_batched, a, b, a_scale_inv, b_scale_inv, w_t, x_t):
+        # reuse only steers the sharding: under vmap, the plain GEMM's own batching rule.
+        del axis_size, w_t, x_t
+        axes = (*(0 if bt else None for bt in in_batched[:4]), None)
+        plain = _batchable_gemm(out_dtype, accumulate)
+        return jax.vmap(plain, in_axes=axes)(a, b, a_scale_inv, b_scale_inv, None), True
+
+    return gemm_2d
+
+
+def gemm_reusing(
+    a: jax.Array,
+    b: jax.Array,
+    a_scale_inv: jax.Array,
+    b_scale_inv: jax.Array,
+    *,
+    reuse: tuple[jax.Array, jax.Array],
+    out_dtype: Any = jnp.bfloat16,
+    accumulate: str = "split",
+) -> jax.Array:
+    """:func:`gemm` for a layer's dgrad, ``a = g [M, N]``, ``b = w_q [K, N]``; equal to
+    ``gemm(a, b, ...)`` in value. ``reuse = (w_t, x_t)``: the forward GEMM's ``b`` (``w_q``
+    transposed) and ``a`` transposed (``[K, M]``). Under jit on a mesh where the forward GEMM
+    gathered ``w_t`` (FSDP), the gathered copy is reused, transposed on each device, instead of
+    gathering ``w_q`` again (see :mod:`fp8jax.ops._gemm_partition`). Private to fp8jax's
+    layers."""
+    a, b, a_scale_inv, b_scale_inv, out_dt, _ = _validate(
+        "gemm", a, b, a_scale_inv, b_scale_inv, out_dtype, None, accumulate
+    )
+    w_t = _checks.fp8_array("gemm", "reuse[0]", reuse[0])
+    x_t = _checks.array_arg("gemm", "reuse[1]", reuse[1])
+    if w_t.shape != b.shape[::-1] or w_t.dtype != b.dtype:
+        raise ValueError(
+            f"gemm: reuse[0] must be b's transpose, {b.dtype}{list(b.shape[::-1])}, got "
+            f"{w_t.dtype}{list(w_t.shape)}"
+        )
+    if x_t.ndim != 2 or x_t.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"gemm: reuse[1] must be the forward input transposed, [{b.shape[0]}, M], got "
+            f"{list(x_t.shape)}"
+        )
+    _ffi.ensure_registered()
+    op = _batchable_gemm_reuse(out_dt, accumulate)
+    return op(a, b, a_scale_inv, b_scale_inv, w_t, x_t)
+
+
 def gemm(
     a: jax.Array,
     b: jax.Array,

@@ -114,3 +114,62 @@ def test_single_device_is_the_bare_gemm():
 def test_sharding_rule_strings():
     assert gemm_partition.gemm_sharding_rule(0, 0, False) == "m k, n k, ,  -> m n"
     assert gemm_partition.gemm_sharding_rule(1, 0, True) == "m k, n k, sa, , n -> m n"
+
+
+# name: (x spec [M, K], w_q spec [K, N], g spec [M, N], all-gathers with reuse, without,
+#        all-reduce groups: the K-split psums of both GEMMs, the same with and without reuse). The forward GEMM is x . w_t^T with w_t = w_q^T; the dgrad
+#        GEMM is g . w_q^T, with reuse = (w_t, x_t).
+DGRAD_LAYOUTS = {
+    "fsdp_weight_n": (P("data"), P(None, "data"), P("data"), 1, 2, []),
+    "fsdp_weight_k": (P("data"), P("data", None), P("data"), 1, 2, []),
+    "fsdp_x_tp_row": (P("data", "model"), P("model", "data"), P("data"), 1, 2, [4]),
+    "fsdp_x_tp_column": (P("data"), P("data", "model"), P("data", "model"), 1, 2, [4]),
+    "tp_column": (P(), P(None, "model"), P(None, "model"), 0, 0, [4]),
+    "tp_row": (P(None, "model"), P("model"), P(), 0, 0, [4]),
+    "dp": (P("data"), P(), P("data"), 0, 0, []),
+}
+
+
+@pytest.mark.parametrize("layout", list(DGRAD_LAYOUTS))
+def test_dgrad_reuses_the_forward_gather(layout):
+    """Under FSDP the dgrad GEMM takes the forward GEMM's gathered ``w_t`` (one all-gather in
+    all) where a plain ``gemm`` on ``w_q`` gathers the other layout again; elsewhere ``reuse``
+    changes nothing. Results equal one device's (bit for bit when no K is split)."""
+    x_spec, w_spec, g_spec, gathers, gathers_plain, groups = DGRAD_LAYOUTS[layout]
+    mesh = _mesh()
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((M, K)) * 8, jnp.float8_e4m3fn)
+    w_q = jnp.asarray(rng.standard_normal((K, N)) * 8, jnp.float8_e4m3fn)
+    g = jnp.asarray(rng.standard_normal((M, N)) * 8, jnp.float8_e5m2)
+    s = jnp.float32(0.5)
+
+    def step(x, w_q, g, reuse):
+        w_t, x_t = w_q.T, x.T
+        y = gemm_mod.gemm(x, w_t, s, s, out_dtype=jnp.float32)
+        if reuse:
+            dx = gemm_mod.gemm_reusing(g, w_q, s, s, reuse=(w_t, x_t), out_dtype=jnp.float32)
+        else:
+            dx = gemm_mod.gemm(g, w_q, s, s, out_dtype=jnp.float32, accumulate="split")
+        return y, dx
+
+    want = step(x, w_q, g, False)
+    put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
+    args = (put(x, x_spec), put(w_q, w_spec), put(g, g_spec))
+    hlos = {}
+    for reuse in (True, False):
+        f = jax.jit(lambda x, w, g, reuse=reuse: step(x, w, g, reuse))
+        got = f(*args)
+        for gv, wv in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(gv), np.asarray(wv), rtol=1e-6)
+        hlos[reuse] = f.lower(*args).compile().as_text()
+    assert count(hlos[True], "all-gather") == gathers, hlos[True]
+    assert count(hlos[False], "all-gather") == gathers_plain, hlos[False]
+    # row parallel: the forward's psum; column parallel: the dgrad's; FSDP adds none
+    assert all_reduce_group_sizes(hlos[True]) == groups, hlos[True]
+    assert all_reduce_group_sizes(hlos[False]) == groups, hlos[False]
+    # (the outputs' shardings are left to XLA here, which may re-lay them out: not checked)
+
+
+def test_sharding_rule_with_reuse():
+    rule = gemm_partition.gemm_sharding_rule(0, 0, False, True)
+    assert rule == "m k, n k, , , r0 r1, r2 r3 -> m n"

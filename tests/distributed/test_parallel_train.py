@@ -12,8 +12,8 @@ same three steps on one device:
   state here; TP does not, through the row-parallel sum); the amaxes of the data are exact;
 - every device holds the same scales (``addressable_shards``).
 
-HLO (compiled): no all-gather in DP, TP and DP x TP; in FSDP only weights are gathered (as the
-same model with FP8 disabled does), but one kernel twice (an xfail states it). The all-reduces
+HLO (compiled): no all-gather in DP, TP and DP x TP; in FSDP only weights are gathered, each
+once, as the same model with FP8 disabled does. The all-reduces
 are those of the FP8-disabled model plus the amax reductions, which XLA combines into one
 all-reduce per replica group (one per step in DP, FSDP and TP; three in DP x TP).
 """
@@ -291,16 +291,15 @@ def test_collectives(mode):
     assert len(reduces) == n_plain + len(groups)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: under FSDP the backward pass gathers the row-parallel quantized kernel a "
-    "second time (its residual is kept sharded); the FP32 model reuses its one gather. The "
-    "FP8 gathers move 1-byte values (2-byte on CPU), so the bytes moved are still fewer.",
-)
 def test_fsdp_gathers_each_weight_once():
-    fp8 = _compiled_hlo("fsdp", enabled=True)
-    plain = _compiled_hlo("fsdp", enabled=False)
-    assert len(_gathered_shapes(fp8)) <= len(_gathered_shapes(plain))
+    """FSDP: the backward pass reuses the forward pass's gathered FP8 kernel (dgrad transposes
+    it locally) instead of gathering the other layout again, as the FP32 model keeps its one
+    gathered weight: one all-gather per kernel (and one for wo's bias) in both."""
+    fp8 = _gathered_shapes(_compiled_hlo("fsdp", enabled=True))
+    plain = _gathered_shapes(_compiled_hlo("fsdp", enabled=False))
+    assert len(fp8) == len(plain) == 3, (fp8, plain)
+    # one 2-D gather per kernel (wi's and wo's, in the layout of the forward GEMM), wo's bias
+    assert sorted(fp8) == [(EMBED,), (EMBED, MLP), (MLP, EMBED)], fp8
 
 
 def test_parallel_train_example_runs(capsys):

@@ -36,7 +36,13 @@ import pytest
 from conftest import on_cpu, requires_cuda
 
 from fp8jax import ops
-from fp8jax.ops.gemm import WORKSPACE_BYTES, _cuda_2d, _pad_operands, _reference_2d
+from fp8jax.ops.gemm import (
+    WORKSPACE_BYTES,
+    _cuda_2d,
+    _pad_operands,
+    _reference_2d,
+    gemm_reusing,
+)
 
 E4M3 = ml_dtypes.float8_e4m3fn
 E5M2 = ml_dtypes.float8_e5m2
@@ -426,3 +432,66 @@ def test_gpu_kernel_odd_sizes_are_padded(m, n, k):
     for out in OUT:
         a, b, sa, sb, bias_v = _operands(m + n + k, m, n, k, out=out, bias=True)
         _check(a, b, sa, sb, bias_v, out, "split")
+
+
+# ------------------------------------------------------------------ gemm_reusing (layers' dgrad)
+
+
+def _dgrad_operands(seed, m=7, n=17, k=33):
+    rng = np.random.default_rng(seed)
+    g = jnp.asarray(_fp8(rng, (m, n), E5M2))
+    w_q = jnp.asarray(_fp8(rng, (k, n), E4M3))
+    x_t = jnp.asarray(_fp8(rng, (k, m), E4M3))
+    return g, w_q, w_q.T, x_t
+
+
+def test_gemm_reusing_equals_gemm():
+    """On one device ``reuse`` steers nothing: the result is ``gemm``'s, bit for bit."""
+    g, w_q, w_t, x_t = _dgrad_operands(31)
+    sa, sb = jnp.float32(0.25), jnp.full((1,), 3.0, jnp.float32)
+    want = ops.gemm(g, w_q, sa, sb, out_dtype=jnp.float32, accumulate="split")
+    got = gemm_reusing(g, w_q, sa, sb, reuse=(w_t, x_t), out_dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    jitted = jax.jit(lambda *v: gemm_reusing(*v[:4], reuse=v[4:], out_dtype=jnp.float32))
+    np.testing.assert_array_equal(np.asarray(jitted(g, w_q, sa, sb, w_t, x_t)), np.asarray(want))
+
+
+@pytest.mark.parametrize("batched", ["g", "g+w"])
+def test_gemm_reusing_vmap(batched):
+    size = 3
+    parts = [_dgrad_operands(40 + i) for i in range(size)]
+    g = jnp.stack([p[0] for p in parts])
+    w_q = jnp.stack([p[1] for p in parts]) if batched == "g+w" else parts[0][1]
+    x_t = jnp.stack([p[3] for p in parts])
+    w_t = jnp.swapaxes(w_q, -1, -2)
+    sa, sb = jnp.float32(0.5), jnp.float32(2.0)
+    w_axis = 0 if batched == "g+w" else None
+    f = jax.vmap(
+        lambda g, w, wt, xt: gemm_reusing(g, w, sa, sb, reuse=(wt, xt)),
+        in_axes=(0, w_axis, w_axis, 0),
+    )
+    got = f(g, w_q, w_t, x_t)
+    for i in range(size):
+        w = w_q[i] if batched == "g+w" else w_q
+        np.testing.assert_array_equal(
+            np.asarray(got[i], np.float32), np.asarray(ops.gemm(g[i], w, sa, sb), np.float32)
+        )
+
+
+@pytest.mark.parametrize(
+    ("which", "value", "match"),
+    [
+        (0, lambda w_t, x_t: w_t.T, r"reuse\[0\] must be b's transpose"),
+        (0, lambda w_t, x_t: w_t.astype(E5M2), r"reuse\[0\] must be b's transpose"),
+        (0, lambda w_t, x_t: w_t.astype(jnp.float32), r"reuse\[0\].*FP8|reuse\[0\].*float8"),
+        (1, lambda w_t, x_t: x_t.T, r"reuse\[1\] must be the forward input transposed"),
+        (1, lambda w_t, x_t: x_t[None], r"reuse\[1\] must be the forward input transposed"),
+    ],
+    ids=["w_t-shape", "w_t-dtype", "w_t-wide", "x_t-shape", "x_t-rank"],
+)
+def test_gemm_reusing_bad_reuse(which, value, match):
+    g, w_q, w_t, x_t = _dgrad_operands(50, m=5)
+    reuse = [w_t, x_t]
+    reuse[which] = value(w_t, x_t)
+    with pytest.raises((TypeError, ValueError), match=match):
+        gemm_reusing(g, w_q, jnp.float32(1), jnp.float32(1), reuse=tuple(reuse))
