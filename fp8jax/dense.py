@@ -60,7 +60,9 @@ def _current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
 def _cast_t(cfg: _Config, x: jax.Array, scale: jax.Array, fp8_dtype: Any):
     if cfg.current_scaling:
         scale = _current_scale(x, fp8_dtype, cfg.margin)
-    return cast_transpose(x, scale, fp8_dtype)
+    # "mesh": every amax of the step is reduced over the same devices, so XLA merges all of
+    # them into one all-reduce (the value is the tensor's global amax either way).
+    return cast_transpose(x, scale, fp8_dtype, amax_reduction="mesh")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

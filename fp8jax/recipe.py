@@ -206,7 +206,9 @@ class DelayedScaling(Recipe):
       scaling_factor_compute_algo: ``None`` for the standard rule below, or a callable
         ``(amax, old_scale, fp8_max, recipe) -> new_scale`` that replaces it.
       reduce_amax: Whether the amax is reduced (max) over the devices that share a tensor
-        before it enters the history, so that all of them compute the same scale.
+        before it enters the history, so that all of them compute the same scale. Must be
+        ``True``: fp8jax keeps one FP8 state, replicated on every device, which per-device
+        amaxes would break. (Each step's reductions are merged into one all-reduce.)
       fp8_dpa: FP8 dot-product attention. Not implemented yet: must be ``False``.
       fp8_mha: FP8 multi-head attention (projections kept in FP8). Not implemented yet: must be
         ``False``.
@@ -295,6 +297,12 @@ class DelayedScaling(Recipe):
 
         for name in ("reduce_amax", "fp8_dpa", "fp8_mha"):
             set_(name, _check_bool(owner, name, getattr(self, name)))
+        if not self.reduce_amax:
+            raise ValueError(
+                f"{owner}.reduce_amax=False is not supported: fp8jax keeps one FP8 state, "
+                "replicated on every device, so every amax is reduced over the devices that "
+                "share its tensor (allowed: True)"
+            )
         for name in ("fp8_dpa", "fp8_mha"):
             if getattr(self, name):
                 raise ValueError(

@@ -77,3 +77,13 @@ def scalar_f32(op: str, name: str, value: Any) -> jax.Array:
             f"{op}: {name} must hold one value, with shape () or (1,), got shape {value.shape}"
         )
     return value
+
+
+AMAX_REDUCTIONS = ("split", "mesh")
+
+
+def amax_reduction_arg(op: str, value: Any) -> str:
+    """``"split"`` or ``"mesh"`` (see :func:`fp8jax.ops._partition.amax_axes`)."""
+    if not isinstance(value, str) or value not in AMAX_REDUCTIONS:
+        raise ValueError(f"{op}: amax_reduction must be 'split' or 'mesh', got {value!r}")
+    return value

@@ -45,6 +45,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = [
     "Plan",
+    "amax_axes",
     "batch_only",
     "batchable_call",
     "dim_axes",
@@ -106,6 +107,21 @@ def splitting_axes(mesh: Mesh, dims: DimAxes) -> tuple[str, ...]:
     """The mesh axes (of size > 1) that split any of ``dims``: a reduction over the whole array
     needs exactly these. Axes that are unused, or only replicate the array, are left out."""
     return tuple(a for d in dims for a in d if mesh.shape[a] > 1)
+
+
+def amax_axes(mesh: Mesh, dims: DimAxes, reduction: str) -> tuple[str, ...]:
+    """The mesh axes an amax of a tensor split as ``dims`` is max-reduced over.
+
+    ``"split"``: exactly the axes that split the tensor (the fewest devices). ``"mesh"``: every
+    mesh axis (of size > 1) as soon as any splits the tensor; a max over devices that hold
+    copies of the same block changes nothing, and since every amax of a program then uses the
+    same device group, XLA's all-reduce combiner can merge all of them into one all-reduce.
+    A replicated tensor's amax is not reduced in either mode.
+    """
+    split = splitting_axes(mesh, dims)
+    if reduction == "split" or not split:
+        return split
+    return tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
 
 
 def pmax_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:

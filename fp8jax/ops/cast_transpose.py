@@ -35,7 +35,7 @@ def cast_transpose_reference(
 
 
 def cast_transpose(
-    x: jax.Array, scale: jax.Array, fp8_dtype: Any
+    x: jax.Array, scale: jax.Array, fp8_dtype: Any, *, amax_reduction: str = "split"
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Quantizes ``x`` and also returns the transpose; ``(q, q_t, scale_inv, amax)``.
 
@@ -43,6 +43,8 @@ def cast_transpose(
       x: float32, bfloat16 or float16 array of rank >= 2; ``q_t`` swaps its last two dims.
       scale: float32, shape ``()`` or ``(1,)``; one scale for the whole tensor.
       fp8_dtype: ``jnp.float8_e4m3fn`` or ``jnp.float8_e5m2``.
+      amax_reduction: ``"split"`` (default) or ``"mesh"``, as for
+        :func:`~fp8jax.ops.quantize`.
 
     Returns:
       ``q`` (``x.shape``), ``q_t`` (``x.shape[:-2] + (x.shape[-1], x.shape[-2])``), both
@@ -54,8 +56,9 @@ def cast_transpose(
         raise ValueError(f"{op}: x must have rank >= 2 to be transposed, got shape {x.shape}")
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = _checks.amax_reduction_arg(op, amax_reduction)
     _ffi.ensure_registered()
-    q, q_t, scale_inv, amax = _cast_transpose_call(x, scale, dt)
+    q, q_t, scale_inv, amax = _cast_transpose_call(x, scale, dt, reduction)
     return q, q_t, scale_inv, amax
 
 
@@ -88,14 +91,14 @@ def _rule(n_batch: int, x_ndim: int, scale_ndim: int) -> str:
 
 
 @functools.cache
-def _partitioned(fp8_dtype: Any, n_batch: int, x_ndim: int, scale_ndim: int) -> Any:
+def _partitioned(fp8_dtype: Any, reduction: str, n_batch: int, x_ndim: int, scale_ndim: int) -> Any:
     def plan(mesh, arg_shapes):
         x, scale = arg_shapes
         dims = _partition.dim_axes(x.sharding, x.shape)
         xs = _partition.named(mesh, dims)
         ts = _partition.named(mesh, (*dims[:-2], dims[-1], dims[-2]))
         ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale.ndim))
-        amax_axes = _partition.splitting_axes(mesh, dims[n_batch:])
+        amax_axes = _partition.amax_axes(mesh, dims[n_batch:], reduction)
         local = _partition.pmax_outputs(kernel, ((), (), (), amax_axes))
         return (xs, ss), (xs, ts, ss, ss), local
 
@@ -103,10 +106,10 @@ def _partitioned(fp8_dtype: Any, n_batch: int, x_ndim: int, scale_ndim: int) -> 
     return _partition.partitioned(kernel, plan, _rule(n_batch, x_ndim, scale_ndim))
 
 
-def _op(fp8_dtype: Any, n_batch: int) -> Any:
-    return lambda x, s: _partitioned(fp8_dtype, n_batch, x.ndim, s.ndim)(x, s)
+def _op(fp8_dtype: Any, reduction: str, n_batch: int) -> Any:
+    return lambda x, s: _partitioned(fp8_dtype, reduction, n_batch, x.ndim, s.ndim)(x, s)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _cast_transpose_call(x, scale, fp8_dtype):
-    return _partition.batchable_call(functools.partial(_op, fp8_dtype), x, scale)
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _cast_transpose_call(x, scale, fp8_dtype, reduction):
+    return _partition.batchable_call(functools.partial(_op, fp8_dtype, reduction), x, scale)

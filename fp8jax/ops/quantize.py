@@ -67,7 +67,7 @@ def quantize_reference(
 
 
 def quantize(
-    x: jax.Array, scale: jax.Array, fp8_dtype: Any
+    x: jax.Array, scale: jax.Array, fp8_dtype: Any, *, amax_reduction: str = "split"
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Quantizes ``x`` to FP8 with ``scale``; returns ``(q, scale_inv, amax)``.
 
@@ -75,6 +75,10 @@ def quantize(
       x: float32, bfloat16 or float16 array of any rank.
       scale: float32, shape ``()`` or ``(1,)``.
       fp8_dtype: ``jnp.float8_e4m3fn`` or ``jnp.float8_e5m2``.
+      amax_reduction: when ``x`` is split over a mesh, the devices its ``amax`` is max-reduced
+        over: ``"split"`` (default) the mesh axes that split ``x``; ``"mesh"`` all mesh axes, so
+        that all such reductions in a program share one device group and XLA combines them
+        into one all-reduce. The value is the same either way.
 
     Returns:
       ``q`` (``x.shape``, ``fp8_dtype``), ``scale_inv`` and ``amax`` (float32, ``scale.shape``).
@@ -89,8 +93,9 @@ def quantize(
     x = _checks.wide_array(op, "x", x)
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = _checks.amax_reduction_arg(op, amax_reduction)
     _ffi.ensure_registered()
-    q, scale_inv, amax = _quantize_call(x, scale, dt)
+    q, scale_inv, amax = _quantize_call(x, scale, dt, reduction)
     return q, scale_inv, amax
 
 
@@ -120,26 +125,29 @@ def _quantize_rule(n_batch: int, x_ndim: int, scale_ndim: int) -> str:
 
 
 @functools.cache
-def _quantize_partitioned(fp8_dtype: Any, n_batch: int, x_ndim: int, scale_ndim: int) -> Any:
+def _quantize_partitioned(
+    fp8_dtype: Any, reduction: str, n_batch: int, x_ndim: int, scale_ndim: int
+) -> Any:
     def plan(mesh, arg_shapes):
         x, scale = arg_shapes
         dims = _partition.dim_axes(x.sharding, x.shape)
         xs = _partition.named(mesh, dims)
         ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale.ndim))
-        amax_axes = _partition.splitting_axes(mesh, dims[n_batch:])
+        amax_axes = _partition.amax_axes(mesh, dims[n_batch:], reduction)
         return (xs, ss), (xs, ss, ss), _partition.pmax_outputs(kernel, ((), (), amax_axes))
 
     kernel = _quantize_kernel(fp8_dtype)
     return _partition.partitioned(kernel, plan, _quantize_rule(n_batch, x_ndim, scale_ndim))
 
 
-def _quantize_op(fp8_dtype: Any, n_batch: int) -> Any:
-    return lambda x, s: _quantize_partitioned(fp8_dtype, n_batch, x.ndim, s.ndim)(x, s)
+def _quantize_op(fp8_dtype: Any, reduction: str, n_batch: int) -> Any:
+    return lambda x, s: _quantize_partitioned(fp8_dtype, reduction, n_batch, x.ndim, s.ndim)(x, s)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _quantize_call(x, scale, fp8_dtype):
-    return _partition.batchable_call(functools.partial(_quantize_op, fp8_dtype), x, scale)
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _quantize_call(x, scale, fp8_dtype, reduction):
+    make = functools.partial(_quantize_op, fp8_dtype, reduction)
+    return _partition.batchable_call(make, x, scale)
 
 
 def _dequantize_kernel(out_dtype: Any) -> Any:

@@ -117,8 +117,9 @@ def test_sharding_rule_strings():
 
 
 # name: (x spec [M, K], w_q spec [K, N], g spec [M, N], all-gathers with reuse, without,
-#        all-reduce groups: the K-split psums of both GEMMs, the same with and without reuse). The forward GEMM is x . w_t^T with w_t = w_q^T; the dgrad
-#        GEMM is g . w_q^T, with reuse = (w_t, x_t).
+#        all-reduce groups: the K-split psums of both GEMMs, the same with and without reuse).
+# The forward GEMM is x . w_t^T with w_t = w_q^T; the dgrad GEMM is g . w_q^T, with
+# reuse = (w_t, x_t).
 DGRAD_LAYOUTS = {
     "fsdp_weight_n": (P("data"), P(None, "data"), P("data"), 1, 2, []),
     "fsdp_weight_k": (P("data"), P("data", None), P("data"), 1, 2, []),

@@ -146,6 +146,49 @@ def test_quantize_sharded(case, wide, fp8, scale_shape):
     _assert_collectives(_hlo(f, xs, scale), all_reduce_group=group if group > 1 else None)
 
 
+@pytest.mark.parametrize("op", ["quantize", "cast_transpose"])
+@pytest.mark.parametrize("case", CASES_2D, ids=_ids)
+def test_amax_reduction_mesh(case, op):
+    """``amax_reduction="mesh"``: the same amax, reduced over the whole mesh whenever x is split
+    (one device group for every tensor), and not at all when x is replicated."""
+    mesh, spec = _mesh(case[0]), case[1]
+    x = _data((16, 32), jnp.bfloat16, seed=5)
+    scale = jnp.float32(0.5)
+    fn = getattr(ops, op)
+    want = fn(_one_device(x), _one_device(scale), E4M3)
+    xs = jax.device_put(x, NamedSharding(mesh, spec))
+    f = jax.jit(lambda x, s: fn(x, s, E4M3, amax_reduction="mesh"))
+    got = f(xs, scale)
+    for g, w in zip(got, want, strict=True):
+        _assert_same(g, w)
+    _assert_everywhere(got[-1], want[-1])
+    split = _group_size(mesh, spec) > 1
+    _assert_collectives(_hlo(f, xs, scale), all_reduce_group=mesh.size if split else None)
+
+
+def test_amax_reductions_of_many_tensors_combine_into_one():
+    """Tensors split over different axes of a 2-D mesh: with "split" XLA needs one all-reduce
+    per device group (three here); with "mesh" one for all."""
+    mesh = _mesh("2x4")
+    specs = [P("data"), P(None, "model"), P("data", "model")]
+    xs = [
+        jax.device_put(_data((16, 32), seed=i), NamedSharding(mesh, s)) for i, s in enumerate(specs)
+    ]
+
+    def amaxes(reduction):
+        def f(*xs):
+            return [ops.quantize(x, jnp.float32(1), E4M3, amax_reduction=reduction)[2] for x in xs]
+
+        return f
+
+    assert all_reduce_group_sizes(_hlo(amaxes("split"), *xs)) == [2, 4, 8]
+    assert all_reduce_group_sizes(_hlo(amaxes("mesh"), *xs)) == [8]
+    got = jax.jit(amaxes("mesh"))(*xs)
+    want = jax.jit(amaxes("split"))(*xs)
+    for g, w in zip(got, want, strict=True):
+        _assert_same(g, w)
+
+
 @pytest.mark.parametrize("case", CASES_2D, ids=_ids)
 def test_dequantize_sharded_is_local(case):
     mesh, spec = _mesh(case[0]), case[1]

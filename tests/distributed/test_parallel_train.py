@@ -15,7 +15,7 @@ same three steps on one device:
 HLO (compiled): no all-gather in DP, TP and DP x TP; in FSDP only weights are gathered, each
 once, as the same model with FP8 disabled does. The all-reduces
 are those of the FP8-disabled model plus the amax reductions, which XLA combines into one
-all-reduce per replica group (one per step in DP, FSDP and TP; three in DP x TP).
+all-reduce per step in every mode (each split tensor's amax is reduced over the whole mesh).
 """
 
 from __future__ import annotations
@@ -229,13 +229,14 @@ def test_parallel_train_matches_single_device(mode):
 
 
 # mode: (amax all-reduces: the scalar-only ones, their replica-group sizes, sorted), the number
-# of amaxes they reduce, the all-reduces of the same model with FP8 disabled. Each amax is
-# reduced over exactly the devices that split its tensor; XLA combines those with one group.
+# of amaxes they reduce, the all-reduces of the same model with FP8 disabled. Each amax of a
+# split tensor is reduced over the whole mesh (amax_reduction="mesh"), so XLA combines all of
+# them into a single all-reduce per step, on a 2-D mesh too.
 AMAX_ALL_REDUCES = {
     "dp": ([8], 4, 1),  # x, h, and both output grads are split over data; kernels replicated
     "fsdp": ([8], 6, 1),  # the same four plus both kernels (split over data on embed)
     "tp": ([8], 4, 1),  # wi kernel and output grad, wo input and kernel: split over model
-    "dp_tp": ([2, 4, 8], 6, 2),  # over data, over model, over both
+    "dp_tp": ([8], 6, 2),  # split over data, over model, over both: one all-reduce for all
 }
 
 

@@ -79,3 +79,23 @@ def test_cast_transpose_bad_input():
         ops.cast_transpose(jnp.ones((2, 2)), jnp.float32(1), jnp.float16)
     with pytest.raises(ValueError, match="scale must hold"):
         ops.cast_transpose(jnp.ones((2, 2)), jnp.ones(3, jnp.float32), jnp.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("value", ["tensor", None, 1])
+def test_bad_amax_reduction(value):
+    x, s = jnp.ones((2, 2)), jnp.float32(1)
+    for op in (ops.cast_transpose, ops.quantize):
+        with pytest.raises(ValueError, match=f"{op.__name__}: amax_reduction must be"):
+            op(x, s, jnp.float8_e4m3fn, amax_reduction=value)
+
+
+def test_amax_reduction_mesh_on_one_device_is_the_same():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 16)), jnp.bfloat16)
+    s = jnp.float32(3.0)
+    for op in (ops.cast_transpose, ops.quantize):
+        for got, want in zip(
+            op(x, s, jnp.float8_e4m3fn, amax_reduction="mesh"),
+            op(x, s, jnp.float8_e4m3fn),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
