@@ -7,9 +7,10 @@ which only affects the CPU platform); on a host with ``dp * tp`` GPUs it runs un
 The model is ``DenseGeneral(embed -> mlp)`` (column parallel: kernel split over ``model`` on
 ``mlp``), gelu, ``DenseGeneral(mlp -> embed)`` (row parallel: kernel split over ``model`` on
 ``mlp``, output summed over ``model``), with logical axis names mapped onto the mesh by
-``fp8jax.flax.DEFAULT_RULES`` (batch -> data, mlp -> model). The FP8 state is replicated; each
-amax is max-reduced over exactly the mesh axes that split its tensor, so every device computes
-the same scales.
+``fp8jax.flax.DEFAULT_RULES`` (batch -> data, mlp -> model). ``--fsdp`` also splits the
+kernels over ``data`` on ``embed`` (fully sharded data parallel: each kernel is gathered once per
+step, in FP8). The FP8 state is replicated; the amaxes of split tensors are max-reduced across
+the mesh in one all-reduce per step, so every device computes the same scales.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dp", type=int, default=2, help="data-parallel mesh axis size")
     parser.add_argument("--tp", type=int, default=4, help="tensor-parallel mesh axis size")
+    parser.add_argument(
+        "--fsdp", action="store_true", help="also shard the kernels over data (on embed)"
+    )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=16, help="global batch (divisible by dp)")
     parser.add_argument("--length", type=int, default=8)
@@ -107,7 +111,10 @@ def main(argv: list[str] | None = None) -> list[float]:
     state = Fp8TrainState.from_variables(
         apply_fn=model.apply, variables=nn.unbox(boxed), tx=optax.adam(args.lr)
     )
-    with nn.logical_axis_rules(DEFAULT_RULES):
+    rules = DEFAULT_RULES
+    if args.fsdp:  # embed -> data instead of replicated
+        rules = tuple((name, "data" if name == "embed" else axis) for name, axis in rules)
+    with nn.logical_axis_rules(rules):
         param_sharding = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh)
     replicated = NamedSharding(mesh, P())
     # params per the rules; optimizer moments like their params; FP8 state and step replicated
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> list[float]:
                 out = model.apply(state.variables(params, probes), x)
             return jnp.mean((out - y) ** 2)
 
-        with nn.logical_axis_rules(DEFAULT_RULES):
+        with nn.logical_axis_rules(rules):
             loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
                 state.params, state.fp8_probe
             )

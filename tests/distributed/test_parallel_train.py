@@ -1,4 +1,4 @@
-"""Parallel training of an FP8 MLP block on 8 emulated devices: DP, FSDP, TP and DP x TP.
+"""Parallel training of an FP8 MLP block on 8 emulated devices: DP, FSDP, TP, DP x TP, FSDP x TP.
 
 The block is ``DenseGeneral(embed -> mlp)`` (column parallel), gelu, ``DenseGeneral(mlp ->
 embed)`` (row parallel), with logical axis names mapped onto a ``("data", "model")`` mesh by
@@ -12,8 +12,8 @@ same three steps on one device:
   state here; TP does not, through the row-parallel sum); the amaxes of the data are exact;
 - every device holds the same scales (``addressable_shards``).
 
-HLO (compiled): no all-gather in DP, TP and DP x TP; in FSDP only weights are gathered, each
-once, as the same model with FP8 disabled does. The all-reduces
+HLO (compiled): no all-gather in DP, TP and DP x TP; in FSDP and FSDP x TP only weights are
+gathered, each once, as the same model with FP8 disabled does. The all-reduces
 are those of the FP8-disabled model plus the amax reductions, which XLA combines into one
 all-reduce per step in every mode (each split tensor's amax is reduced over the whole mesh).
 """
@@ -50,6 +50,7 @@ RECIPE = DelayedScaling(amax_history_len=4)
 BATCH, LENGTH, EMBED, MLP = 16, 4, 32, 64
 STEPS = 3
 FSDP_RULES = (("batch", "data"), ("embed", "data"), ("mlp", None), ("length", None))
+FSDP_TP_RULES = (("batch", "data"), ("embed", "data"), ("mlp", "model"), ("length", None))
 
 # mode: (mesh shape (data, model), logical axis rules)
 MODES = {
@@ -57,6 +58,7 @@ MODES = {
     "fsdp": ((8, 1), FSDP_RULES),
     "tp": ((1, 8), DEFAULT_RULES),
     "dp_tp": ((2, 4), DEFAULT_RULES),
+    "fsdp_tp": ((2, 4), FSDP_TP_RULES),
 }
 
 
@@ -224,6 +226,8 @@ def test_parallel_train_matches_single_device(mode):
     kernel = state.params["wi"]["kernel"]
     if mode == "fsdp":
         assert kernel.sharding.spec == P("data", None)
+    elif mode == "fsdp_tp":
+        assert kernel.sharding.spec == P("data", "model")
     elif mode in ("tp", "dp_tp"):
         assert kernel.sharding.spec == P(None, "model")
 
@@ -237,6 +241,7 @@ AMAX_ALL_REDUCES = {
     "fsdp": ([8], 6, 1),  # the same four plus both kernels (split over data on embed)
     "tp": ([8], 4, 1),  # wi kernel and output grad, wo input and kernel: split over model
     "dp_tp": ([8], 6, 2),  # split over data, over model, over both: one all-reduce for all
+    "fsdp_tp": ([8], 6, 2),  # the same six (the kernels split over data and model)
 }
 
 
@@ -273,13 +278,14 @@ def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
 def test_collectives(mode):
     fp8 = _compiled_hlo(mode, enabled=True)
     plain = _compiled_hlo(mode, enabled=False)
-    # no activation is gathered: every all-gather (FSDP only) gathers a kernel or a bias
-    param_shapes = {(EMBED, MLP), (MLP, EMBED), (MLP,), (EMBED,)}
+    # no activation is gathered: every all-gather (FSDP only) gathers a kernel (in either
+    # layout; under FSDP x TP its model-local block) or a bias, each once, as the plain model
+    tp = MODES[mode][0][1]
+    param_shapes = {tuple(sorted((EMBED, MLP // tp))), (EMBED,)}
     gathered = _gathered_shapes(fp8)
-    assert set(gathered) <= param_shapes, gathered
-    if mode != "fsdp":
-        assert gathered == [], fp8
-    assert len(_gathered_shapes(plain)) == (3 if mode == "fsdp" else 0)
+    assert {tuple(sorted(s)) for s in gathered} <= param_shapes, gathered
+    fsdp = mode.startswith("fsdp")
+    assert len(gathered) == len(_gathered_shapes(plain)) == (3 if fsdp else 0), fp8
     for op in ("all-to-all", "collective-permute", "reduce-scatter"):
         assert count(fp8, op) == count(plain, op) == 0, op
     # the all-reduces: those of the plain model plus the amax reductions
@@ -303,7 +309,8 @@ def test_fsdp_gathers_each_weight_once():
     assert sorted(fp8) == [(EMBED,), (EMBED, MLP), (MLP, EMBED)], fp8
 
 
-def test_parallel_train_example_runs(capsys):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["dp_tp", "fsdp_tp"])
+def test_parallel_train_example_runs(capsys, fsdp):
     path = Path(__file__).resolve().parents[2] / "examples" / "parallel_train.py"
     spec = importlib.util.spec_from_file_location("parallel_train_example", path)
     example = importlib.util.module_from_spec(spec)
@@ -313,9 +320,9 @@ def test_parallel_train_example_runs(capsys):
     finally:
         del sys.modules[spec.name]
     argv = ["--dp", "2", "--tp", "4", "--steps", "3", "--batch", "8", "--length", "2"]
-    losses = example.main([*argv, "--embed", "16", "--mlp", "32"])
+    losses = example.main([*argv, "--embed", "16", "--mlp", "32", *(["--fsdp"] if fsdp else [])])
     assert len(losses) == 3 and all(np.isfinite(losses))
     assert losses[-1] < losses[0]
     out = capsys.readouterr().out
     assert "mesh: {'data': 2, 'model': 4}" in out
-    assert "P(None, 'model')" in out
+    assert ("P('data', 'model')" if fsdp else "P(None, 'model')") in out
