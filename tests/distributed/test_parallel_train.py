@@ -1,4 +1,6 @@
-"""Parallel training of an FP8 MLP block on 8 emulated devices: DP, FSDP, TP, DP x TP, FSDP x TP.
+"""Parallel FP8 training of an MLP block on 8 emulated devices: DP, FSDP, TP, DP x TP, FSDP x TP
+and sequence parallel (SP: the block's input and output split along the sequence over the TP
+axis, as Megatron SP places them around a TP pair).
 
 The block is ``DenseGeneral(embed -> mlp)`` (column parallel), gelu, ``DenseGeneral(mlp ->
 embed)`` (row parallel), with logical axis names mapped onto a ``("data", "model")`` mesh by
@@ -12,8 +14,9 @@ same three steps on one device:
   state here; TP does not, through the row-parallel sum); the amaxes of the data are exact;
 - every device holds the same scales (``addressable_shards``).
 
-HLO (compiled): no all-gather in DP, TP and DP x TP; in FSDP and FSDP x TP only weights are
-gathered, each once, as the same model with FP8 disabled does. The all-reduces
+HLO (compiled): FP8 gathers what the same model with FP8 disabled gathers: nothing in DP, TP
+and DP x TP; each weight once in FSDP and FSDP x TP; in SP the input along the sequence before
+the column-parallel GEMM and the output gradient in the backward pass. The all-reduces
 are those of the FP8-disabled model plus the amax reductions, which XLA combines into one
 all-reduce per step in every mode (each split tensor's amax is reduced over the whole mesh).
 """
@@ -51,6 +54,8 @@ BATCH, LENGTH, EMBED, MLP = 16, 4, 32, 64
 STEPS = 3
 FSDP_RULES = (("batch", "data"), ("embed", "data"), ("mlp", None), ("length", None))
 FSDP_TP_RULES = (("batch", "data"), ("embed", "data"), ("mlp", "model"), ("length", None))
+# sequence parallel (Megatron SP) around the TP pair: outside it the sequence is split over model
+SP_RULES = (("batch", "data"), ("length", "model"), ("embed", None), ("mlp", "model"))
 
 # mode: (mesh shape (data, model), logical axis rules)
 MODES = {
@@ -59,11 +64,22 @@ MODES = {
     "tp": ((1, 8), DEFAULT_RULES),
     "dp_tp": ((2, 4), DEFAULT_RULES),
     "fsdp_tp": ((2, 4), FSDP_TP_RULES),
+    "sp": ((2, 4), SP_RULES),
 }
+# the block's input (and output) layout per mode: batch over data; SP also splits the sequence
+INPUT_SPECS = {"sp": P("data", "model")}
 
 
 class MlpBlock(nn.Module):
-    """embed -> mlp (column parallel) -> gelu -> embed (row parallel)."""
+    """embed -> mlp (column parallel) -> gelu -> embed (row parallel).
+
+    ``sequence_parallel``: the hidden activations hold the whole sequence (``None`` for their
+    length axis), so that with ``length -> model`` only the block's input and output are split
+    along the sequence (Megatron SP: gather before the column-parallel GEMM, reduce after the
+    row-parallel one).
+    """
+
+    sequence_parallel: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -71,7 +87,7 @@ class MlpBlock(nn.Module):
             features=MLP,
             kernel_axes=("embed", "mlp"),
             bias_axes=("mlp",),
-            output_axes=("batch", "length", "mlp"),
+            output_axes=("batch", None if self.sequence_parallel else "length", "mlp"),
             name="wi",
         )(x)
         h = nn.gelu(h)
@@ -149,7 +165,7 @@ def _sharded_setup(mode, enabled=True):
     """(jitted step, sharded state, sharded batches, mesh) for ``mode``."""
     shape, rules = MODES[mode]
     mesh = _mesh(shape)
-    model = MlpBlock()
+    model = MlpBlock(sequence_parallel=mode == "sp")
     batches = _batches()
     state, boxed = _init_state(model, batches[0][0])
     with nn.logical_axis_rules(rules):
@@ -164,7 +180,7 @@ def _sharded_setup(mode, enabled=True):
         fp8_probe=jax.tree.map(lambda _: replicated, state.fp8_probe),
     )
     state = jax.device_put(state, shardings)
-    data = NamedSharding(mesh, P("data"))
+    data = NamedSharding(mesh, INPUT_SPECS.get(mode, P("data")))
     batches = [jax.device_put(b, data) for b in batches]
     inner = _step_fn(model, enabled)
 
@@ -228,7 +244,7 @@ def test_parallel_train_matches_single_device(mode):
         assert kernel.sharding.spec == P("data", None)
     elif mode == "fsdp_tp":
         assert kernel.sharding.spec == P("data", "model")
-    elif mode in ("tp", "dp_tp"):
+    elif mode in ("tp", "dp_tp", "sp"):
         assert kernel.sharding.spec == P(None, "model")
 
 
@@ -242,6 +258,7 @@ AMAX_ALL_REDUCES = {
     "tp": ([8], 4, 1),  # wi kernel and output grad, wo input and kernel: split over model
     "dp_tp": ([8], 6, 2),  # split over data, over model, over both: one all-reduce for all
     "fsdp_tp": ([8], 6, 2),  # the same six (the kernels split over data and model)
+    "sp": ([8], 6, 3),  # as DP x TP; the plain model's loss sum is an all-reduce of its own here
 }
 
 
@@ -278,20 +295,24 @@ def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
 def test_collectives(mode):
     fp8 = _compiled_hlo(mode, enabled=True)
     plain = _compiled_hlo(mode, enabled=False)
-    # no activation is gathered: every all-gather (FSDP only) gathers a kernel (in either
-    # layout; under FSDP x TP its model-local block) or a bias, each once, as the plain model
-    tp = MODES[mode][0][1]
-    param_shapes = {tuple(sorted((EMBED, MLP // tp))), (EMBED,)}
+    # FP8 gathers exactly what the plain model gathers (a kernel may come in the other layout)
     gathered = _gathered_shapes(fp8)
-    assert {tuple(sorted(s)) for s in gathered} <= param_shapes, gathered
-    fsdp = mode.startswith("fsdp")
-    assert len(gathered) == len(_gathered_shapes(plain)) == (3 if fsdp else 0), fp8
+    assert sorted(tuple(sorted(s)) for s in gathered) == sorted(
+        tuple(sorted(s)) for s in _gathered_shapes(plain)
+    ), (gathered, _gathered_shapes(plain))
+    if mode == "sp":  # the block's input along the sequence, and its output gradient: as Megatron
+        assert gathered == [(BATCH // 2, LENGTH, EMBED)] * 2, gathered
+    else:  # no activation: under FSDP each kernel (its model-local block) and wo's bias, once
+        tp = MODES[mode][0][1]
+        param_shapes = {tuple(sorted((EMBED, MLP // tp))), (EMBED,)}
+        assert {tuple(sorted(s)) for s in gathered} <= param_shapes, gathered
+        assert len(gathered) == (3 if mode.startswith("fsdp") else 0), fp8
     for op in ("all-to-all", "collective-permute", "reduce-scatter"):
         assert count(fp8, op) == count(plain, op) == 0, op
     # the all-reduces: those of the plain model plus the amax reductions
     groups, n_amax, n_plain = AMAX_ALL_REDUCES[mode]
     reduces = _all_reduces(fp8)
-    amax = [line for line in reduces if _is_scalar_reduce(line)]
+    amax = [line for line in reduces if _is_scalar_reduce(line) and "cast_transpose" in line]
     assert sorted(_group_size(line) for line in amax) == groups, amax
     assert sum(line.split(" all-reduce")[0].count("f32[]") for line in amax) == n_amax
     assert len(_all_reduces(plain)) == n_plain
