@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 import fp8jax
 from fp8jax import DelayedScaling
-from fp8jax.flax import DEFAULT_RULES, DenseGeneral, Fp8TrainState
+from fp8jax.flax import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8TrainState
 
 N_DEVICES = 8
 pytestmark = pytest.mark.skipif(
@@ -136,8 +136,8 @@ def _init_state(model, x):
     return state, boxed
 
 
-def _single_device_run():
-    model = MlpBlock()
+def _single_device_run(model=None):
+    model = model or MlpBlock()
     batches = _batches()
     state, _ = _init_state(model, batches[0][0])
     step = jax.jit(_step_fn(model))
@@ -161,11 +161,11 @@ def _mesh(shape) -> Mesh:
     return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(shape), ("data", "model"))
 
 
-def _sharded_setup(mode, enabled=True):
+def _sharded_setup(mode, enabled=True, model=None):
     """(jitted step, sharded state, sharded batches, mesh) for ``mode``."""
     shape, rules = MODES[mode]
     mesh = _mesh(shape)
-    model = MlpBlock(sequence_parallel=mode == "sp")
+    model = model or MlpBlock(sequence_parallel=mode == "sp")
     batches = _batches()
     state, boxed = _init_state(model, batches[0][0])
     with nn.logical_axis_rules(rules):
@@ -317,6 +317,50 @@ def test_collectives(mode):
     assert sum(line.split(" all-reduce")[0].count("f32[]") for line in amax) == n_amax
     assert len(_all_reduces(plain)) == n_plain
     assert len(reduces) == n_plain + len(groups)
+
+
+class InjectedMlpBlock(nn.Module):
+    """The MLP block from Flax's own ``nn.DenseGeneral`` with ``dot_general_cls=Fp8DotGeneral``:
+    the params (and their logical axis names) belong to Flax's layer, FP8 runs inside."""
+
+    @nn.compact
+    def __call__(self, x):
+        def layer(features, axes, name):
+            init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes)
+            return nn.DenseGeneral(
+                features, kernel_init=init, dot_general_cls=Fp8DotGeneral, name=name
+            )
+
+        h = nn.gelu(layer(MLP, ("embed", "mlp"), "wi")(x))
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        return layer(EMBED, ("mlp", "embed"), "wo")(h)
+
+
+@pytest.mark.parametrize("mode", ["tp", "dp_tp", "fsdp"])
+def test_injected_dot_general_trains_sharded(mode):
+    """Fp8DotGeneral inside Flax's DenseGeneral: the same results as one device and the same
+    gathers as the FP8-disabled model (no activation; FSDP: each kernel once)."""
+    ref_state, ref_losses = _single_device_run(InjectedMlpBlock())
+    step, state, batches, mesh = _sharded_setup(mode, model=InjectedMlpBlock())
+    assert state.params["wi"]["kernel"].sharding.spec != P()  # really sharded
+    losses = []
+    with jax.set_mesh(mesh):
+        for x, y in batches:
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+        hlo = step.lower(state, *batches[0]).compile().as_text()
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    jax.tree.map(close, jax.device_get(state.params), jax.device_get(ref_state.params))
+    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
+    plain_step, plain_state, _, _ = _sharded_setup(mode, False, model=InjectedMlpBlock())
+    with jax.set_mesh(mesh):
+        plain = plain_step.lower(plain_state, *batches[0]).compile().as_text()
+    # (the biases have no axis names here, so both models gather wi's bias gradient in TP)
+    key = lambda hlo: sorted(tuple(sorted(s)) for s in _gathered_shapes(hlo))
+    assert key(hlo) == key(plain), (_gathered_shapes(hlo), _gathered_shapes(plain))
+    assert not any(len(s) == 3 for s in _gathered_shapes(hlo))  # no activation
 
 
 def test_fsdp_gathers_each_weight_once():
