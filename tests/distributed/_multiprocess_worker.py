@@ -104,17 +104,8 @@ def _run(tp: ModuleType) -> dict[str, Any]:
     model = tp.MlpBlock()
     batches = tp._batches()
     state, boxed = tp._init_state(model, batches[0][0])
-    with nn.logical_axis_rules(DEFAULT_RULES):
-        specs = nn.get_partition_spec(boxed)
-        param_shardings = nn.logical_to_mesh_sharding(specs, mesh, DEFAULT_RULES)["params"]
+    shardings = tp.state_shardings(state, boxed, mesh, DEFAULT_RULES)
     replicated = NamedSharding(mesh, P())
-    shardings = state.replace(
-        step=replicated,
-        params=param_shardings,
-        opt_state=jax.tree.map(lambda _: replicated, state.opt_state),
-        fp8_meta=jax.tree.map(lambda _: replicated, state.fp8_meta),
-        fp8_probe=jax.tree.map(lambda _: replicated, state.fp8_probe),
-    )
     state = _put(state, shardings)
     data = NamedSharding(mesh, P("data"))
     batches = [_put(b, (data, data)) for b in batches]

@@ -161,6 +161,22 @@ def _mesh(shape) -> Mesh:
     return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(shape), ("data", "model"))
 
 
+def state_shardings(state, boxed, mesh, rules):
+    """The train state's shardings: params by their logical axis names under ``rules``; the
+    step, the optimizer state (SGD: none per param) and the FP8 state replicated."""
+    with nn.logical_axis_rules(rules):
+        specs = nn.get_partition_spec(boxed)
+        param_shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)["params"]
+    replicated = NamedSharding(mesh, P())
+    return state.replace(
+        step=replicated,
+        params=param_shardings,
+        opt_state=jax.tree.map(lambda _: replicated, state.opt_state),
+        fp8_meta=jax.tree.map(lambda _: replicated, state.fp8_meta),
+        fp8_probe=jax.tree.map(lambda _: replicated, state.fp8_probe),
+    )
+
+
 def _sharded_setup(mode, enabled=True, model=None):
     """(jitted step, sharded state, sharded batches, mesh) for ``mode``."""
     shape, rules = MODES[mode]
@@ -168,17 +184,8 @@ def _sharded_setup(mode, enabled=True, model=None):
     model = model or MlpBlock(sequence_parallel=mode == "sp")
     batches = _batches()
     state, boxed = _init_state(model, batches[0][0])
-    with nn.logical_axis_rules(rules):
-        specs = nn.get_partition_spec(boxed)
-        param_shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)["params"]
+    shardings = state_shardings(state, boxed, mesh, rules)
     replicated = NamedSharding(mesh, P())
-    shardings = state.replace(
-        step=replicated,
-        params=param_shardings,
-        opt_state=jax.tree.map(lambda _: replicated, state.opt_state),
-        fp8_meta=jax.tree.map(lambda _: replicated, state.fp8_meta),
-        fp8_probe=jax.tree.map(lambda _: replicated, state.fp8_probe),
-    )
     state = jax.device_put(state, shardings)
     data = NamedSharding(mesh, INPUT_SPECS.get(mode, P("data")))
     batches = [jax.device_put(b, data) for b in batches]
