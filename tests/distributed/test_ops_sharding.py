@@ -502,19 +502,6 @@ def test_sharding_rules():
 # ------------------------------------------------------------------ other partitioners
 
 
-@pytest.fixture
-def gspmd():
-    """The GSPMD partitioner (the default before Shardy), where JAX still has it."""
-    if not hasattr(jax.config, "jax_use_shardy_partitioner"):
-        pytest.skip("this JAX has no GSPMD partitioner switch")
-    old = jax.config.jax_use_shardy_partitioner
-    jax.config.update("jax_use_shardy_partitioner", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_use_shardy_partitioner", old)
-
-
 @pytest.mark.parametrize("spec", [P("data"), P(None, "model"), P(("data", "model"))], ids=str)
 def test_gspmd_partitioner(gspmd, spec):
     mesh = _mesh("2x4")

@@ -370,6 +370,27 @@ def test_injected_dot_general_trains_sharded(mode):
     assert not any(len(s) == 3 for s in _gathered_shapes(hlo))  # no activation
 
 
+@pytest.mark.parametrize("mode", ["fsdp", "dp_tp", "sp"])
+def test_gspmd_partitioner(gspmd, mode):
+    """The same under the GSPMD partitioner (``jax_use_shardy_partitioner=False``): results as
+    on one device, the plain model's gathers, one all-reduce more than the plain model."""
+    del gspmd
+    ref_state, ref_losses = _reference()
+    step, state, batches, mesh = _sharded_setup(mode)
+    losses = []
+    with jax.set_mesh(mesh):
+        for x, y in batches:
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
+    fp8, plain = _compiled_hlo(mode), _compiled_hlo(mode, enabled=False)
+    key = lambda hlo: sorted(tuple(sorted(s)) for s in _gathered_shapes(hlo))
+    assert key(fp8) == key(plain)
+    assert len(_all_reduces(fp8)) == len(_all_reduces(plain)) + 1
+
+
 def test_fsdp_gathers_each_weight_once():
     """FSDP: the backward pass reuses the forward pass's gathered FP8 kernel (dgrad transposes
     it locally) instead of gathering the other layout again, as the FP32 model keeps its one
