@@ -33,3 +33,16 @@ def has_cuda() -> bool:
 requires_cuda = pytest.mark.skipif(
     not has_cuda(), reason="needs a CUDA device (JAX has no CUDA backend on this machine)"
 )
+
+
+@pytest.fixture
+def gspmd():
+    """The GSPMD partitioner (the default before Shardy), where JAX still has it."""
+    if not hasattr(jax.config, "jax_use_shardy_partitioner"):
+        pytest.skip("this JAX has no GSPMD partitioner switch")
+    old = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
