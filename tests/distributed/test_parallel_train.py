@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _hlo import count
+from _hlo import count, group_size
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -273,16 +273,6 @@ def _all_reduces(hlo: str) -> list[str]:
     return [line for line in hlo.splitlines() if re.search(r"\sall-reduce(?:-start)?\(", line)]
 
 
-def _group_size(line: str) -> int:
-    m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
-    if m:
-        return len(m.group(1).split(","))
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
-    assert m, f"cannot read the replica groups of {line!r}"
-    sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
-    return int(np.prod([int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2))]))
-
-
 def _is_scalar_reduce(line: str) -> bool:
     line = re.sub(r"/\*.*?\*/", "", line)  # drop /*index=5*/ comments
     shapes = re.match(r"\s*%\S+ = \(?([^=]*?)\)? all-reduce", line).group(1)
@@ -320,7 +310,7 @@ def test_collectives(mode):
     groups, n_amax, n_plain = AMAX_ALL_REDUCES[mode]
     reduces = _all_reduces(fp8)
     amax = [line for line in reduces if _is_scalar_reduce(line) and "cast_transpose" in line]
-    assert sorted(_group_size(line) for line in amax) == groups, amax
+    assert sorted(group_size(line) for line in amax) == groups, amax
     assert sum(line.split(" all-reduce")[0].count("f32[]") for line in amax) == n_amax
     assert len(_all_reduces(plain)) == n_plain
     assert len(reduces) == n_plain + len(groups)
