@@ -203,7 +203,7 @@ def partitioned(
 
     def partition(mesh, arg_shapes, result_shape):
         mesh, (arg_shardings, out_shardings, local) = resolve(mesh, arg_shapes, len(result_shape))
-        return mesh, local, tuple(out_shardings), tuple(arg_shardings)
+        return mesh, _per_device(local), tuple(out_shardings), tuple(arg_shardings)
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):  # the GSPMD partitioner
         return tuple(resolve(mesh, arg_shapes, len(result_shape))[1][1])
@@ -222,6 +222,25 @@ def partitioned(
         return kernel(*args) if _partly_manual() else op(*args)
 
     return call
+
+
+def _per_device(local: Callable[..., Any]) -> Callable[..., Any]:
+    """``local``, traced as the per-device body it is: under explicit sharding
+    (``AxisType.Explicit``) JAX >= 0.12 traces a partition body with the explicit mesh still
+    current, so the reducer of a ``pmax`` gets a sharding annotation that XLA rejects
+    ("Unsupported reduction computation"). The body is traced with the mesh axes manual, as in
+    a ``shard_map``; otherwise it is traced as it is."""
+
+    def body(*args):
+        mesh = jax.sharding.get_abstract_mesh()
+        explicit = jax.sharding.AxisType.Explicit
+        if not any(t == explicit for t in getattr(mesh, "axis_types", ())):
+            return local(*args)
+        manual = {a: jax.sharding.AxisType.Manual for a in mesh.axis_names}
+        with jax.sharding.use_abstract_mesh(mesh.update_axis_types(manual)):
+            return local(*args)
+
+    return body
 
 
 def _partly_manual() -> bool:
