@@ -12,7 +12,9 @@
 # The editable install ("pip install -e .[test]") is redone only when something that changes the
 # compiled extensions or the package's file list changed since the last install (a stamp in the
 # venv records that), so a second run starts in seconds. Python edits need no reinstall.
-# FP8JAX_REINSTALL=1 forces the install.
+# FP8JAX_REINSTALL=1 forces the install. FP8JAX_VENV (default ./.venv) and FP8JAX_PYTHON (the
+# interpreter that creates it, default python3) let CI keep a second environment, e.g. the newest
+# JAX on a newer Python, beside the first.
 
 set -euo pipefail
 
@@ -20,17 +22,19 @@ FP8JAX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$FP8JAX_ROOT"
 export FP8JAX_CUDA="${FP8JAX_CUDA:-AUTO}"
 
-_fp8jax_venv="$FP8JAX_ROOT/.venv"
+_fp8jax_venv="${FP8JAX_VENV:-$FP8JAX_ROOT/.venv}"
+_fp8jax_python="${FP8JAX_PYTHON:-python3}"
 FP8JAX_PY="$_fp8jax_venv/bin/python"
 
 if ! "$FP8JAX_PY" -c "import sys" >/dev/null 2>&1; then
-  if ! command -v python3 >/dev/null 2>&1; then
-    echo "fp8jax: python3 (>= 3.10) is needed on PATH to create .venv" >&2
+  if ! command -v "$_fp8jax_python" >/dev/null 2>&1; then
+    echo "fp8jax: $_fp8jax_python (>= 3.10) is needed on PATH to create $_fp8jax_venv" >&2
     exit 1
   fi
-  echo "fp8jax: creating $_fp8jax_venv with $(python3 --version 2>&1) ($(command -v python3))"
+  echo "fp8jax: creating $_fp8jax_venv with $("$_fp8jax_python" --version 2>&1)" \
+    "($(command -v "$_fp8jax_python"))"
   rm -rf "$_fp8jax_venv"
-  python3 -m venv "$_fp8jax_venv"
+  "$_fp8jax_python" -m venv "$_fp8jax_venv"
 fi
 
 # What the install depends on: build files, kernel sources, the package's file list (an editable
@@ -61,6 +65,6 @@ else
   echo "fp8jax: .venv is up to date with this checkout (FP8JAX_REINSTALL=1 forces a reinstall)"
 fi
 
-unset _fp8jax_venv _fp8jax_stamp _fp8jax_stamp_file
+unset _fp8jax_venv _fp8jax_python _fp8jax_stamp _fp8jax_stamp_file
 unset -f _fp8jax_stamp_now
 export FP8JAX_ROOT FP8JAX_PY
