@@ -10,8 +10,9 @@ dot, with no gather that a BF16 dot would not do:
   multiplies its K block into a float32 partial product (scales applied, no bias), the partials
   are summed with one all-reduce (``psum``) over the K axes, then the bias is added in float32
   and the result rounded once to ``out_dtype``, as the single-device GEMM does. The sum order
-  differs from one device's, so the result equals it within float32 reduction-order tolerance;
-  without a K split the result is the single-device one bit for bit.
+  differs from one device's, so the result equals it within float32 reduction-order tolerance.
+  Without a K split each output element is the same sum, but a GEMM of another block shape may
+  order it differently (XLA:CPU in JAX 0.12 does, by one rounding; so may cuBLASLt's heuristic).
 * Conflicts are resolved towards ``a`` (the activations), whose layout is never changed:
   ``a``'s K split wins over ``b``'s, and a mesh axis that splits ``a``'s M is taken off ``b``'s
   N and K (FSDP: the weight is gathered, as XLA does for its own dot).
@@ -25,8 +26,9 @@ critical path, where XLA's own dot gathers the weight once and keeps it. The dgr
 therefore takes ``reuse = (w_t, x_t)``, the forward GEMM's ``b`` and its ``a`` transposed
 (read for its sharding only): when the forward GEMM gathered ``w_t``, the dgrad GEMM asks for
 ``w_t`` with exactly the same sharding (XLA's partitioner reshards a value to a given sharding
-once and reuses it, so no second all-gather is emitted) and transposes the gathered copy
-locally; otherwise it uses ``w_q`` as usual. These operands get their own Shardy factors, so
+once and reuses it, so no second all-gather is emitted; the multi-device tests count the
+gathers, in JAX 0.10.2 and the newest) and transposes the gathered copy locally; otherwise it
+uses ``w_q`` as usual. These operands get their own Shardy factors, so
 nothing propagates through them.
 
 ``local`` is the single-device 2-D GEMM, ``local(a, b, a_scale_inv, b_scale_inv, bias, *,
