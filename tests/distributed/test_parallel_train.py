@@ -205,6 +205,33 @@ def _compiled_hlo(mode, enabled=True) -> str:
         return step.lower(state, *batches[0]).compile().as_text()
 
 
+def _train(step, state, batches, mesh):
+    """Runs the jitted ``step`` over ``batches`` on ``mesh``; ``(final state, losses)``."""
+    losses = []
+    with jax.set_mesh(mesh):
+        for x, y in batches:
+            state, loss = step(state, x, y)
+            losses.append(float(loss))
+    return state, losses
+
+
+def _assert_like_reference(state, losses, reference):
+    """Loss and params within float32 reduction order of the single-device run, FP8 state
+    within 1e-6 (see the module docstring)."""
+    ref_state, ref_losses = reference
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    jax.tree.map(close, jax.device_get(state.params), jax.device_get(ref_state.params))
+    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
+    return meta, ref_meta
+
+
+def _gather_key(hlo: str) -> list[tuple[int, ...]]:
+    """The all-gathered shapes, each as its sorted dims (a kernel may come in either layout)."""
+    return sorted(tuple(sorted(s)) for s in _gathered_shapes(hlo))
+
+
 def test_logical_axes_annotate_params_only():
     model = MlpBlock()
     x = _batches()[0][0]
@@ -226,18 +253,8 @@ def test_logical_axes_annotate_params_only():
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_parallel_train_matches_single_device(mode):
-    ref_state, ref_losses = _reference()
-    step, state, batches, mesh = _sharded_setup(mode)
-    losses = []
-    with jax.set_mesh(mesh):
-        for x, y in batches:
-            state, loss = step(state, x, y)
-            losses.append(float(loss))
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
-    jax.tree.map(close, jax.device_get(state.params), jax.device_get(ref_state.params))
-    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
+    state, losses = _train(*_sharded_setup(mode))
+    meta, ref_meta = _assert_like_reference(state, losses, _reference())
     # the first layer's input amaxes depend on the data only: exact in every mode
     np.testing.assert_array_equal(meta["wi"]["amax_history"][0], ref_meta["wi"]["amax_history"][0])
     for leaf in jax.tree.leaves(state.fp8_meta):
@@ -294,9 +311,7 @@ def test_collectives(mode):
     plain = _compiled_hlo(mode, enabled=False)
     # FP8 gathers exactly what the plain model gathers (a kernel may come in the other layout)
     gathered = _gathered_shapes(fp8)
-    assert sorted(tuple(sorted(s)) for s in gathered) == sorted(
-        tuple(sorted(s)) for s in _gathered_shapes(plain)
-    ), (gathered, _gathered_shapes(plain))
+    assert _gather_key(fp8) == _gather_key(plain), (gathered, _gathered_shapes(plain))
     if mode == "sp":  # the block's input along the sequence, and its output gradient: as Megatron
         assert gathered == [(BATCH // 2, LENGTH, EMBED)] * 2, gathered
     else:  # no activation: under FSDP each kernel (its model-local block) and wo's bias, once
@@ -337,26 +352,17 @@ class InjectedMlpBlock(nn.Module):
 def test_injected_dot_general_trains_sharded(mode):
     """Fp8DotGeneral inside Flax's DenseGeneral: the same results as one device and the same
     gathers as the FP8-disabled model (no activation; FSDP: each kernel once)."""
-    ref_state, ref_losses = _single_device_run(InjectedMlpBlock())
     step, state, batches, mesh = _sharded_setup(mode, model=InjectedMlpBlock())
     assert state.params["wi"]["kernel"].sharding.spec != P()  # really sharded
-    losses = []
     with jax.set_mesh(mesh):
-        for x, y in batches:
-            state, loss = step(state, x, y)
-            losses.append(float(loss))
         hlo = step.lower(state, *batches[0]).compile().as_text()
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
-    jax.tree.map(close, jax.device_get(state.params), jax.device_get(ref_state.params))
-    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
+    state, losses = _train(step, state, batches, mesh)
+    _assert_like_reference(state, losses, _single_device_run(InjectedMlpBlock()))
     plain_step, plain_state, _, _ = _sharded_setup(mode, False, model=InjectedMlpBlock())
     with jax.set_mesh(mesh):
         plain = plain_step.lower(plain_state, *batches[0]).compile().as_text()
     # (the biases have no axis names here, so both models gather wi's bias gradient in TP)
-    key = lambda hlo: sorted(tuple(sorted(s)) for s in _gathered_shapes(hlo))
-    assert key(hlo) == key(plain), (_gathered_shapes(hlo), _gathered_shapes(plain))
+    assert _gather_key(hlo) == _gather_key(plain), (_gathered_shapes(hlo), _gathered_shapes(plain))
     assert not any(len(s) == 3 for s in _gathered_shapes(hlo))  # no activation
 
 
@@ -365,19 +371,10 @@ def test_gspmd_partitioner(gspmd, mode):
     """The same under the GSPMD partitioner (``jax_use_shardy_partitioner=False``): results as
     on one device, the plain model's gathers, one all-reduce more than the plain model."""
     del gspmd
-    ref_state, ref_losses = _reference()
-    step, state, batches, mesh = _sharded_setup(mode)
-    losses = []
-    with jax.set_mesh(mesh):
-        for x, y in batches:
-            state, loss = step(state, x, y)
-            losses.append(float(loss))
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
+    state, losses = _train(*_sharded_setup(mode))
+    _assert_like_reference(state, losses, _reference())
     fp8, plain = _compiled_hlo(mode), _compiled_hlo(mode, enabled=False)
-    key = lambda hlo: sorted(tuple(sorted(s)) for s in _gathered_shapes(hlo))
-    assert key(fp8) == key(plain)
+    assert _gather_key(fp8) == _gather_key(plain)
     assert len(_all_reduces(fp8)) == len(_all_reduces(plain)) + 1
 
 
