@@ -48,7 +48,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import fp8jax  # noqa: E402
@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> list[float]:
         )
     if args.batch % args.dp or args.mlp % args.tp:
         sys.exit("--batch must be divisible by --dp and --mlp by --tp")
-    mesh = Mesh(np.array(jax.devices()[:n]).reshape(args.dp, args.tp), ("data", "model"))
+    # jax.make_mesh gives explicit axes (shardings are part of the array types); fp8jax works
+    # the same with automatic axes (jax.sharding.Mesh(devices, names)).
+    mesh = jax.make_mesh((args.dp, args.tp), ("data", "model"), devices=jax.devices()[:n])
     print(f"mesh: {dict(mesh.shape)} on {jax.default_backend()}")
     recipe = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16)
     model = MlpBlock(embed=args.embed, mlp=args.mlp)

@@ -23,8 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
 
 from fp8jax.autocast import _current_state
+from fp8jax.ops._gemm_partition import explicit_matmul_spec
+from fp8jax.ops._partition import explicit_mesh
 from fp8jax.ops.cast_transpose import cast_transpose
 from fp8jax.ops.gemm import gemm, gemm_reusing
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
@@ -47,6 +50,9 @@ class _Config(NamedTuple):
     current_scaling: bool
     margin: int
     has_bias: bool
+    # Under explicit sharding (AxisType.Explicit) the shardings of x, kernel and bias (2-D):
+    # a custom_vjp cotangent must have its primal's type, sharding included. None otherwise.
+    shardings: tuple[Any, Any, Any] | None = None
 
 
 def _current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
@@ -98,6 +104,11 @@ def _dense2d_bwd(cfg: _Config, res, g):
     )
     dw = gemm(x_t, g_t, x_sinv, g_sinv, out_dtype=cfg.out_dtype, accumulate="split")
     dbias = jnp.sum(g.astype(jnp.float32), axis=0).astype(g.dtype) if cfg.has_bias else None
+    if cfg.shardings is not None:
+        dx = jax.sharding.reshard(dx, cfg.shardings[0])
+        dw = jax.sharding.reshard(dw, cfg.shardings[1])
+        if dbias is not None:
+            dbias = jax.sharding.reshard(dbias, cfg.shardings[2])
     observed = jnp.stack([x_amax, w_amax, g_amax]).reshape(3)
     return dx, dw, dbias, jnp.zeros((3,), jnp.float32), observed
 
@@ -187,11 +198,20 @@ def dense(
     w2 = kernel.reshape(k, n)
     b2 = None if bias is None else bias.reshape(n)
     if not enabled:
-        y2 = jnp.dot(x2, w2, preferred_element_type=jnp.float32)
+        # (explicit sharding: the output layout the FP8 GEMM would give; jnp.dot cannot pick
+        # one itself when the contracted dim is split, as in row-parallel layers)
+        out_sharding = explicit_matmul_spec(x2, w2, b_rows_are_n=False) if explicit_mesh() else None
+        y2 = jnp.dot(x2, w2, preferred_element_type=jnp.float32, out_sharding=out_sharding)
         if b2 is not None:
-            y2 = y2 + b2.astype(jnp.float32)
+            b = b2.astype(jnp.float32)
+            if out_sharding is not None:  # laid out as the output's columns
+                b = jax.sharding.reshard(b, PartitionSpec(out_sharding[1]))
+            y2 = y2 + b
         return y2.astype(dtype).reshape(*batch_shape, *features)
     cfg = _make_config(recipe, dtype, b2 is not None)
+    if explicit_mesh():
+        cfg = cfg._replace(shardings=tuple(None if v is None else jax.typeof(v).sharding
+                                           for v in (x2, w2, b2)))  # fmt: skip
     if cfg.current_scaling:
         scale = jnp.ones((3,), jnp.float32)
     else:

@@ -29,9 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import meta
 from flax.typing import Initializer
+from jax.sharding import PartitionSpec
 
 from fp8jax.dense import dense
 from fp8jax.flax._variables import check_float_array, fp8_call
+from fp8jax.ops._partition import entry_axes, explicit_mesh
 
 __all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
 
@@ -204,6 +206,13 @@ class DenseGeneral(nn.Module):
         dtype = self.dtype
         if dtype is None:
             dtype = jnp.result_type(*(v for v in (inputs, kernel, bias) if v is not None))
+        out_names = None
+        if self.output_axes:
+            out_ndim = inputs.ndim - len(axes) + len(features)
+            out_names = _check_names(owner, "output_axes", self.output_axes, out_ndim)
+        out_spec = _explicit_spec(out_names)
+        if out_spec is not None:
+            inputs = _reshard_batch_dims(inputs, axes, out_spec)
         fp8 = fp8_call(self)
         y = dense(
             inputs,
@@ -216,10 +225,42 @@ class DenseGeneral(nn.Module):
             dtype=dtype,
             enabled=fp8.enabled,
         )
-        if self.output_axes:
-            names = _check_names(owner, "output_axes", self.output_axes, y.ndim)
-            y = nn.with_logical_constraint(y, names)
+        if out_spec is not None:
+            y = jax.sharding.reshard(y, out_spec)
+        elif out_names is not None:
+            y = nn.with_logical_constraint(y, out_names)
         return y
+
+
+def _explicit_spec(names: tuple[str | None, ...] | None) -> PartitionSpec | None:
+    """The mesh ``PartitionSpec`` of logical ``names`` under the active axis rules, when the
+    current mesh has explicit axes (``AxisType.Explicit``); ``None`` otherwise (no names, no
+    rules, or automatic axes, where ``nn.with_logical_constraint`` does the job).
+
+    With explicit axes a sharding constraint only asserts, so :class:`DenseGeneral` *makes* the
+    output's layout instead (``jax.sharding.reshard``).
+    """
+    if names is None or not nn.get_logical_axis_rules() or not explicit_mesh():
+        return None
+    return nn.logical_to_mesh_axes(names)
+
+
+def _reshard_batch_dims(x: jax.Array, axes: tuple[int, ...], out_spec: PartitionSpec) -> jax.Array:
+    """``x`` with its batch (non-contracted) dims laid out as the output's leading dims, so the
+    GEMM's rows are already where the output wants them (e.g. sequence parallelism: the
+    sequence is gathered before the column-parallel GEMM, as XLA does for a constraint under
+    automatic axes). Contracted dims keep their axes, less any the batch dims now use."""
+    spec = (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)[: x.ndim]
+    batch = [d for d in range(x.ndim) if d not in axes]
+    new = list(spec)
+    for d, entry in zip(batch, tuple(out_spec)[: len(batch)], strict=False):
+        new[d] = entry
+    used = {a for d in batch for a in entry_axes(new[d])}
+    for d in axes:
+        kept = tuple(a for a in entry_axes(new[d]) if a not in used)
+        new[d] = None if not kept else kept[0] if len(kept) == 1 else kept
+    target = PartitionSpec(*new)
+    return x if target == PartitionSpec(*spec) else jax.sharding.reshard(x, target)
 
 
 def _dim_numbers(dimension_numbers: Any) -> tuple[tuple[int, ...], ...]:

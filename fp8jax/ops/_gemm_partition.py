@@ -44,11 +44,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from fp8jax.ops import _partition
 
-__all__ = ["gemm_sharding_rule", "partitioned_gemm"]
+__all__ = ["explicit_matmul_spec", "gemm_sharding_rule", "partitioned_gemm"]
 
 
 def gemm_sharding_rule(
@@ -178,6 +178,35 @@ def partitioned_gemm(
 
     def call(a, b, a_scale_inv, b_scale_inv, bias=None, reuse=None):
         args = (a, b, a_scale_inv, b_scale_inv) + ((bias,) if has_bias else ())
-        return op(*args, *(reuse if has_reuse else ()))[0]
+        args += tuple(reuse) if has_reuse else ()
+        out_spec = _explicit_out_spec(a, b)
+        if out_spec is None:
+            return op(*args)[0]
+        # Explicit sharding: the sharding of the result is part of its type, and the rule above
+        # is the one to give it. Inside, the mesh axes are automatic, as custom_partitioning
+        # wants them; the result is typed with the sharding the rule gives it.
+        return jax.sharding.auto_axes(lambda *xs: op(*xs)[0], out_sharding=out_spec)(*args)
 
     return call
+
+
+def _explicit_out_spec(a: jax.Array, b: jax.Array) -> PartitionSpec | None:
+    """Under explicit sharding (``AxisType.Explicit``), the result's spec (see
+    :func:`explicit_matmul_spec`; ``b`` is ``[N, K]``); ``None`` otherwise."""
+    if not _partition.explicit_mesh():
+        return None
+    return explicit_matmul_spec(a, b, b_rows_are_n=True)
+
+
+def explicit_matmul_spec(a: jax.Array, b: jax.Array, *, b_rows_are_n: bool) -> PartitionSpec:
+    """The spec of ``a [M, K] . b`` under explicit sharding, as the GEMM's rule gives it: M keeps
+    ``a``'s rows' axes, N takes ``b``'s N axes not already used by M. ``b`` is ``[N, K]`` when
+    ``b_rows_are_n``, else ``[K, N]`` (e.g. for the plain ``jnp.dot`` of a disabled layer)."""
+
+    def axes(x, dim):
+        spec = (*jax.typeof(x).sharding.spec, None, None)
+        return _partition.entry_axes(spec[dim])
+
+    m = axes(a, 0)
+    n = tuple(x for x in axes(b, 0 if b_rows_are_n else 1) if x not in m)
+    return PartitionSpec(*(None if not d else d[0] if len(d) == 1 else d for d in (m, n)))

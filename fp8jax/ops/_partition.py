@@ -49,6 +49,8 @@ __all__ = [
     "batch_only",
     "batchable_call",
     "dim_axes",
+    "entry_axes",
+    "explicit_mesh",
     "factors",
     "named",
     "partitioned",
@@ -66,7 +68,8 @@ Plan = tuple[Sequence[NamedSharding], Sequence[NamedSharding], Callable[..., tup
 and the per-device function of the local blocks (the kernel, then e.g. :func:`pmax_outputs`)."""
 
 
-def _entry_axes(entry: Any) -> tuple[str, ...]:
+def entry_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one ``PartitionSpec`` entry (``None``, a name or a tuple of names)."""
     if entry is None:
         return ()
     if isinstance(entry, (tuple, list)):
@@ -85,7 +88,7 @@ def dim_axes(sharding: NamedSharding, shape: Sequence[int]) -> DimAxes:
     sizes = sharding.mesh.shape
     out = []
     for n, entry in zip(shape, spec, strict=True):
-        axes = _entry_axes(entry)
+        axes = entry_axes(entry)
         out.append(axes if n % math.prod(sizes[a] for a in axes) == 0 else ())
     return tuple(out)
 
@@ -224,6 +227,13 @@ def partitioned(
     return call
 
 
+def explicit_mesh() -> bool:
+    """Whether we trace under a mesh with explicit axes (``AxisType.Explicit``, the default of
+    ``jax.make_mesh``), where an array's sharding is part of its type."""
+    types = getattr(jax.sharding.get_abstract_mesh(), "axis_types", ())
+    return any(t == jax.sharding.AxisType.Explicit for t in types)
+
+
 def _per_device(local: Callable[..., Any]) -> Callable[..., Any]:
     """``local``, traced as the per-device body it is: under explicit sharding
     (``AxisType.Explicit``) JAX >= 0.12 traces a partition body with the explicit mesh still
@@ -232,10 +242,9 @@ def _per_device(local: Callable[..., Any]) -> Callable[..., Any]:
     a ``shard_map``; otherwise it is traced as it is."""
 
     def body(*args):
-        mesh = jax.sharding.get_abstract_mesh()
-        explicit = jax.sharding.AxisType.Explicit
-        if not any(t == explicit for t in getattr(mesh, "axis_types", ())):
+        if not explicit_mesh():
             return local(*args)
+        mesh = jax.sharding.get_abstract_mesh()
         manual = {a: jax.sharding.AxisType.Manual for a in mesh.axis_names}
         with jax.sharding.use_abstract_mesh(mesh.update_axis_types(manual)):
             return local(*args)

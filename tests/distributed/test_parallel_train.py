@@ -157,7 +157,11 @@ def _reference():
     return _REFERENCE[0]
 
 
-def _mesh(shape) -> Mesh:
+def _mesh(shape, explicit=False) -> Mesh:
+    """A ``("data", "model")`` mesh; ``explicit``: the axis types ``jax.make_mesh`` gives by
+    default (``AxisType.Explicit``: shardings are part of the types), else automatic axes."""
+    if explicit:
+        return jax.make_mesh(shape, ("data", "model"), devices=jax.devices()[:N_DEVICES])
     return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(shape), ("data", "model"))
 
 
@@ -177,10 +181,10 @@ def state_shardings(state, boxed, mesh, rules):
     )
 
 
-def _sharded_setup(mode, enabled=True, model=None):
+def _sharded_setup(mode, enabled=True, model=None, explicit=False):
     """(jitted step, sharded state, sharded batches, mesh) for ``mode``."""
     shape, rules = MODES[mode]
-    mesh = _mesh(shape)
+    mesh = _mesh(shape, explicit)
     model = model or MlpBlock(sequence_parallel=mode == "sp")
     batches = _batches()
     state, boxed = _init_state(model, batches[0][0])
@@ -199,8 +203,8 @@ def _sharded_setup(mode, enabled=True, model=None):
     return jitted, state, batches, mesh
 
 
-def _compiled_hlo(mode, enabled=True) -> str:
-    step, state, batches, mesh = _sharded_setup(mode, enabled)
+def _compiled_hlo(mode, enabled=True, explicit=False) -> str:
+    step, state, batches, mesh = _sharded_setup(mode, enabled, explicit=explicit)
     with jax.set_mesh(mesh):
         return step.lower(state, *batches[0]).compile().as_text()
 
@@ -375,6 +379,23 @@ def test_gspmd_partitioner(gspmd, mode):
     _assert_like_reference(state, losses, _reference())
     fp8, plain = _compiled_hlo(mode), _compiled_hlo(mode, enabled=False)
     assert _gather_key(fp8) == _gather_key(plain)
+    assert len(_all_reduces(fp8)) == len(_all_reduces(plain)) + 1
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_explicit_sharding_mesh(mode):
+    """The same steps on a mesh with explicit axes (``jax.make_mesh``'s default, where shardings
+    are part of the types): results as on one device; the plain model's gathers and other
+    collectives, plus one amax all-reduce."""
+    state, losses = _train(*_sharded_setup(mode, explicit=True))
+    _assert_like_reference(state, losses, _reference())
+    for leaf in jax.tree.leaves(state.fp8_meta):
+        assert leaf.sharding.spec == P()
+    fp8 = _compiled_hlo(mode, explicit=True)
+    plain = _compiled_hlo(mode, enabled=False, explicit=True)
+    assert _gather_key(fp8) == _gather_key(plain), (_gathered_shapes(fp8), _gathered_shapes(plain))
+    for op in ("all-to-all", "collective-permute", "reduce-scatter"):
+        assert count(fp8, op) == count(plain, op), op
     assert len(_all_reduces(fp8)) == len(_all_reduces(plain)) + 1
 
 
