@@ -182,3 +182,28 @@ def test_dgrad_reuses_the_forward_gather(layout):
 def test_sharding_rule_with_reuse():
     rule = gemm_partition.gemm_sharding_rule(0, 0, False, True)
     assert rule == "m k, n k, , , r0 r1, r2 r3 -> m n"
+
+
+@pytest.mark.parametrize(
+    ("a_spec", "b_spec", "out_spec"),
+    [
+        (P("data"), P("model"), P("data", "model")),  # DP x column-parallel TP
+        (P("data", "model"), P(None, "model"), P("data", None)),  # row parallel: K split, psum
+        (P("data"), P("data"), P("data", None)),  # FSDP: the weight is gathered
+    ],
+    ids=["dp_tp_column", "tp_row", "fsdp"],
+)
+def test_explicit_sharding_mode(a_spec, b_spec, out_spec):
+    """On a mesh with explicit axes (``jax.make_mesh``'s default) the GEMM's result type
+    carries the sharding its rule gives: M as ``a``'s rows, N as ``b``'s rows not used by M."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:N_DEVICES])
+    a, b = _operands(7)
+    sa, sb = jnp.float32(0.5), jnp.float32(0.25)
+    want = gemm_mod.gemm(a, b, sa, sb, out_dtype=jnp.float32)
+    with jax.set_mesh(mesh):
+        args = (jax.device_put(a, a_spec), jax.device_put(b, b_spec))
+        f = jax.jit(lambda a, b: gemm_mod.gemm(a, b, sa, sb, out_dtype=jnp.float32))
+        got = f(*args)
+        assert jax.typeof(got).sharding.spec == out_spec
+    assert got.sharding.spec == out_spec
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-7, atol=1e-6)
