@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec
 
 from fp8jax.dense import dense
 from fp8jax.flax._variables import check_float_array, fp8_call
-from fp8jax.ops._partition import entry_axes, explicit_mesh
+from fp8jax.ops import _partition
 
 __all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
 
@@ -240,7 +240,7 @@ def _explicit_spec(names: tuple[str | None, ...] | None) -> PartitionSpec | None
     With explicit axes a sharding constraint only asserts, so :class:`DenseGeneral` *makes* the
     output's layout instead (``jax.sharding.reshard``).
     """
-    if names is None or not nn.get_logical_axis_rules() or not explicit_mesh():
+    if names is None or not nn.get_logical_axis_rules() or not _partition.explicit_mesh():
         return None
     return nn.logical_to_mesh_axes(names)
 
@@ -250,17 +250,20 @@ def _reshard_batch_dims(x: jax.Array, axes: tuple[int, ...], out_spec: Partition
     GEMM's rows are already where the output wants them (e.g. sequence parallelism: the
     sequence is gathered before the column-parallel GEMM, as XLA does for a constraint under
     automatic axes). Contracted dims keep their axes, less any the batch dims now use."""
-    spec = (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)[: x.ndim]
+    current = [
+        _partition.entry_axes(e)
+        for e in (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)[: x.ndim]
+    ]
     batch = [d for d in range(x.ndim) if d not in axes]
-    new = list(spec)
+    dims = list(current)
     for d, entry in zip(batch, tuple(out_spec)[: len(batch)], strict=False):
-        new[d] = entry
-    used = {a for d in batch for a in entry_axes(new[d])}
+        dims[d] = _partition.entry_axes(entry)
+    used = {a for d in batch for a in dims[d]}
     for d in axes:
-        kept = tuple(a for a in entry_axes(new[d]) if a not in used)
-        new[d] = None if not kept else kept[0] if len(kept) == 1 else kept
-    target = PartitionSpec(*new)
-    return x if target == PartitionSpec(*spec) else jax.sharding.reshard(x, target)
+        dims[d] = tuple(a for a in dims[d] if a not in used)
+    if dims == current:
+        return x
+    return jax.sharding.reshard(x, _partition.spec(dims))
 
 
 def _dim_numbers(dimension_numbers: Any) -> tuple[tuple[int, ...], ...]:

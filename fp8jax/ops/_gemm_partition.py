@@ -179,23 +179,15 @@ def partitioned_gemm(
     def call(a, b, a_scale_inv, b_scale_inv, bias=None, reuse=None):
         args = (a, b, a_scale_inv, b_scale_inv) + ((bias,) if has_bias else ())
         args += tuple(reuse) if has_reuse else ()
-        out_spec = _explicit_out_spec(a, b)
-        if out_spec is None:
+        if not _partition.explicit_mesh():
             return op(*args)[0]
         # Explicit sharding: the sharding of the result is part of its type, and the rule above
         # is the one to give it. Inside, the mesh axes are automatic, as custom_partitioning
         # wants them; the result is typed with the sharding the rule gives it.
+        out_spec = explicit_matmul_spec(a, b, b_rows_are_n=True)
         return jax.sharding.auto_axes(lambda *xs: op(*xs)[0], out_sharding=out_spec)(*args)
 
     return call
-
-
-def _explicit_out_spec(a: jax.Array, b: jax.Array) -> PartitionSpec | None:
-    """Under explicit sharding (``AxisType.Explicit``), the result's spec (see
-    :func:`explicit_matmul_spec`; ``b`` is ``[N, K]``); ``None`` otherwise."""
-    if not _partition.explicit_mesh():
-        return None
-    return explicit_matmul_spec(a, b, b_rows_are_n=True)
 
 
 def explicit_matmul_spec(a: jax.Array, b: jax.Array, *, b_rows_are_n: bool) -> PartitionSpec:
@@ -209,4 +201,4 @@ def explicit_matmul_spec(a: jax.Array, b: jax.Array, *, b_rows_are_n: bool) -> P
 
     m = axes(a, 0)
     n = tuple(x for x in axes(b, 0 if b_rows_are_n else 1) if x not in m)
-    return PartitionSpec(*(None if not d else d[0] if len(d) == 1 else d for d in (m, n)))
+    return _partition.spec((m, n))

@@ -57,6 +57,7 @@ __all__ = [
     "pmax_outputs",
     "pmax_over",
     "result",
+    "spec",
     "splitting_axes",
 ]
 
@@ -93,11 +94,14 @@ def dim_axes(sharding: NamedSharding, shape: Sequence[int]) -> DimAxes:
     return tuple(out)
 
 
+def spec(dims: DimAxes) -> PartitionSpec:
+    """The :class:`~jax.sharding.PartitionSpec` that splits dimension ``i`` over ``dims[i]``."""
+    return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else tuple(a) for a in dims))
+
+
 def named(mesh: Mesh, dims: DimAxes) -> NamedSharding:
     """A :class:`~jax.sharding.NamedSharding` that splits dimension ``i`` over ``dims[i]``."""
-    return NamedSharding(
-        mesh, PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in dims))
-    )
+    return NamedSharding(mesh, spec(dims))
 
 
 def batch_only(dims: DimAxes, n_batch: int, ndim: int) -> DimAxes:
