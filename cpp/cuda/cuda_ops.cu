@@ -16,6 +16,7 @@
 
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
+#include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -27,15 +28,12 @@ constexpr int kMaxGridY = 65535;
 
 // ------------------------------------------------------------ conversions
 
-// Saturating RNE float -> FP8 with the sm_89+ instruction
-// (cvt.rn.satfinite.{e4m3,e5m2}x2.f32): NaN -> NaN, |x| > max (inf too) ->
-// +-max; the same contract as FloatToFp8 in fp8_numerics.h.
-template <typename F>
-__device__ __forceinline__ uint8_t CvtFp8(float v) {
-  constexpr __nv_fp8_interpretation_t kInterp =
-      F::kMantissaBits == 3 ? __NV_E4M3 : __NV_E5M2;
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kInterp));
-}
+// The element conversions (CvtFp8(x, scale): the FP8 code of x * scale;
+// F16BitsToFloatFast; FloatToF16BitsFast; DequantizeValue) are the
+// __host__ __device__ helpers of common/fp8_device_convert.h and
+// common/fp8_numerics.h, tested on the host against the CPU numerics
+// (tests/cpp). CvtFp8 takes x and scale apart because the GPU's multiply
+// drops a NaN's sign.
 
 template <WideKind W>
 __device__ __forceinline__ float LoadOne(const void* p, int64_t i) {
@@ -44,7 +42,7 @@ __device__ __forceinline__ float LoadOne(const void* p, int64_t i) {
   } else if constexpr (W == WideKind::kBF16) {
     return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
   } else {
-    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(p)[i]));
+    return F16BitsToFloatFast(static_cast<const uint16_t*>(p)[i]);
   }
 }
 
@@ -67,8 +65,8 @@ __device__ __forceinline__ void LoadEight(const void* p, int64_t i, float v[8]) 
         v[2 * k] = __uint_as_float(words[k] << 16);
         v[2 * k + 1] = __uint_as_float(words[k] & 0xFFFF0000u);
       } else {
-        v[2 * k] = __half2float(__ushort_as_half(static_cast<uint16_t>(words[k] & 0xFFFFu)));
-        v[2 * k + 1] = __half2float(__ushort_as_half(static_cast<uint16_t>(words[k] >> 16)));
+        v[2 * k] = F16BitsToFloatFast(static_cast<uint16_t>(words[k] & 0xFFFFu));
+        v[2 * k + 1] = F16BitsToFloatFast(static_cast<uint16_t>(words[k] >> 16));
       }
     }
   }
@@ -79,7 +77,7 @@ __device__ __forceinline__ uint16_t WideBits(float v) {
   if constexpr (W == WideKind::kBF16) {
     return FloatToBf16Bits(v);
   } else {
-    return __half_as_ushort(__float2half_rn(v));
+    return FloatToF16BitsFast(v);
   }
 }
 
@@ -116,7 +114,7 @@ __device__ __forceinline__ uint64_t QuantizeEight(const float v[8], float scale,
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     amax = max(amax, AbsBits(v[j]));
-    packed |= static_cast<uint64_t>(CvtFp8<F>(v[j] * scale)) << (8 * j);
+    packed |= static_cast<uint64_t>(CvtFp8<F>(v[j], scale)) << (8 * j);
   }
   return packed;
 }
@@ -193,7 +191,7 @@ __global__ void __launch_bounds__(kThreads)
          i += stride) {
       const float v = LoadOne<W>(x, base + i);
       m = max(m, AbsBits(v));
-      q[base + i] = CvtFp8<F>(v * sc);
+      q[base + i] = CvtFp8<F>(v, sc);
     }
   }
   m = BlockMaxU32(m);
@@ -257,14 +255,14 @@ __global__ void __launch_bounds__(kThreads)
       float v[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        v[j] = Fp8ToFloat<F>(static_cast<uint8_t>(packed >> (8 * j))) * si;
+        v[j] = DequantizeValue<F>(static_cast<uint8_t>(packed >> (8 * j)), si);
       }
       StoreEight<W>(out, base + c * 8, v);
     }
   } else {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per_group;
          i += stride) {
-      StoreOne<W>(out, base + i, Fp8ToFloat<F>(q[base + i]) * si);
+      StoreOne<W>(out, base + i, DequantizeValue<F>(q[base + i], si));
     }
   }
 }
@@ -387,7 +385,7 @@ __global__ void __launch_bounds__(kThreads)
       if (gr < rows && gc < cols) {
         const float v = LoadOne<W>(x, mat_base + gr * cols + gc);
         m = max(m, AbsBits(v));
-        const uint8_t code = CvtFp8<F>(v * sc);
+        const uint8_t code = CvtFp8<F>(v, sc);
         q[mat_base + gr * cols + gc] = code;
         tile[i][tx] = code;
       }
@@ -462,7 +460,8 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
 // -------------------------------------------------------- update_fp8_state
 
 // One block per state row: shift the history by one (newest at index 0),
-// reduce it, and compute the new scale. All rows in one launch.
+// reduce it, and compute the new scale. All rows in one launch. A row whose
+// observation is not finite is copied unchanged (RecordsObservation).
 __global__ void __launch_bounds__(kThreads)
     UpdateFp8StateKernel(const float* __restrict__ history, const float* __restrict__ scale,
                          const float* __restrict__ amax, const float* __restrict__ fp8_max,
@@ -471,6 +470,13 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float partial[kThreads];
   const int64_t r = blockIdx.x;
   const float a = amax[r];
+  if (!RecordsObservation(a)) {  // the same for the whole block: it returns before any barrier
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+      new_history[r * len + i] = history[r * len + i];
+    }
+    if (threadIdx.x == 0) new_scale[r] = scale[r];
+    return;
+  }
   float red = a;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
     const float v = i == 0 ? a : history[r * len + i - 1];
