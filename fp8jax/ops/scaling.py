@@ -147,7 +147,8 @@ def update_fp8_states(
 
     Returns:
       ``(new_histories, new_scales)`` of the input shapes; bit-identical to calling
-      :func:`update_fp8_state` on each state.
+      :func:`update_fp8_state` on each state. A state whose ``amaxes`` entry is NaN or +-inf is
+      returned unchanged (not recorded; see the module docstring).
     """
     op = "update_fp8_states"
     recipe = _check_recipe(op, recipe)
@@ -247,6 +248,8 @@ def update_fp8_state(
       amax: float32, shape ``()`` or ``(1,)``: this step's amax of the tensor.
       recipe: a :class:`~fp8jax.recipe.DelayedScaling`.
       backward: whether the tensor is a gradient (uses the recipe's backward format's max).
+
+    A NaN or +-inf ``amax`` is not recorded: ``amax_history`` and ``scale`` come back unchanged.
 
     >>> import jax.numpy as jnp, fp8jax
     >>> r = fp8jax.DelayedScaling(amax_history_len=3)
