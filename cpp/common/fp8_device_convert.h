@@ -55,11 +55,11 @@ FP8JAX_HD uint8_t CvtFp8(float x, float scale) {
 }
 
 // IEEE half bits -> float, exact (F16BitsToFloat): the hardware conversion,
-// with a NaN rebuilt from the bits (sign and payload kept).
+// with a NaN rebuilt from the bits (sign and payload kept, quieted).
 FP8JAX_HD float F16BitsToFloatFast(uint16_t h) {
   float v = __half2float(__ushort_as_half(h));
   if ((h & 0x7FFFu) > 0x7C00u) {
-    v = BitsToFloat((static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7F800000u |
+    v = BitsToFloat((static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7FC00000u |
                     (static_cast<uint32_t>(h & 0x3FFu) << 13));
   }
   return v;

@@ -205,11 +205,17 @@ FP8JAX_HD uint16_t FloatToF16Bits(float x) {
   return sign | static_cast<uint16_t>(RoundHalfEven(scaled));
 }
 
+// IEEE half bits -> float, exact. A NaN keeps its sign and payload and is
+// quieted (as XLA's f16 -> f32 convert does), so the amax of a float16 input
+// holding a signalling NaN has the bits of the jnp reference's.
 FP8JAX_HD float F16BitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu;
   const uint32_t man = h & 0x3FFu;
-  if (exp == 0x1Fu) return BitsToFloat(sign | 0x7F800000u | (man << 13));
+  if (exp == 0x1Fu) {
+    const uint32_t quiet = man != 0 ? 0x00400000u : 0u;
+    return BitsToFloat(sign | 0x7F800000u | quiet | (man << 13));
+  }
   if (exp == 0) {
     const float v = static_cast<float>(man) / 16777216.0f;
     return BitsToFloat(sign | FloatBits(v));

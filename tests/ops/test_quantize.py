@@ -42,7 +42,7 @@ def _check_quantize(x: np.ndarray, scale: float, fp8, scale_shape=()) -> None:
     assert s_inv.shape == amax.shape == scale_shape
     np.testing.assert_array_equal(np.asarray(s_inv), np.asarray(rs_inv))
     np.testing.assert_array_equal(np.asarray(s_inv), np.float32(1) / np.float32(scale))
-    np.testing.assert_array_equal(np.asarray(amax), np.asarray(ramax))
+    assert np.asarray(amax).tobytes() == np.asarray(ramax).tobytes()  # NaN payloads included
     np.testing.assert_array_equal(np.asarray(amax).reshape(()), _oracle_amax(x))
 
 
@@ -142,6 +142,29 @@ def test_cast_to_representable_keeps_nonfinite(fp8, wide):
     assert np.isnan(got[2:4]).all() and np.signbit(got[2:4]).tolist() == [False, True]
     fmax = float(ml_dtypes.finfo(fp8).max)
     assert got[4:].tolist() == [fmax, -fmax]  # finite overflow still saturates
+
+
+NAN_BITS = {  # signalling and quiet NaNs of both signs, with payloads
+    jnp.float32: (np.uint32, [0x7F800001, 0xFF800001, 0x7FC00001, 0xFFFFFFFF, 0x7F812345]),
+    jnp.bfloat16: (np.uint16, [0x7F81, 0xFF81, 0x7FC1, 0xFFFF, 0x7FA5]),
+    jnp.float16: (np.uint16, [0x7C01, 0xFC01, 0x7E01, 0xFFFF, 0x7D55]),
+}
+
+
+@pytest.mark.parametrize("wide", WIDE, ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("i", range(5))
+def test_quantize_nan_amax_bits_match_reference(wide, i):
+    # One NaN among finite values: amax is that NaN, with the same bits in kernel and reference.
+    uint, patterns = NAN_BITS[wide]
+    x = np.array([1.0, -3.0, 0.0, 2.0], np.float32).astype(wide)
+    x.view(uint)[2] = patterns[i]
+    for fp8 in FP8_TYPES:
+        q, _, amax = ops.quantize(jnp.asarray(x), jnp.float32(2.0), fp8)
+        rq, _, ramax = on_cpu(ops.quantize_reference, jnp.asarray(x), jnp.float32(2.0), fp8)
+        assert np.isnan(np.asarray(amax))
+        assert np.asarray(amax).tobytes() == np.asarray(ramax).tobytes()
+        assert_fp8_equal(q, rq)
+        assert_fp8_equal(q, oracle_quantize(x, 2.0, fp8))
 
 
 SHAPES = [(1,), (7,), (1023,), (4097,), (3, 5), (2, 3, 7), (2, 3, 4, 5), (0,), (4, 0)]
