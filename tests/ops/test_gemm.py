@@ -495,3 +495,21 @@ def test_gemm_reusing_bad_reuse(which, value, match):
     reuse[which] = value(w_t, x_t)
     with pytest.raises((TypeError, ValueError), match=match):
         gemm_reusing(g, w_q, jnp.float32(1), jnp.float32(1), reuse=tuple(reuse))
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize(
+    ("x_dt", "g_dt"), [(jnp.float8_e4m3fn, jnp.float8_e4m3fn), (jnp.float8_e5m2, jnp.float8_e4m3fn)]
+)
+def test_nonfinite_input_makes_a_nonfinite_gemm_row(bad, x_dt, g_dt):
+    # The point of the non-finite cast rule: one inf or NaN in an input row reaches the GEMM as a
+    # non-finite code (it used to saturate to +-max), so the row's outputs, and a loss built on
+    # them, are non-finite as in high precision. The other rows are untouched.
+    x = np.ones((3, 16), np.float32)
+    x[1, 5] = bad
+    w = np.full((4, 16), 0.5, np.float32)
+    qx, sx, _ = ops.quantize(jnp.asarray(x), jnp.float32(1.0), x_dt)
+    qw, sw, _ = ops.quantize(jnp.asarray(w), jnp.float32(1.0), g_dt)
+    y = np.asarray(ops.gemm(qx, qw, sx, sw, out_dtype=jnp.float32))
+    assert not np.isfinite(y[1]).any()
+    np.testing.assert_array_equal(y[[0, 2]], 8.0)
