@@ -6,8 +6,9 @@ Layout contract ("NT": both operands K-major, as Hopper's FP8 tensor cores want 
     out[M, N] = (f32(a) @ f32(b).T) * (a_scale_inv * b_scale_inv) (+ f32(bias)[None, :]),
     rounded once to out_dtype
 
-Numerics contract (DESIGN.md): products and sums in float32; the combined scale is applied to the
-float32 accumulator, the bias added in float32, and the result rounded once to ``out_dtype``.
+Numerics contract (the GEMM's part; the casts' is in docs/numerics.md): products and sums in
+float32; the combined scale is applied to the float32 accumulator, the bias added in float32, and
+the result rounded once to ``out_dtype``.
 ``accumulate="fast"`` (forward GEMMs) lets Hopper's tensor cores keep partial sums in their own,
 reduced-precision accumulator; ``"split"`` (dgrad and wgrad) promotes them to full float32 at
 regular intervals. On CPU both modes are the same exact-float32 XLA dot.
