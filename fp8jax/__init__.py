@@ -12,7 +12,7 @@ import importlib as _importlib
 from fp8jax import ops
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
-from fp8jax.dense import CHECKPOINT_NAMES, dense
+from fp8jax.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
 from fp8jax.ops.quantize import cast_to_representable
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from fp8jax.state import (
@@ -42,6 +42,7 @@ __all__ = [
     "is_fp8_enabled",
     "merge_observations",
     "ops",
+    "save_fp8_operands",
     "update_fp8_meta",
     "update_fp8_metas",
 ]
