@@ -76,6 +76,10 @@ class _Config(NamedTuple):
     shardings: tuple[Any, Any, Any] | None = None
     # Who is calling, for error messages ("fp8jax.dense", "DenseGeneral at 'Dense_0'", ...).
     where: str = "fp8jax.dense"
+    # dtypes of the input and the kernel as given: the casts read them directly (no convert
+    # pass to the compute dtype first) and dgrad/wgrad are produced in them.
+    x_dtype: Any = None
+    w_dtype: Any = None
 
 
 def _current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
@@ -166,15 +170,15 @@ def _dense2d_bwd(cfg: _Config, res, cts):
     g_q, g_t, g_sinv, g_amax = _cast_t(cfg, g, g_scale, cfg.bwd_dtype)
     g_q, g_t = _codes(g_q), _codes(g_t)
     # dgrad: dx[M,K] = g[M,N] @ w[K,N]^T; wgrad: dw[K,N] = x^T[K,M] @ g^T[N,M]^T.
-    # x and w were cast to the compute dtype, so their cotangents have it too.
+    # The casts read x and w in their own dtypes, so dgrad and wgrad are produced in them.
     # Under FSDP dgrad reuses the forward GEMM's gathered w_t (no second all-gather).
     fwd, bwd = cfg.fwd_dtype, cfg.bwd_dtype
     dx = gemm_codes(
         g_q, w_q, g_sinv, w_sinv,
-        dtypes=(bwd, fwd), reuse=(w_t, x_t), out_dtype=cfg.out_dtype, accumulate="split",
+        dtypes=(bwd, fwd), reuse=(w_t, x_t), out_dtype=cfg.x_dtype, accumulate="split",
     )  # fmt: skip
     dw = gemm_codes(
-        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=cfg.out_dtype, accumulate="split"
+        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=cfg.w_dtype, accumulate="split"
     )
     dbias = jnp.sum(g.astype(jnp.float32), axis=0).astype(g.dtype) if cfg.has_bias else None
     if cfg.shardings is not None:
@@ -296,8 +300,10 @@ def _dense(
         enabled = True if recipe is not None else state.enabled
     if recipe is None:
         recipe = state.recipe if state.recipe is not None else DelayedScaling()
-    x = x.astype(dtype)
-    kernel = kernel.astype(dtype)
+    if not enabled or jnp.dtype(x.dtype) not in _WIDE:
+        x = x.astype(dtype)
+    if not enabled or jnp.dtype(kernel.dtype) not in _WIDE:
+        kernel = kernel.astype(dtype)
     bias = None if bias is None else bias.astype(dtype)
     batch_axes = [a for a in range(x.ndim) if a not in axes]
     x_perm = jnp.transpose(x, (*batch_axes, *axes))
@@ -318,7 +324,9 @@ def _dense(
                 b = jax.sharding.reshard(b, PartitionSpec(out_sharding[1]))
             y2 = y2 + b
         return y2.astype(dtype).reshape(*batch_shape, *features), None
-    cfg = _make_config(recipe, dtype, b2 is not None)._replace(where=where)
+    cfg = _make_config(recipe, dtype, b2 is not None)._replace(
+        where=where, x_dtype=x2.dtype, w_dtype=w2.dtype
+    )
     if explicit_mesh():
         cfg = cfg._replace(shardings=tuple(None if v is None else jax.typeof(v).sharding
                                            for v in (x2, w2, b2)))  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -193,3 +195,35 @@ def test_bad_input():
         fp8jax.dense(x, w, None, None, Float8CurrentScaling(fp8_format=Format.E5M2), enabled=True)
     with pytest.raises(ValueError, match="probe must be float32"):
         fp8jax.dense(x, w, None, meta, RECIPE, probe=jnp.zeros(2), enabled=True)
+
+
+def test_casts_read_float32_params_directly():
+    """bfloat16 compute with float32 params: the kernel is cast to FP8 straight from float32
+    (no convert pass over the weight to bfloat16 first) and wgrad comes out in float32 (no
+    convert back); dgrad comes out in the input's dtype."""
+    k, n = 48, 80
+    x = _rand((32, k), 30).astype(jnp.bfloat16)
+    w = _rand((k, n), 31)
+
+    def loss(x, w, p):
+        y = fp8jax.dense(x, w, None, fp8jax.init_fp8_meta(RECIPE), RECIPE, probe=p,
+                         dtype=jnp.bfloat16)  # fmt: skip
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    text = jax.jit(grad).lower(x, w, jnp.zeros(3)).as_text()
+    to_bf16 = re.findall(rf"tensor<{k}x{n}xf32>\) -> tensor<{k}x{n}xbf16>", text)
+    to_f32 = re.findall(rf"tensor<{k}x{n}xbf16>\) -> tensor<{k}x{n}xf32>", text)
+    assert not to_bf16 and not to_f32
+    dx, dw, _ = grad(x, w, jnp.zeros(3))
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+    # one rounding of the float32 weight to E4M3 (not float32 -> bfloat16 -> E4M3)
+    y = fp8jax.dense(x, w, None, fp8jax.init_fp8_meta(RECIPE), RECIPE, dtype=jnp.bfloat16)
+    w_q = w.astype(jnp.float8_e4m3fn).astype(jnp.float32)
+    x_q = x.astype(jnp.float8_e4m3fn).astype(jnp.float32)
+    want = (x_q @ w_q).astype(jnp.bfloat16)
+    if jax.default_backend() == "cpu":  # exact float32 sums on CPU; a GPU sums in another order
+        np.testing.assert_array_equal(y, want)
+    else:
+        np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want, np.float32),
+                                   rtol=2e-2, atol=1e-2)  # fmt: skip
