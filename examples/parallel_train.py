@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     with fp8jax.autocast(enabled=True, recipe=recipe):
         boxed = model.init(jax.random.key(1), batch(0)[0])  # params annotated with axis names
     state = Fp8TrainState.from_variables(
-        apply_fn=model.apply, variables=nn.unbox(boxed), tx=optax.adam(args.lr)
+        apply_fn=model.apply, variables=nn.unbox(boxed), tx=optax.adam(args.lr), recipe=recipe
     )
     rules = DEFAULT_RULES
     if args.fsdp:  # embed -> data instead of replicated
@@ -138,15 +138,14 @@ def main(argv: list[str] | None = None) -> list[float]:
 
     def train_step(state, x, y):
         def loss_fn(params, probes):
-            with fp8jax.autocast(enabled=True, recipe=recipe):
-                out = model.apply(state.variables(params, probes), x)
+            out = state.apply(state.variables(params, probes), x)  # FP8 under state.recipe
             return jnp.mean((out - y) ** 2)
 
         with nn.logical_axis_rules(rules):
             loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
                 state.params, state.fp8_probe
             )
-        return state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=recipe), loss
+        return state.apply_gradients(grads=grads, probe_grads=probe_grads), loss
 
     step_fn = jax.jit(train_step, out_shardings=(shardings, replicated))
     losses = []

@@ -61,23 +61,22 @@ def training_demo(recipe: DelayedScaling) -> None:
     x = jax.random.normal(kx, (BATCH, HIDDEN), jnp.float32)
     teacher = jax.random.normal(kw, (HIDDEN, HIDDEN), jnp.float32) / HIDDEN**0.5
     y = x @ teacher + 0.01 * jax.random.normal(kn, (BATCH, HIDDEN), jnp.float32)
-    with fp8jax.autocast(enabled=True, recipe=recipe):
-        variables = layer.init(jax.random.key(2), x)
-    state = Fp8TrainState.from_variables(
-        apply_fn=layer.apply, variables=variables, tx=optax.adam(1e-2)
+    # The recipe is stated once: the state initialises, runs and updates the model with it.
+    state = Fp8TrainState.from_model(
+        layer, jax.random.key(2), x, tx=optax.adam(1e-2), recipe=recipe
     )
 
     @jax.jit
     def train_step(state: Fp8TrainState, x: jax.Array, y: jax.Array):
         def loss_fn(params, fp8_probe):
-            with fp8jax.autocast(enabled=True, recipe=recipe):
-                out = state.apply_fn(state.variables(params=params, fp8_probe=fp8_probe), x)
+            out = state.apply(state.variables(params, fp8_probe), x)  # FP8, the state's recipe
             return jnp.mean(jnp.sum((out - y) ** 2, axis=-1))  # squared error per example
 
         loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
             state.params, state.fp8_probe
         )
-        state = state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=recipe)
+        # skip_if_nonfinite: a NaN/inf batch changes nothing (params, optimizer, FP8 state)
+        state = state.apply_gradients(grads=grads, probe_grads=probe_grads, skip_if_nonfinite=True)
         return state, loss
 
     print(f"training {STEPS} jitted steps (Adam on params; FP8 state updated beside it):")

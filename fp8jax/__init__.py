@@ -2,12 +2,17 @@
 
 Importing fp8jax needs no GPU, driver or cuBLAS: the compiled kernels are registered with XLA on
 first use, for CPU always and for CUDA when JAX has a CUDA backend.
+
+``fp8jax.flax`` (the Flax modules and the train step) is imported on first access, so that
+``import fp8jax`` neither needs Flax nor pays for importing it; ``import fp8jax.flax`` works too.
 """
+
+import importlib as _importlib
 
 from fp8jax import ops
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
-from fp8jax.dense import CHECKPOINT_NAMES, dense
+from fp8jax.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
 from fp8jax.ops.quantize import cast_to_representable
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from fp8jax.state import (
@@ -37,6 +42,32 @@ __all__ = [
     "is_fp8_enabled",
     "merge_observations",
     "ops",
+    "save_fp8_operands",
     "update_fp8_meta",
     "update_fp8_metas",
 ]
+
+# Submodules imported on first attribute access (PEP 562), with the optional packages each needs
+# (the "flax" extra). Not in __all__: a star import would then import Flax.
+_LAZY_SUBMODULES = {"flax": ("flax", "optax")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        try:
+            # Importing the submodule also binds it as an attribute of this package, so this
+            # hook runs once per name.
+            return _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            missing = (e.name or "").split(".")[0]
+            if missing not in _LAZY_SUBMODULES[name]:
+                raise
+            raise ModuleNotFoundError(
+                f"fp8jax.{name} needs the {missing!r} package: pip install 'fp8jax[{name}]'",
+                name=e.name,
+            ) from e
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_SUBMODULES})

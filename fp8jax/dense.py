@@ -9,8 +9,13 @@ the kernel copy the forward GEMM gathered (on each device) rather than gather it
 
 The layer reports what it saw, one amax per role (input, kernel, output-grad), as the cotangent of
 ``probe`` (see :mod:`fp8jax.state`); ``fp8jax.update_fp8_meta`` turns that into the next step's
-state. Quantized residuals carry checkpoint names (:data:`CHECKPOINT_NAMES`) so a
-``jax.checkpoint`` policy can save them instead of recomputing them.
+state. Differentiating the layer without differentiating its probe would lose the observation
+and freeze the state, so with delayed scaling that is an error at trace time.
+
+Everything the backward pass needs (both FP8 layouts of the input and the kernel, their inverse
+scales and amaxes) carries a checkpoint name (:data:`CHECKPOINT_NAMES`), so under
+``jax.checkpoint`` the policy :data:`save_fp8_operands` keeps the FP8 operands instead of
+recomputing the casts.
 """
 
 from __future__ import annotations
@@ -29,14 +34,30 @@ from fp8jax.autocast import _current_state
 from fp8jax.ops._gemm_partition import explicit_matmul_spec
 from fp8jax.ops._partition import explicit_mesh
 from fp8jax.ops.cast_transpose import cast_transpose
-from fp8jax.ops.gemm import gemm, gemm_reusing
+from fp8jax.ops.gemm import gemm_codes
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
 from fp8jax.state import Fp8Meta
 
-__all__ = ["CHECKPOINT_NAMES", "dense"]
+__all__ = ["CHECKPOINT_NAMES", "dense", "save_fp8_operands"]
 
-#: Names of the quantized residuals, for ``jax.checkpoint_policies.save_only_these_names``.
-CHECKPOINT_NAMES: tuple[str, ...] = ("fp8jax_input_fp8", "fp8jax_kernel_fp8")
+#: Checkpoint names of everything an FP8 GEMM layer saves for its backward pass, for
+#: ``jax.checkpoint_policies.save_only_these_names``: the FP8 input and kernel in both layouts
+#: (row-wise for the forward GEMM, transposed for the backward ones), their inverse scales and
+#: their amaxes. Saving all of them means no cast is recomputed under ``jax.checkpoint``.
+CHECKPOINT_NAMES: tuple[str, ...] = (
+    "fp8jax_input_fp8",  # input, transposed (K-major for the wgrad GEMM)
+    "fp8jax_kernel_fp8",  # kernel, row-wise (the dgrad GEMM)
+    "fp8jax_input_fp8_fwd",  # input, row-wise (the forward GEMM)
+    "fp8jax_kernel_fp8_fwd",  # kernel, transposed (the forward GEMM; FSDP's gathered copy)
+    "fp8jax_scale_inv",  # inverse scales of the input and the kernel
+    "fp8jax_amax",  # amaxes of the input and the kernel (the forward observations)
+)
+
+#: A ``jax.checkpoint`` policy that saves the FP8 operands of every fp8jax GEMM (and their
+#: scales) and recomputes everything else: ``jax.checkpoint(f, policy=save_fp8_operands)`` or
+#: ``nn.remat(Block, policy=save_fp8_operands)``. A forward GEMM whose output the backward needs
+#: (e.g. the input of an activation) is recomputed from the saved FP8 operands, with no cast.
+save_fp8_operands = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)
 
 _WIDE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -53,6 +74,12 @@ class _Config(NamedTuple):
     # Under explicit sharding (AxisType.Explicit) the shardings of x, kernel and bias (2-D):
     # a custom_vjp cotangent must have its primal's type, sharding included. None otherwise.
     shardings: tuple[Any, Any, Any] | None = None
+    # Who is calling, for error messages ("fp8jax.dense", "DenseGeneral at 'Dense_0'", ...).
+    where: str = "fp8jax.dense"
+    # dtypes of the input and the kernel as given: the casts read them directly (no convert
+    # pass to the compute dtype first) and dgrad/wgrad are produced in them.
+    x_dtype: Any = None
+    w_dtype: Any = None
 
 
 def _current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
@@ -71,38 +98,88 @@ def _cast_t(cfg: _Config, x: jax.Array, scale: jax.Array, fp8_dtype: Any):
     return cast_transpose(x, scale, fp8_dtype, amax_reduction="mesh")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _dense2d(cfg: _Config, x, w, bias, scale, probe):
-    y, _ = _dense2d_fwd(cfg, x, w, bias, scale, probe)
-    return y
+def _named(x: jax.Array, i: int) -> jax.Array:
+    return checkpoint_name(x, CHECKPOINT_NAMES[i])
 
 
-def _dense2d_fwd(cfg: _Config, x, w, bias, scale, probe):
-    del probe
+def _codes(q: jax.Array) -> jax.Array:
+    return jax.lax.bitcast_convert_type(q, jnp.uint8)
+
+
+def _forward(cfg: _Config, x, w, bias, scale):
+    """The forward GEMM; returns ``(y, forward observations), residuals``.
+
+    FP8 tensors travel as their ``uint8`` codes (the GEMMs view them as FP8 on each device):
+    for every floating-point residual that the forward also uses, ``jax.checkpoint`` inserts
+    ``reduce_precision(x, finfo(x.dtype))``, which XLA applies with IEEE rules (E4M3FN codes of
+    256 and above become NaN, subnormals are flushed), so FP8 residuals would change the forward
+    pass under remat; codes are left alone. Both GEMMs that use ``w_t`` see the very same value,
+    so an FSDP gather of it is shared.
+    """
     x_q, x_t, x_sinv, x_amax = _cast_t(cfg, x, scale[0], cfg.fwd_dtype)
     w_q, w_t, w_sinv, w_amax = _cast_t(cfg, w, scale[1], cfg.fwd_dtype)
-    x_t = checkpoint_name(x_t, CHECKPOINT_NAMES[0])
-    w_q = checkpoint_name(w_q, CHECKPOINT_NAMES[1])
-    y = gemm(
+    x_t, w_q, x_q, w_t = (_named(_codes(v), i) for i, v in enumerate((x_t, w_q, x_q, w_t)))
+    x_sinv, w_sinv = _named(x_sinv, 4), _named(w_sinv, 4)
+    x_amax, w_amax = _named(x_amax, 5), _named(w_amax, 5)
+    y = gemm_codes(
         x_q, w_t, x_sinv, w_sinv,
+        dtypes=(cfg.fwd_dtype, cfg.fwd_dtype),
         out_dtype=cfg.out_dtype,
         bias=bias if cfg.has_bias else None,
         accumulate="fast",
     )  # fmt: skip
+    # What the forward saw; the output-grad role is unknown here (NaN: "not observed").
+    seen = jnp.stack([x_amax, w_amax, jnp.float32(jnp.nan)]).reshape(3)
     res = (x_t, w_q, w_t, x_sinv, w_sinv, x_amax, w_amax, scale[2])
-    return y, res
+    return (y, seen), res
 
 
-def _dense2d_bwd(cfg: _Config, res, g):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _dense2d(cfg: _Config, x, w, bias, scale, probe):
+    del probe
+    out, _ = _forward(cfg, x, w, bias, scale)
+    return out
+
+
+def _perturbed(tree: Any) -> bool:
+    return any(p.perturbed for p in jax.tree.leaves(tree))
+
+
+def _dense2d_fwd(cfg: _Config, x, w, bias, scale, probe):
+    # symbolic_zeros=True: each argument arrives as a CustomVJPPrimal that says whether it is
+    # being differentiated. The output-grad amax leaves only through the probe's cotangent.
+    if not cfg.current_scaling and not probe.perturbed and _perturbed((x, w, bias)):
+        raise ValueError(
+            f"{cfg.where}: differentiated with FP8 DelayedScaling, but not with respect to its "
+            "probe, so this step's amax observations would be dropped and the FP8 scales would "
+            "never update. Differentiate the loss with respect to the fp8_probe collection too "
+            "and fold its gradient into fp8_meta (fp8jax.flax.Fp8TrainState.apply_gradients or "
+            "update_fp8_variables; for fp8jax.dense: probe=jnp.zeros(3) and "
+            "fp8jax.update_fp8_meta). Under nn.scan, give fp8_probe a variable axis. A gradient "
+            "that must not update the state: differentiate the probe too and ignore its gradient."
+        )
+    x, w, bias, scale = jax.tree.map(lambda p: p.value, (x, w, bias, scale))
+    return _forward(cfg, x, w, bias, scale)
+
+
+def _dense2d_bwd(cfg: _Config, res, cts):
     x_t, w_q, w_t, x_sinv, w_sinv, x_amax, w_amax, g_scale = res
+    g = cts[0]
+    if isinstance(g, jax.custom_derivatives.SymbolicZero):
+        g = jnp.zeros(g.shape, g.dtype)
     g_q, g_t, g_sinv, g_amax = _cast_t(cfg, g, g_scale, cfg.bwd_dtype)
+    g_q, g_t = _codes(g_q), _codes(g_t)
     # dgrad: dx[M,K] = g[M,N] @ w[K,N]^T; wgrad: dw[K,N] = x^T[K,M] @ g^T[N,M]^T.
-    # x and w were cast to the compute dtype, so their cotangents have it too.
+    # The casts read x and w in their own dtypes, so dgrad and wgrad are produced in them.
     # Under FSDP dgrad reuses the forward GEMM's gathered w_t (no second all-gather).
-    dx = gemm_reusing(
-        g_q, w_q, g_sinv, w_sinv, reuse=(w_t, x_t), out_dtype=cfg.out_dtype, accumulate="split"
+    fwd, bwd = cfg.fwd_dtype, cfg.bwd_dtype
+    dx = gemm_codes(
+        g_q, w_q, g_sinv, w_sinv,
+        dtypes=(bwd, fwd), reuse=(w_t, x_t), out_dtype=cfg.x_dtype, accumulate="split",
+    )  # fmt: skip
+    dw = gemm_codes(
+        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=cfg.w_dtype, accumulate="split"
     )
-    dw = gemm(x_t, g_t, x_sinv, g_sinv, out_dtype=cfg.out_dtype, accumulate="split")
     dbias = jnp.sum(g.astype(jnp.float32), axis=0).astype(g.dtype) if cfg.has_bias else None
     if cfg.shardings is not None:
         dx = jax.sharding.reshard(dx, cfg.shardings[0])
@@ -113,7 +190,7 @@ def _dense2d_bwd(cfg: _Config, res, g):
     return dx, dw, dbias, jnp.zeros((3,), jnp.float32), observed
 
 
-_dense2d.defvjp(_dense2d_fwd, _dense2d_bwd)
+_dense2d.defvjp(_dense2d_fwd, _dense2d_bwd, symbolic_zeros=True)
 
 
 def _normalize_axes(axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -163,6 +240,16 @@ def dense(
     Shapes follow ``flax.linen.DenseGeneral``: ``kernel`` is ``contracted_dims + features`` and
     the result is ``x``'s remaining dims + ``features``.
 
+    Whether FP8 is on, and with which recipe: an explicit ``enabled`` decides; otherwise an
+    explicit ``recipe`` turns FP8 on (a recipe given by hand is never silently ignored);
+    otherwise the enclosing :func:`fp8jax.autocast` decides (off outside any). The recipe is the
+    one given, else the autocast's.
+
+    With :class:`~fp8jax.recipe.DelayedScaling`, differentiate with respect to ``probe`` as
+    well (its gradient is the observation that updates ``fp8_meta``): differentiating ``x``,
+    ``kernel`` or ``bias`` but not ``probe`` is a ValueError at trace time, since the state would
+    silently stop updating.
+
     Args:
       x: input, any float dtype; leading (batch) dims are kept.
       kernel: weights, shape ``[x.shape[a] for a in axis] + features``.
@@ -174,20 +261,49 @@ def dense(
         output-grad). Differentiate with respect to it to get the observation.
       axis: input axes to contract (default: the last).
       dtype: computation and output dtype (default: the promoted dtype of ``x`` and ``kernel``).
-      enabled: FP8 on/off; default: the enclosing autocast's switch. Off → a plain
-        high-precision dense with the same API.
+      enabled: FP8 on/off (see above). Off: a plain high-precision dense with the same API.
+
+    >>> import jax.numpy as jnp, fp8jax
+    >>> x, w = jnp.ones((4, 8)), jnp.full((8, 2), 0.5)
+    >>> recipe = fp8jax.DelayedScaling(amax_history_len=4)
+    >>> fp8jax.dense(x, w, None, fp8jax.init_fp8_meta(recipe), recipe).tolist()  # FP8: recipe given
+    [[4.0, 4.0], [4.0, 4.0], [4.0, 4.0], [4.0, 4.0]]
     """
+    y, _ = _dense(
+        x, kernel, bias, fp8_meta, recipe, probe=probe, axis=axis, dtype=dtype, enabled=enabled
+    )
+    return y
+
+
+def _dense(
+    x: jax.Array,
+    kernel: jax.Array,
+    bias: jax.Array | None,
+    fp8_meta: Fp8Meta | None,
+    recipe: Recipe | None,
+    *,
+    probe: jax.Array | None,
+    axis: int | Sequence[int],
+    dtype: Any,
+    enabled: bool | None,
+    where: str = "fp8jax.dense",
+) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`dense`, also returning the forward observations: ``float32[3]`` amax of (input,
+    kernel, NaN) -- NaN marks the output-grad role, which the forward cannot see -- or ``None``
+    with FP8 off. ``where`` names the caller in error messages."""
     axes = _normalize_axes(axis, getattr(x, "ndim", 0) or 1)
     if dtype is None:
         dtype = jnp.result_type(x, kernel) if hasattr(x, "dtype") else jnp.float32
     features = _check_inputs(x, kernel, bias, axes, dtype)
     state = _current_state()
     if enabled is None:
-        enabled = state.enabled
+        enabled = True if recipe is not None else state.enabled
     if recipe is None:
         recipe = state.recipe if state.recipe is not None else DelayedScaling()
-    x = x.astype(dtype)
-    kernel = kernel.astype(dtype)
+    if not enabled or jnp.dtype(x.dtype) not in _WIDE:
+        x = x.astype(dtype)
+    if not enabled or jnp.dtype(kernel.dtype) not in _WIDE:
+        kernel = kernel.astype(dtype)
     bias = None if bias is None else bias.astype(dtype)
     batch_axes = [a for a in range(x.ndim) if a not in axes]
     x_perm = jnp.transpose(x, (*batch_axes, *axes))
@@ -207,8 +323,10 @@ def dense(
             if out_sharding is not None:  # laid out as the output's columns
                 b = jax.sharding.reshard(b, PartitionSpec(out_sharding[1]))
             y2 = y2 + b
-        return y2.astype(dtype).reshape(*batch_shape, *features)
-    cfg = _make_config(recipe, dtype, b2 is not None)
+        return y2.astype(dtype).reshape(*batch_shape, *features), None
+    cfg = _make_config(recipe, dtype, b2 is not None)._replace(
+        where=where, x_dtype=x2.dtype, w_dtype=w2.dtype
+    )
     if explicit_mesh():
         cfg = cfg._replace(shardings=tuple(None if v is None else jax.typeof(v).sharding
                                            for v in (x2, w2, b2)))  # fmt: skip
@@ -217,18 +335,18 @@ def dense(
     else:
         if not isinstance(fp8_meta, Fp8Meta):
             raise TypeError(
-                "dense: DelayedScaling needs fp8_meta (an Fp8Meta with 3 roles, from "
+                f"{where}: DelayedScaling needs fp8_meta (an Fp8Meta with 3 roles, from "
                 f"fp8jax.init_fp8_meta(recipe)), got {type(fp8_meta).__name__}"
             )
         if fp8_meta.scale.shape != (3,):
-            raise ValueError(f"dense: fp8_meta must have 3 roles, got {fp8_meta.scale.shape}")
+            raise ValueError(f"{where}: fp8_meta must have 3 roles, got {fp8_meta.scale.shape}")
         scale = jax.lax.stop_gradient(fp8_meta.scale)
     if probe is None:
         probe = jnp.zeros((3,), jnp.float32)
     elif jnp.shape(probe) != (3,) or jnp.result_type(probe) != jnp.float32:
-        raise ValueError(f"dense: probe must be float32[3], got {jnp.shape(probe)}")
-    y2 = _dense2d(cfg, x2, w2, b2, scale, probe)
-    return y2.reshape(*batch_shape, *features)
+        raise ValueError(f"{where}: probe must be float32[3], got {jnp.shape(probe)}")
+    y2, seen = _dense2d(cfg, x2, w2, b2, scale, probe)
+    return y2.reshape(*batch_shape, *features), seen
 
 
 def _make_config(recipe: Recipe, dtype: Any, has_bias: bool) -> _Config:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -32,6 +34,17 @@ def _fp8(x, w, b=None, recipe=RECIPE, **kw):
     return fp8jax.dense(x, w, b, meta, recipe, enabled=True, **kw)
 
 
+def _grad(loss, argnums):
+    """Gradient of ``loss(*args, probe)`` w.r.t. ``argnums``. The probe is differentiated too
+    (delayed scaling insists, or the observation would be lost) and its gradient dropped."""
+
+    def grad(*args):
+        g = jax.grad(loss, argnums=(*argnums, len(args)))(*args, jnp.zeros(3, jnp.float32))
+        return g[:-1]
+
+    return grad
+
+
 def test_disabled_is_plain_dense():
     x, w, b = _rand((5, 7, 16), 0), _rand((16, 12), 1), _rand((12,), 2)
     y = fp8jax.dense(x, w, b, enabled=False)
@@ -55,11 +68,8 @@ def test_representable_gradients_are_tight():
     b = _rand((16,), 7)
     c = fp8jax.cast_to_representable(_rand((32, 16), 8), E5M2)  # dL/dy = c, E5M2-exact
 
-    def loss(fn, x, w, b):
-        return jnp.sum(fn(x, w, b) * c)
-
-    g = jax.grad(lambda *a: loss(_fp8, *a), argnums=(0, 1, 2))(x, w, b)
-    gr = jax.grad(lambda *a: loss(_ref, *a), argnums=(0, 1, 2))(x, w, b)
+    g = _grad(lambda x, w, b, p: jnp.sum(_fp8(x, w, b, probe=p) * c), (0, 1, 2))(x, w, b)
+    gr = jax.grad(lambda x, w, b: jnp.sum(_ref(x, w, b) * c), argnums=(0, 1, 2))(x, w, b)
     for got, want in zip(g, gr, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
@@ -75,7 +85,7 @@ def test_random_inputs_within_fp8_tolerance_forward_and_grads():
     err = float(jnp.linalg.norm(y - _ref(x, w)))
     assert err <= _normwise_bound(x, w, U_E4M3)
     c = _rand((128, 96), 11)
-    dx, dw = jax.grad(lambda x, w: jnp.sum(_fp8(x, w) * c), argnums=(0, 1))(x, w)
+    dx, dw = _grad(lambda x, w, p: jnp.sum(_fp8(x, w, probe=p) * c), (0, 1))(x, w)
     # dgrad = fl5(c) fl4(w)^T, wgrad = fl4(x)^T fl5(c): one E4M3 and one E5M2 rounding each.
     u = U_E4M3 + U_E5M2
     assert float(jnp.linalg.norm(dx - c @ w.T)) <= _normwise_bound(c, w.T, u)
@@ -159,13 +169,13 @@ def test_bf16_compute_dtype_and_jit():
 
 def test_checkpoint_names_reach_the_jaxpr():
     x, w = _rand((8, 8), 24), _rand((8, 8), 25)
-    jaxpr = str(jax.make_jaxpr(jax.grad(lambda x: jnp.sum(_fp8(x, w))))(x))
+    loss = lambda x, p: jnp.sum(_fp8(x, w, probe=p) ** 2)
+    jaxpr = str(jax.make_jaxpr(_grad(loss, (0,)))(x))
     for name in fp8jax.CHECKPOINT_NAMES:
         assert name in jaxpr
-    policy = jax.checkpoint_policies.save_only_these_names(*fp8jax.CHECKPOINT_NAMES)
-    g1 = jax.grad(jax.checkpoint(lambda x: jnp.sum(_fp8(x, w) ** 2), policy=policy))(x)
-    g2 = jax.grad(lambda x: jnp.sum(_fp8(x, w) ** 2))(x)
-    np.testing.assert_array_equal(np.asarray(g1), np.asarray(g2))
+    g1 = _grad(jax.checkpoint(loss, policy=fp8jax.save_fp8_operands), (0,))(x)
+    g2 = _grad(loss, (0,))(x)
+    jax.tree.map(np.testing.assert_array_equal, g1, g2)
 
 
 def test_bad_input():
@@ -185,3 +195,35 @@ def test_bad_input():
         fp8jax.dense(x, w, None, None, Float8CurrentScaling(fp8_format=Format.E5M2), enabled=True)
     with pytest.raises(ValueError, match="probe must be float32"):
         fp8jax.dense(x, w, None, meta, RECIPE, probe=jnp.zeros(2), enabled=True)
+
+
+def test_casts_read_float32_params_directly():
+    """bfloat16 compute with float32 params: the kernel is cast to FP8 straight from float32
+    (no convert pass over the weight to bfloat16 first) and wgrad comes out in float32 (no
+    convert back); dgrad comes out in the input's dtype."""
+    k, n = 48, 80
+    x = _rand((32, k), 30).astype(jnp.bfloat16)
+    w = _rand((k, n), 31)
+
+    def loss(x, w, p):
+        y = fp8jax.dense(x, w, None, fp8jax.init_fp8_meta(RECIPE), RECIPE, probe=p,
+                         dtype=jnp.bfloat16)  # fmt: skip
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    text = jax.jit(grad).lower(x, w, jnp.zeros(3)).as_text()
+    to_bf16 = re.findall(rf"tensor<{k}x{n}xf32>\) -> tensor<{k}x{n}xbf16>", text)
+    to_f32 = re.findall(rf"tensor<{k}x{n}xbf16>\) -> tensor<{k}x{n}xf32>", text)
+    assert not to_bf16 and not to_f32
+    dx, dw, _ = grad(x, w, jnp.zeros(3))
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+    # one rounding of the float32 weight to E4M3 (not float32 -> bfloat16 -> E4M3)
+    y = fp8jax.dense(x, w, None, fp8jax.init_fp8_meta(RECIPE), RECIPE, dtype=jnp.bfloat16)
+    w_q = w.astype(jnp.float8_e4m3fn).astype(jnp.float32)
+    x_q = x.astype(jnp.float8_e4m3fn).astype(jnp.float32)
+    want = (x_q @ w_q).astype(jnp.bfloat16)
+    if jax.default_backend() == "cpu":  # exact float32 sums on CPU; a GPU sums in another order
+        np.testing.assert_array_equal(y, want)
+    else:
+        np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want, np.float32),
+                                   rtol=2e-2, atol=1e-2)  # fmt: skip

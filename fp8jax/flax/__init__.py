@@ -6,17 +6,21 @@
 - :class:`Fp8DotGeneral`: FP8 ``dot_general`` for ``nn.Dense(dot_general_cls=Fp8DotGeneral)``.
 - :class:`Fp8Einsum`: FP8 two-operand ``jnp.einsum`` with a weight.
 - :class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`zero_probes`,
-  :func:`accumulate_gradients`: the train step (see :mod:`fp8jax.flax.train`).
+  :func:`accumulate_gradients`, :func:`all_finite`: the train step (see
+  :mod:`fp8jax.flax.train`).
+- :func:`calibrate`: FP8 scales for inference from a few forward passes.
 
 FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"``
 (:data:`FP8_META`, :data:`FP8_PROBE`), never in ``params``.
 """
 
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
+from fp8jax.flax.calibration import calibrate
 from fp8jax.flax.dense import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8Einsum
 from fp8jax.flax.train import (
     Fp8TrainState,
     accumulate_gradients,
+    all_finite,
     update_fp8_variables,
     zero_probes,
 )
@@ -30,6 +34,8 @@ __all__ = [
     "Fp8Einsum",
     "Fp8TrainState",
     "accumulate_gradients",
+    "all_finite",
+    "calibrate",
     "update_fp8_variables",
     "zero_probes",
 ]

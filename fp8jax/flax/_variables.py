@@ -11,6 +11,11 @@ A module that runs an FP8 GEMM with :class:`~fp8jax.recipe.DelayedScaling` owns,
   them by max (:func:`fp8jax.flax.update_fp8_variables`).
 
 Both are created by ``init`` inside ``fp8jax.autocast(enabled=True, recipe=DelayedScaling(...))``.
+``apply`` reads ``fp8_meta`` only: with it mutable (outside ``init``) a module raises a ValueError,
+since the state is updated from the probe gradients, never by the forward pass. With
+``fp8_probe`` mutable (what :func:`fp8jax.flax.calibrate` does) each call writes its forward
+observations into its probe. A lifted transform that does not carry either collection to the
+module is detected and named (``variable_axes``).
 
 How calls are numbered
 ----------------------
@@ -70,6 +75,34 @@ class Fp8Call(NamedTuple):
     recipe: Recipe | None  # the autocast recipe (None outside autocast)
     meta: Fp8Meta | None  # DelayedScaling state; None otherwise
     probe: jax.Array | None  # float32[3] whose gradient is this call's observation, or None
+    where: str = ""  # "DenseGeneral at 'Dense_0'", for error messages
+    record: Any = None  # calibration: call with the forward observations to store them
+
+
+def _lifted_away(module: nn.Module, collection: str) -> bool:
+    """Whether ``collection`` is in the variables of the ``init``/``apply`` being run but cannot be
+    seen by ``module``: a lifted transform between them (``nn.scan``, ``nn.vmap``, ...) does not
+    carry it (it is not in that transform's ``variable_axes``/``variable_broadcast``)."""
+    owner = _count_owner(module)
+    if owner is module or module.scope is None or owner.scope is None:
+        return False
+    if module.scope.root is owner.scope:  # no lifted transform in between
+        return False
+    if module.is_initializing():
+        return not module.is_mutable_collection(collection)
+    try:
+        outer = owner.scope.variables()
+    except Exception:  # a scope that cannot list its variables: assume nothing
+        return False
+    return collection in outer and collection not in module.variables
+
+
+def _variable_axes_hint(collection: str) -> str:
+    return (
+        f"the {collection!r} collection does not reach this module: a lifted transform around "
+        "it (nn.scan, nn.vmap, ...) does not carry it. Give both FP8 collections a variable "
+        "axis, as params has: variable_axes={'params': 0, 'fp8_meta': 0, 'fp8_probe': 0}."
+    )
 
 
 def _where(module: nn.Module) -> str:
@@ -106,9 +139,20 @@ def next_call_index(module: nn.Module) -> int:
 
 def _meta(module: nn.Module, recipe: DelayedScaling) -> Fp8Meta:
     length = recipe.amax_history_len
+    if module.is_mutable_collection(FP8_META) and not module.is_initializing():
+        raise ValueError(
+            f"{_where(module)}: apply was called with the {FP8_META!r} collection mutable, but "
+            f"nothing in the forward pass updates it: the output-gradient amax exists only in "
+            f"the backward pass. The state is updated from the gradients of the "
+            f"{FP8_PROBE!r} collection: use fp8jax.flax.Fp8TrainState (apply_gradients) or "
+            f"fp8jax.flax.update_fp8_variables. Pass {FP8_META!r} read-only (leave it out of "
+            f"mutable; with mutable=True, list the collections you mean instead)."
+        )
     present = module.has_variable(FP8_META, "amax_history") and module.has_variable(
         FP8_META, "scale"
     )
+    if not present and _lifted_away(module, FP8_META):
+        raise ValueError(f"{_where(module)}: {_variable_axes_hint(FP8_META)}")
     if not present and not module.is_mutable_collection(FP8_META):
         raise ValueError(
             f"{_where(module)}: FP8 is enabled with DelayedScaling but the {FP8_META!r} variables "
@@ -130,17 +174,28 @@ def _meta(module: nn.Module, recipe: DelayedScaling) -> Fp8Meta:
     return Fp8Meta(amax_history=hist, scale=scale)
 
 
-def _probe(module: nn.Module) -> jax.Array | None:
+def _probe(module: nn.Module) -> tuple[jax.Array | None, Any]:
+    """This call's probe (or None: no probes given), and the calibration recorder (or None)."""
     index = next_call_index(module)
     name = f"call_{index}"
+    if _lifted_away(module, FP8_PROBE):
+        raise ValueError(f"{_where(module)}: {_variable_axes_hint(FP8_PROBE)}")
     if module.has_variable(FP8_PROBE, name) or module.is_mutable_collection(FP8_PROBE):
-        probe = module.variable(FP8_PROBE, name, jnp.zeros, (_N_ROLES,), jnp.float32).value
+        var = module.variable(FP8_PROBE, name, jnp.zeros, (_N_ROLES,), jnp.float32)
+        probe = var.value
         if jnp.shape(probe) != (_N_ROLES,):
             raise ValueError(
                 f"{_where(module)}: probe {FP8_PROBE}/{name} must be float32[{_N_ROLES}], got "
                 f"shape {jnp.shape(probe)} (under nn.scan, give fp8_probe a variable axis)"
             )
-        return probe
+        record = None
+        if module.is_mutable_collection(FP8_PROBE) and not module.is_initializing():
+            # Calibration (fp8jax.flax.calibrate): apply with fp8_probe mutable stores each
+            # call's forward observations in its probe, shaped like a probe gradient.
+            def record(seen: jax.Array) -> None:
+                var.value = jnp.asarray(seen, jnp.float32).reshape(_N_ROLES)
+
+        return probe, record
     existing = [
         int(m.group(1))
         for k in module.variables.get(FP8_PROBE, {})
@@ -148,7 +203,7 @@ def _probe(module: nn.Module) -> jax.Array | None:
     ]
     if not existing or index < max(existing):
         # No probes passed at all (inference), or a number that init's trace discarded (nn.scan).
-        return None
+        return None, None
     raise ValueError(
         f"{_where(module)}: this is call number {index} of the module in this apply, but "
         f"{FP8_PROBE!r} only has probes {sorted(f'call_{i}' for i in existing)} from init. "
@@ -168,16 +223,19 @@ def fp8_call(module: nn.Module) -> Fp8Call:
     """
     recipe = get_recipe()
     if not is_fp8_enabled():
-        return Fp8Call(enabled=False, recipe=recipe, meta=None, probe=None)
+        return Fp8Call(enabled=False, recipe=recipe, meta=None, probe=None, where=_where(module))
     if isinstance(recipe, Float8CurrentScaling):
-        return Fp8Call(enabled=True, recipe=recipe, meta=None, probe=None)
+        return Fp8Call(enabled=True, recipe=recipe, meta=None, probe=None, where=_where(module))
     if not isinstance(recipe, DelayedScaling):
         raise TypeError(
             f"{_where(module)}: the autocast recipe must be DelayedScaling or "
             f"Float8CurrentScaling, got {recipe!r}"
         )
     meta = _meta(module, recipe)
-    return Fp8Call(enabled=True, recipe=recipe, meta=meta, probe=_probe(module))
+    probe, record = _probe(module)
+    return Fp8Call(
+        enabled=True, recipe=recipe, meta=meta, probe=probe, where=_where(module), record=record
+    )
 
 
 def check_float_array(owner: str, name: str, value: Any) -> jax.Array:

@@ -31,8 +31,8 @@ from flax.core import meta
 from flax.typing import Initializer
 from jax.sharding import PartitionSpec
 
-from fp8jax.dense import dense
-from fp8jax.flax._variables import check_float_array, fp8_call
+from fp8jax.dense import _dense
+from fp8jax.flax._variables import Fp8Call, check_float_array, fp8_call
 from fp8jax.ops import _partition
 
 __all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
@@ -213,23 +213,26 @@ class DenseGeneral(nn.Module):
         out_spec = _explicit_spec(out_names)
         if out_spec is not None:
             inputs = _reshard_batch_dims(inputs, axes, out_spec)
-        fp8 = fp8_call(self)
-        y = dense(
-            inputs,
-            kernel,
-            bias,
-            fp8.meta,
-            fp8.recipe,
-            probe=fp8.probe,
-            axis=axes,
-            dtype=dtype,
-            enabled=fp8.enabled,
-        )
+        y = _fp8_dense(fp8_call(self), inputs, kernel, bias, axes, dtype)
         if out_spec is not None:
             y = jax.sharding.reshard(y, out_spec)
         elif out_names is not None:
             y = nn.with_logical_constraint(y, out_names)
         return y
+
+
+def _fp8_dense(
+    fp8: Fp8Call, x: jax.Array, kernel: jax.Array, bias: Any, axes: Any, dtype: Any
+) -> jax.Array:
+    """:func:`fp8jax.dense` as this call of a module runs it (its switch, recipe, state and
+    probe); under calibration the forward observations are stored in the call's probe."""
+    y, seen = _dense(
+        x, kernel, bias, fp8.meta, fp8.recipe,
+        probe=fp8.probe, axis=axes, dtype=dtype, enabled=fp8.enabled, where=fp8.where,
+    )  # fmt: skip
+    if fp8.record is not None and seen is not None:
+        fp8.record(seen)
+    return y
 
 
 def _explicit_spec(names: tuple[str | None, ...] | None) -> PartitionSpec | None:
@@ -339,17 +342,7 @@ class Fp8DotGeneral(nn.Module):
         perm = rc_n + free
         kernel = rhs if perm == tuple(range(rhs.ndim)) else jnp.transpose(rhs, perm)
         dtype = preferred_element_type or jnp.result_type(lhs, rhs)
-        return dense(
-            lhs,
-            kernel,
-            None,
-            fp8.meta,
-            fp8.recipe,
-            probe=fp8.probe,
-            axis=lc_n,
-            dtype=dtype,
-            enabled=True,
-        )
+        return _fp8_dense(fp8, lhs, kernel, None, lc_n, dtype)
 
 
 def _normalize_one(owner: str, name: str, axis: Any, ndim: int) -> int:
@@ -472,17 +465,7 @@ class Fp8Einsum(nn.Module):
         kernel = w if perm == tuple(range(w.ndim)) else jnp.transpose(w, perm)
         axes = tuple(eq.x.index(c) for c in eq.contracted)
         dtype = preferred_element_type or jnp.result_type(x, w)
-        y = dense(
-            x,
-            kernel,
-            None,
-            fp8.meta,
-            fp8.recipe,
-            probe=fp8.probe,
-            axis=axes,
-            dtype=dtype,
-            enabled=True,
-        )
+        y = _fp8_dense(fp8, x, kernel, None, axes, dtype)
         y_labels = [c for c in eq.x if c not in eq.contracted] + eq.w_free
         out_perm = tuple(y_labels.index(c) for c in eq.out)
         return y if out_perm == tuple(range(y.ndim)) else jnp.transpose(y, out_perm)

@@ -6,8 +6,9 @@ Layout contract ("NT": both operands K-major, as Hopper's FP8 tensor cores want 
     out[M, N] = (f32(a) @ f32(b).T) * (a_scale_inv * b_scale_inv) (+ f32(bias)[None, :]),
     rounded once to out_dtype
 
-Numerics contract (DESIGN.md): products and sums in float32; the combined scale is applied to the
-float32 accumulator, the bias added in float32, and the result rounded once to ``out_dtype``.
+Numerics contract (the GEMM's part; the casts' is in docs/numerics.md): products and sums in
+float32; the combined scale is applied to the float32 accumulator, the bias added in float32, and
+the result rounded once to ``out_dtype``.
 ``accumulate="fast"`` (forward GEMMs) lets Hopper's tensor cores keep partial sums in their own,
 reduced-precision accumulator; ``"split"`` (dgrad and wgrad) promotes them to full float32 at
 regular intervals. On CPU both modes are the same exact-float32 XLA dot.
@@ -227,14 +228,31 @@ def _gemm_2d(
 
 
 @functools.cache
-def _batchable_gemm(out_dtype: np.dtype, accumulate: str) -> Any:
-    """The 2-D GEMM for one (out_dtype, accumulate), with its vmap rule."""
+def _local(codes: tuple[np.dtype, np.dtype] | None) -> Any:
+    """The per-device 2-D GEMM; with ``codes = (a_dtype, b_dtype)`` its operands are the
+    ``uint8`` codes of FP8 tensors of those dtypes, viewed as FP8 on each device."""
+    if codes is None:
+        return _gemm_2d
+
+    def from_codes(a, b, *args, **kwargs):
+        a = lax.bitcast_convert_type(a, codes[0])
+        b = lax.bitcast_convert_type(b, codes[1])
+        return _gemm_2d(a, b, *args, **kwargs)
+
+    return from_codes
+
+
+@functools.cache
+def _batchable_gemm(
+    out_dtype: np.dtype, accumulate: str, codes: tuple[np.dtype, np.dtype] | None = None
+) -> Any:
+    """The 2-D GEMM for one (out_dtype, accumulate, codes), with its vmap rule."""
 
     @jax.custom_batching.custom_vmap
     def gemm_2d(a, b, a_scale_inv, b_scale_inv, bias):
         # Partitioned under jit on a mesh (see _gemm_partition); plain _gemm_2d otherwise.
         op = _gemm_partition.partitioned_gemm(
-            _gemm_2d,
+            _local(codes),
             out_dtype,
             accumulate,
             bias is not None,
@@ -266,14 +284,16 @@ def _batchable_gemm(out_dtype: np.dtype, accumulate: str) -> Any:
 
 
 @functools.cache
-def _batchable_gemm_reuse(out_dtype: np.dtype, accumulate: str) -> Any:
+def _batchable_gemm_reuse(
+    out_dtype: np.dtype, accumulate: str, codes: tuple[np.dtype, np.dtype] | None = None
+) -> Any:
     """:func:`_batchable_gemm` (no bias) that also takes ``reuse = (w_t, x_t)``, see
     :func:`gemm_reusing`."""
 
     @jax.custom_batching.custom_vmap
     def gemm_2d(a, b, a_scale_inv, b_scale_inv, w_t, x_t):
         op = _gemm_partition.partitioned_gemm(
-            _gemm_2d,
+            _local(codes),
             out_dtype,
             accumulate,
             False,
@@ -288,10 +308,26 @@ def _batchable_gemm_reuse(out_dtype: np.dtype, accumulate: str) -> Any:
         # reuse only steers the sharding: under vmap, the plain GEMM's own batching rule.
         del axis_size, w_t, x_t
         axes = (*(0 if bt else None for bt in in_batched[:4]), None)
-        plain = _batchable_gemm(out_dtype, accumulate)
+        plain = _batchable_gemm(out_dtype, accumulate, codes)
         return jax.vmap(plain, in_axes=axes)(a, b, a_scale_inv, b_scale_inv, None), True
 
     return gemm_2d
+
+
+def _validate_reuse(b: jax.Array, reuse: Any) -> tuple[jax.Array, jax.Array]:
+    w_t = _checks.fp8_array("gemm", "reuse[0]", reuse[0])
+    x_t = _checks.array_arg("gemm", "reuse[1]", reuse[1])
+    if w_t.shape != b.shape[::-1] or w_t.dtype != b.dtype:
+        raise ValueError(
+            f"gemm: reuse[0] must be b's transpose, {b.dtype}{list(b.shape[::-1])}, got "
+            f"{w_t.dtype}{list(w_t.shape)}"
+        )
+    if x_t.ndim != 2 or x_t.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"gemm: reuse[1] must be the forward input transposed, [{b.shape[0]}, M], got "
+            f"{list(x_t.shape)}"
+        )
+    return w_t, x_t
 
 
 def gemm_reusing(
@@ -313,21 +349,46 @@ def gemm_reusing(
     a, b, a_scale_inv, b_scale_inv, out_dt, _ = _validate(
         "gemm", a, b, a_scale_inv, b_scale_inv, out_dtype, None, accumulate
     )
-    w_t = _checks.fp8_array("gemm", "reuse[0]", reuse[0])
-    x_t = _checks.array_arg("gemm", "reuse[1]", reuse[1])
-    if w_t.shape != b.shape[::-1] or w_t.dtype != b.dtype:
-        raise ValueError(
-            f"gemm: reuse[0] must be b's transpose, {b.dtype}{list(b.shape[::-1])}, got "
-            f"{w_t.dtype}{list(w_t.shape)}"
-        )
-    if x_t.ndim != 2 or x_t.shape[0] != b.shape[0]:
-        raise ValueError(
-            f"gemm: reuse[1] must be the forward input transposed, [{b.shape[0]}, M], got "
-            f"{list(x_t.shape)}"
-        )
+    w_t, x_t = _validate_reuse(b, reuse)
     _ffi.ensure_registered()
     op = _batchable_gemm_reuse(out_dt, accumulate)
     return op(a, b, a_scale_inv, b_scale_inv, w_t, x_t)
+
+
+def gemm_codes(
+    a: jax.Array,
+    b: jax.Array,
+    a_scale_inv: jax.Array,
+    b_scale_inv: jax.Array,
+    *,
+    dtypes: tuple[Any, Any],
+    out_dtype: Any = jnp.bfloat16,
+    bias: jax.Array | None = None,
+    accumulate: str = "fast",
+    reuse: tuple[jax.Array, jax.Array] | None = None,
+) -> jax.Array:
+    """:func:`gemm` (or with ``reuse``, :func:`gemm_reusing`) on the ``uint8`` codes of FP8
+    tensors: ``a``, ``b`` and ``reuse[0]`` hold codes of FP8 ``dtypes = (a_dtype, b_dtype)``
+    (``reuse[0]`` has ``b``'s), viewed as FP8 only on each device. Private to fp8jax's layers,
+    which keep their FP8 residuals as codes (see :mod:`fp8jax.dense`): the sharding machinery
+    then moves the very value the layer saved, so an FSDP gather is shared by both GEMMs."""
+    for name, v in (("a", a), ("b", b)) + ((("reuse[0]", reuse[0]),) if reuse else ()):
+        if jnp.result_type(v) != jnp.uint8:
+            raise TypeError(f"gemm_codes: {name} must hold uint8 codes, got {jnp.result_type(v)}")
+    a_dt, b_dt = (_checks.fp8_dtype_arg("gemm_codes", "dtypes", d) for d in dtypes)
+    a_view, b_view = lax.bitcast_convert_type(a, a_dt), lax.bitcast_convert_type(b, b_dt)
+    _, _, a_scale_inv, b_scale_inv, out_dt, bias = _validate(
+        "gemm", a_view, b_view, a_scale_inv, b_scale_inv, out_dtype, bias, accumulate
+    )
+    _ffi.ensure_registered()
+    codes = (np.dtype(a_dt), np.dtype(b_dt))
+    if reuse is None:
+        return _batchable_gemm(out_dt, accumulate, codes)(a, b, a_scale_inv, b_scale_inv, bias)
+    if bias is not None:
+        raise ValueError("gemm_codes: reuse (a dgrad GEMM) takes no bias")
+    _validate_reuse(b_view, (lax.bitcast_convert_type(reuse[0], b_dt), reuse[1]))
+    op = _batchable_gemm_reuse(out_dt, accumulate, codes)
+    return op(a, b, a_scale_inv, b_scale_inv, reuse[0], reuse[1])
 
 
 def gemm(

@@ -131,7 +131,7 @@ def _init_state(model, x):
         boxed = model.init(jax.random.key(0), x)
     variables = nn.unbox(boxed)
     state = Fp8TrainState.from_variables(
-        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1)
+        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1), recipe=RECIPE
     )
     return state, boxed
 

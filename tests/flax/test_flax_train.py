@@ -71,7 +71,9 @@ def test_fp8_state_is_outside_params_and_optimizer():
     variables = _init(model, x)
     assert set(variables["params"]) == {"kernel", "bias"}
     tx = optax.chain(optax.clip_by_global_norm(0.01), optax.adam(1e-2))
-    state = Fp8TrainState.from_variables(apply_fn=model.apply, variables=variables, tx=tx)
+    state = Fp8TrainState.from_variables(
+        apply_fn=model.apply, variables=variables, tx=tx, recipe=RECIPE
+    )
     plain = train_state.TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
     # Adam's state has exactly the params' structure: no entry for fp8_meta / fp8_probe
     assert jax.tree.structure(state.opt_state) == jax.tree.structure(plain.opt_state)
@@ -109,7 +111,7 @@ def test_one_state_update_launch_for_the_whole_model():
     x, y = _rand((8, 16), 2), _rand((8, 8), 3)
     variables = _init(model, x)
     state = Fp8TrainState.from_variables(
-        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1)
+        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1), recipe=RECIPE
     )
 
     def step(state, x, y):
@@ -293,7 +295,7 @@ def test_five_jitted_steps_match_a_hand_oracle():
                enumerate((1.0, 4.0, 0.5, 2.0, 0.25))]  # fmt: skip
     variables = _init(model, batches[0][0], recipe=recipe)
     state = Fp8TrainState.from_variables(
-        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.05)
+        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.05), recipe=recipe
     )
     loss = _loss_fn(model, recipe)
 
@@ -331,7 +333,7 @@ def test_jitted_step_retraces_when_the_recipe_changes():
     x, y = _rand((8, 16), 13), _rand((8, 4), 14)
     variables = _init(model, x)
     state = Fp8TrainState.from_variables(
-        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1)
+        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1), recipe=RECIPE
     )
     traces = []
 
@@ -340,10 +342,10 @@ def test_jitted_step_retraces_when_the_recipe_changes():
         traces.append(1)
         recipe = fp8jax.get_recipe()  # read while tracing: autocast is in jit's cache key
         loss = _loss_fn(model, recipe)
-        grads, probe_grads = jax.grad(loss, argnums=(0, 1))(
+        _, probe_grads = jax.grad(loss, argnums=(0, 1))(
             state.params, state.fp8_probe, state.fp8_meta, x, y
         )
-        return state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=recipe)
+        return state.replace(fp8_meta=update_fp8_variables(state.fp8_meta, probe_grads, recipe))
 
     r0, r1 = DelayedScaling(amax_history_len=4), DelayedScaling(amax_history_len=4, margin=1)
     with fp8jax.autocast(enabled=True, recipe=r0):
@@ -368,7 +370,7 @@ def test_current_scaling_has_no_state_to_update():
     recipe = Float8CurrentScaling()
     variables = _init(model, x, recipe=recipe)
     state = Fp8TrainState.from_variables(
-        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1)
+        apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1), recipe=recipe
     )
     assert state.fp8_meta == {} and state.fp8_probe == {}
     loss = _loss_fn(model, recipe)
@@ -396,7 +398,10 @@ def test_helpers_and_errors():
         update_fp8_variables(meta, {"call_0": jnp.zeros(4)}, RECIPE)
     with pytest.raises(ValueError, match="unexpected collections"):
         Fp8TrainState.from_variables(
-            apply_fn=model.apply, variables={**variables, "batch_stats": {}}, tx=optax.sgd(0.1)
-        )
+            apply_fn=model.apply, variables={**variables, "batch_stats": {}}, tx=optax.sgd(0.1),
+            recipe=RECIPE,
+        )  # fmt: skip
     with pytest.raises(ValueError, match="must hold 'params'"):
-        Fp8TrainState.from_variables(apply_fn=model.apply, variables={}, tx=optax.sgd(0.1))
+        Fp8TrainState.from_variables(
+            apply_fn=model.apply, variables={}, tx=optax.sgd(0.1), recipe=RECIPE
+        )

@@ -41,6 +41,7 @@ from fp8jax.ops.gemm import (
     _cuda_2d,
     _pad_operands,
     _reference_2d,
+    gemm_codes,
     gemm_reusing,
 )
 
@@ -495,6 +496,58 @@ def test_gemm_reusing_bad_reuse(which, value, match):
     reuse[which] = value(w_t, x_t)
     with pytest.raises((TypeError, ValueError), match=match):
         gemm_reusing(g, w_q, jnp.float32(1), jnp.float32(1), reuse=tuple(reuse))
+
+
+# ------------------------------------------------------------------ gemm_codes (layers' residuals)
+
+
+def _codes(x):
+    return jax.lax.bitcast_convert_type(x, jnp.uint8)
+
+
+def test_gemm_codes_equals_gemm():
+    """FP8 tensors given as their uint8 codes: the same GEMM, bit for bit, with and without
+    ``reuse``, with a bias, under jit and vmap."""
+    g, w_q, w_t, x_t = _dgrad_operands(60)
+    sa, sb = jnp.float32(0.25), jnp.full((1,), 3.0, jnp.float32)
+    want = ops.gemm(g, w_q, sa, sb, out_dtype=jnp.float32, accumulate="split")
+    dtypes = (E5M2, E4M3)
+    got = gemm_codes(_codes(g), _codes(w_q), sa, sb, dtypes=dtypes, out_dtype=jnp.float32,
+                     accumulate="split")  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    reused = jax.jit(
+        lambda *v: gemm_codes(*v[:4], dtypes=dtypes, reuse=v[4:], out_dtype=jnp.float32)
+    )(_codes(g), _codes(w_q), sa, sb, _codes(w_t), _codes(x_t))
+    np.testing.assert_array_equal(np.asarray(reused), np.asarray(want))
+    bias = jnp.arange(w_q.shape[0], dtype=jnp.float32)
+    with_bias = gemm_codes(_codes(g), _codes(w_q), sa, sb, dtypes=dtypes, bias=bias,
+                           out_dtype=jnp.float32)  # fmt: skip
+    np.testing.assert_array_equal(
+        np.asarray(with_bias),
+        np.asarray(ops.gemm(g, w_q, sa, sb, bias=bias, out_dtype=jnp.float32)),
+    )
+    batched = jax.vmap(lambda a: gemm_codes(a, _codes(w_q), sa, sb, dtypes=dtypes))(
+        jnp.stack([_codes(g)] * 2)
+    )
+    np.testing.assert_array_equal(np.asarray(batched[1]), np.asarray(ops.gemm(g, w_q, sa, sb)))
+
+
+def test_gemm_codes_bad_input():
+    g, w_q, w_t, x_t = _dgrad_operands(61)
+    one = jnp.float32(1)
+    with pytest.raises(TypeError, match="a must hold uint8 codes"):
+        gemm_codes(g, _codes(w_q), one, one, dtypes=(E5M2, E4M3))
+    with pytest.raises(TypeError, match="dtypes"):
+        gemm_codes(_codes(g), _codes(w_q), one, one, dtypes=(jnp.float32, E4M3))
+    with pytest.raises(TypeError, match="cannot both be float8_e5m2"):
+        gemm_codes(_codes(g), _codes(w_q), one, one, dtypes=(E5M2, E5M2))
+    with pytest.raises(ValueError, match="takes no bias"):
+        bias = jnp.zeros(w_q.shape[0], jnp.bfloat16)
+        gemm_codes(_codes(g), _codes(w_q), one, one, dtypes=(E5M2, E4M3),
+                   bias=bias, reuse=(_codes(w_t), x_t))  # fmt: skip
+    with pytest.raises(ValueError, match=r"reuse\[0\] must be b's transpose"):
+        gemm_codes(_codes(g), _codes(w_q), one, one, dtypes=(E5M2, E4M3),
+                   reuse=(_codes(w_q), x_t))  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan], ids=["inf", "-inf", "nan"])

@@ -1,0 +1,140 @@
+"""Every ```python block of README.md runs as written.
+
+How blocks relate: they don't. Each block is a complete program (its own imports, inputs and
+recipe) and runs on its own, in a fresh interpreter with the working directory set to a temporary
+folder; nothing carries over from an earlier block. That is what a reader who copies one block
+gets, so a block that leans on another's names fails here. Blocks should check what their comments
+claim (an ``assert`` or a printed value a reader can compare), and stay small: a few seconds each.
+
+A block that needs several devices says so on its first line, ``# needs 8 devices``; it then runs
+with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` and ``JAX_PLATFORMS=cpu`` (8 emulated
+CPU devices, whatever accelerator the machine has), as ``tests/distributed`` does. Other blocks run
+in this process's environment, so on a GPU machine they run on the GPU.
+
+Only fences whose info string is ``python`` (or ``py``/``python3``) are run; ``bash`` blocks are
+commands, not examples. A Python block must not hide behind another info string: the test of the
+fences below fails on any language it does not know.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+PYTHON_LANGS = ("python", "py", "python3")
+OTHER_LANGS = ("bash", "sh", "console", "text", "")  # known, not run
+DEVICES_MARKER = re.compile(r"#\s*needs\s+(\d+)\s+devices?\b")
+BLOCK_TIMEOUT_S = 300
+_FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)[^\n]*$")
+
+
+class Block(NamedTuple):
+    line: int  # 1-based line of the opening fence in README.md
+    lang: str
+    section: str  # the heading it sits under
+    code: str
+
+    @property
+    def devices(self) -> int:
+        """Devices the block asks for with a ``# needs N devices`` first line (1 otherwise)."""
+        first = self.code.lstrip("\n").split("\n", 1)[0]
+        m = DEVICES_MARKER.fullmatch(first.strip())
+        return int(m.group(1)) if m else 1
+
+
+def fenced_blocks(text: str) -> list[Block]:
+    """Every fenced code block of a Markdown text, in order (unclosed fence: ValueError)."""
+    blocks: list[Block] = []
+    section = "(top)"
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#") and not line.startswith("#!"):
+            section = line.lstrip("#").strip()
+        m = _FENCE.match(line)
+        if not m:
+            i += 1
+            continue
+        fence, lang = m.group(1), m.group(2).lower()
+        end = i + 1
+        while end < len(lines) and not lines[end].startswith(fence[0] * len(fence)):
+            end += 1
+        if end == len(lines):
+            raise ValueError(f"README.md:{i + 1}: code fence {fence}{lang} is never closed")
+        blocks.append(Block(i + 1, lang, section, "\n".join(lines[i + 1 : end]) + "\n"))
+        i = end + 1
+    return blocks
+
+
+def python_blocks() -> list[Block]:
+    return [b for b in fenced_blocks(README.read_text()) if b.lang in PYTHON_LANGS]
+
+
+def _block_id(block: Block) -> str:
+    words = re.sub(r"[^a-z0-9]+", "-", block.section.lower()).strip("-")
+    return f"L{block.line}-{words}"
+
+
+def _env(devices: int) -> dict[str, str]:
+    env = dict(os.environ)
+    if devices > 1:
+        flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+@pytest.mark.parametrize("block", python_blocks(), ids=_block_id)
+def test_readme_block_runs_as_written(block: Block, tmp_path: Path):
+    script = tmp_path / f"readme_line_{block.line}.py"
+    script.write_text(block.code)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(block.devices),
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT_S,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"README.md block at line {block.line} (section {block.section!r}, "
+            f"{block.devices} device(s)) exited with {proc.returncode}; line N of the traceback "
+            f"is README line {block.line} + N.\n--- stdout\n{proc.stdout}\n--- stderr\n"
+            f"{proc.stderr}",
+            pytrace=False,
+        )
+
+
+def test_readme_has_python_blocks_and_only_known_fences():
+    blocks = fenced_blocks(README.read_text())
+    unknown = [(b.line, b.lang) for b in blocks if b.lang not in PYTHON_LANGS + OTHER_LANGS]
+    assert not unknown, f"README.md fences with an unknown language (run or not?): {unknown}"
+    assert python_blocks(), "README.md has no ```python block: has the fence changed?"
+
+
+def test_fence_parser():
+    text = (
+        "# Title\n```bash\necho hi\n```\n## Use\n"
+        "```python\n# needs 8 devices\nimport jax\n```\n"
+        "````python\nx = '```'\n````\n"
+    )
+    blocks = fenced_blocks(text)
+    assert [(b.line, b.lang, b.section) for b in blocks] == [
+        (2, "bash", "Title"),
+        (6, "python", "Use"),
+        (10, "python", "Use"),
+    ]
+    assert blocks[1].code == "# needs 8 devices\nimport jax\n"
+    assert blocks[1].devices == 8
+    assert blocks[2].code == "x = '```'\n" and blocks[2].devices == 1
+    with pytest.raises(ValueError, match="never closed"):
+        fenced_blocks("```python\nx = 1\n")
