@@ -206,7 +206,10 @@ def test_dequantize_every_code(fp8, wide, scale_inv):
     assert_wide_equal(got, want)
     assert_wide_equal(ref, want)
     for n in (1, 7, 255):  # scalar path
-        assert_wide_equal(ops.dequantize(q[:n], si, wide), want[:n])
+        # (sliced on the host: XLA:CPU in JAX 0.12 rewrites negative E5M2 NaN codes to 0x7F
+        # when it slices an FP8 array, so q[:n] on the device would not hold the same codes)
+        part = jnp.asarray(np.asarray(q)[:n])
+        assert_wide_equal(ops.dequantize(part, si, wide), want[:n])
 
 
 @pytest.mark.parametrize("fp8", FP8_TYPES, ids=lambda t: t.__name__)
