@@ -5,8 +5,12 @@
 # pytest, scikit-build-core, nanobind and cmake (no network is needed or used). It builds fp8jax
 # in place with the CUDA extension forced on (cuBLASLt from FP8JAX_CUBLAS_ROOT, the CUDA toolkit, or
 # the nvidia-cublas wheel JAX's CUDA plugin installed in this python), runs the whole test suite on
-# the GPU (tests/ops/test_gemm.py included), runs the benchmarks (benchmarks/gemm.py included, as
-# bench/gemm.json), and writes into OUT (at most 8 files, one folder level):
+# the GPU (tests/ops/test_gemm.py included; every op test runs under both implementations, the
+# fp8jax kernel and XLA's compilation of the jnp reference, ids [kernel] and [xla]), runs the
+# benchmarks (benchmarks/gemm.py included, as bench/gemm.json; benchmarks/implementations.py
+# compares the two implementations' outputs bit for bit and times both, as
+# bench/implementations.json, and fails on a mismatch), and writes into OUT (at most 8 files,
+# one folder level):
 #
 #   env.txt             nvidia-smi, python/jax versions, JAX devices, git commit
 #   build.log           the editable build (FP8JAX_CUDA=ON)
@@ -95,6 +99,21 @@ if log.exists():
         counts[word] = counts.get(word, 0) + int(num)
     lines += ["- pytest: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
     lines += [f"- pytest last line: `{last.strip('= ')}`"]
+xml = out / "pytest.xml"
+if xml.exists():  # the op tests run once per implementation: results of each
+    import xml.etree.ElementTree as ET
+
+    per = {}
+    for case in ET.parse(xml).iter("testcase"):
+        m = re.search(r"[\[-](kernel|xla)[\]-]", case.get("name", ""))
+        if m is None:
+            continue
+        impl = m.group(1)
+        kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+        per.setdefault(impl, {}).setdefault(kind, 0)
+        per[impl][kind] += 1
+    for impl, kinds in sorted(per.items()):
+        lines += [f"- op tests under {impl}: " + ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))]
 jsons = sorted(out.glob("*.json")) + sorted((out / "bench").glob("*.json"))
 if jsons:
     lines += ["", "## Benchmarks"]

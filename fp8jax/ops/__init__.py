@@ -1,5 +1,9 @@
-"""fp8jax ops: each a pure-jnp reference beside its XLA FFI kernel binding. No Flax here."""
+"""fp8jax ops: each a pure-jnp reference beside its XLA FFI kernel binding. No Flax here.
 
+:func:`implementation` chooses, per op family, the kernel or XLA's compilation of the reference.
+"""
+
+from fp8jax.ops._implementation import get_implementation, implementation
 from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_reference
 from fp8jax.ops.gemm import gemm, gemm_reference
 from fp8jax.ops.quantize import (
@@ -19,6 +23,8 @@ __all__ = [
     "dequantize_reference",
     "gemm",
     "gemm_reference",
+    "get_implementation",
+    "implementation",
     "quantize",
     "quantize_reference",
     "update_fp8_state",

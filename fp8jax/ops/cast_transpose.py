@@ -13,14 +13,12 @@ body ``amax`` is the local block's own, as for :func:`~fp8jax.ops.quantize`.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from fp8jax import _ffi
-from fp8jax.ops import _checks, _partition
+from fp8jax.ops import _checks, _opdef
 from fp8jax.ops.quantize import quantize_reference
 
 __all__ = ["cast_transpose", "cast_transpose_reference"]
@@ -34,8 +32,37 @@ def cast_transpose_reference(
     return q, jnp.swapaxes(q, -1, -2), scale_inv, amax
 
 
+def _factors(x_ndim: int, scale_ndim: int) -> tuple[list[str], list[str]]:
+    """x splits as it is, q_t with its last two dims' splits swapped, the scale replicated."""
+    lead, s = _opdef.lead(x_ndim - 2), "s" * scale_ndim
+    return [f"{lead} m n", s], [f"{lead} m n", f"{lead} n m", s, s]
+
+
+# The op definition (fp8jax.ops._opdef): kernel call, sharding, vmap and the kernel/XLA switch.
+_CAST_TRANSPOSE = _opdef.OpDef(
+    name="cast_transpose",
+    family="cast",
+    target="fp8jax_cast_transpose",
+    reference=cast_transpose_reference,
+    outputs=lambda x, scale, *, fp8_dtype: (
+        _opdef.like(x, fp8_dtype),
+        _opdef.like(x, fp8_dtype, transpose=True),
+        _opdef.like(scale, jnp.float32),
+        _opdef.like(scale, jnp.float32),
+    ),
+    factors=_factors,
+    max_over={3: 0},  # amax: the max over all of x
+)
+_rule = _CAST_TRANSPOSE.rule  # e.g. "m n, s -> m n, n m, s, s"
+
+
 def cast_transpose(
-    x: jax.Array, scale: jax.Array, fp8_dtype: Any, *, amax_reduction: str = "split"
+    x: jax.Array,
+    scale: jax.Array,
+    fp8_dtype: Any,
+    *,
+    amax_reduction: str = "split",
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Quantizes ``x`` and also returns the transpose; ``(q, q_t, scale_inv, amax)``.
 
@@ -45,6 +72,8 @@ def cast_transpose(
       fp8_dtype: ``jnp.float8_e4m3fn`` or ``jnp.float8_e5m2``.
       amax_reduction: ``"split"`` (default) or ``"mesh"``, as for
         :func:`~fp8jax.ops.quantize`.
+      implementation: ``"kernel"`` or ``"xla"`` (:func:`cast_transpose_reference` compiled by
+        XLA); default: the enclosing :func:`fp8jax.ops.implementation` choice for ``"cast"``.
 
     Returns:
       ``q`` (``x.shape``), ``q_t`` (``x.shape[:-2] + (x.shape[-1], x.shape[-2])``), both
@@ -57,59 +86,7 @@ def cast_transpose(
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     reduction = _checks.amax_reduction_arg(op, amax_reduction)
-    _ffi.ensure_registered()
-    q, q_t, scale_inv, amax = _cast_transpose_call(x, scale, dt, reduction)
+    q, q_t, scale_inv, amax = _CAST_TRANSPOSE(
+        x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
+    )
     return q, q_t, scale_inv, amax
-
-
-# ------------------------------------------------------------------ partitioned kernel call
-# ``n_batch`` counts the leading batch dimensions that vmap added (see fp8jax.ops._partition).
-
-
-def _kernel(fp8_dtype: Any) -> Any:
-    def kernel(x, scale):
-        t_shape = (*x.shape[:-2], x.shape[-1], x.shape[-2])
-        out = (
-            _partition.result(x.shape, fp8_dtype, x),
-            _partition.result(t_shape, fp8_dtype, x, transpose=True),
-            _partition.result(scale.shape, jnp.float32, scale),
-            _partition.result(scale.shape, jnp.float32, scale),
-        )
-        call = jax.ffi.ffi_call("fp8jax_cast_transpose", out, vmap_method="broadcast_all")
-        return call(x, scale)
-
-    return kernel
-
-
-def _rule(n_batch: int, x_ndim: int, scale_ndim: int) -> str:
-    """The Shardy rule, e.g. ``"m n, s -> m n, n m, s, s"`` for a matrix and a ``(1,)`` scale."""
-    lead = _partition.factors("g", n_batch) + _partition.factors("d", x_ndim - n_batch - 2)
-    x = " ".join([*lead, "m", "n"])
-    t = " ".join([*lead, "n", "m"])
-    s = " ".join(_partition.factors("g", n_batch) + ["s"] * (scale_ndim - n_batch))
-    return f"{x}, {s} -> {x}, {t}, {s}, {s}"
-
-
-@functools.cache
-def _partitioned(fp8_dtype: Any, reduction: str, n_batch: int, x_ndim: int, scale_ndim: int) -> Any:
-    def plan(mesh, arg_shapes):
-        x, scale = arg_shapes
-        dims = _partition.dim_axes(x.sharding, x.shape)
-        xs = _partition.named(mesh, dims)
-        ts = _partition.named(mesh, (*dims[:-2], dims[-1], dims[-2]))
-        ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale.ndim))
-        amax_axes = _partition.amax_axes(mesh, dims[n_batch:], reduction)
-        local = _partition.pmax_outputs(kernel, ((), (), (), amax_axes))
-        return (xs, ss), (xs, ts, ss, ss), local
-
-    kernel = _kernel(fp8_dtype)
-    return _partition.partitioned(kernel, plan, _rule(n_batch, x_ndim, scale_ndim))
-
-
-def _op(fp8_dtype: Any, reduction: str, n_batch: int) -> Any:
-    return lambda x, s: _partitioned(fp8_dtype, reduction, n_batch, x.ndim, s.ndim)(x, s)
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _cast_transpose_call(x, scale, fp8_dtype, reduction):
-    return _partition.batchable_call(functools.partial(_op, fp8_dtype, reduction), x, scale)

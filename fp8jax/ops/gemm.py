@@ -28,6 +28,13 @@ compiled is lowered):
   (the same float32 add as the reference). XLA allocates the kernel's 32 MiB workspace as a second
   output, so the kernel allocates nothing at run time.
 
+With ``fp8jax.ops.implementation(gemm="xla")`` (or ``implementation="xla"``) the GEMM is
+:func:`gemm_reference` on every platform, jitted, and XLA batches and partitions its own dot;
+the custom partitioning and vmap rule below are the kernel path's. This op is not an
+:class:`~fp8jax.ops._opdef.OpDef`: its split is decided from both operands (M, N and K, a
+``psum`` for a split K, the FSDP reuse), its vmap folds a batch into M, and on CPU it has no
+kernel, so it keeps its own plan (``_gemm_partition``) and calls the same switch.
+
 Under :func:`jax.vmap`, a batch of ``a`` alone (``b``, scales and bias shared) folds into M: one
 GEMM of ``[B*M, K]``. Any other batching runs one GEMM per batch element (:func:`jax.lax.map`).
 
@@ -46,7 +53,7 @@ import numpy as np
 from jax import lax
 
 from fp8jax import _ffi
-from fp8jax.ops import _checks, _gemm_partition
+from fp8jax.ops import _checks, _gemm_partition, _implementation
 
 __all__ = ["gemm", "gemm_reference"]
 
@@ -56,6 +63,7 @@ PAD_MULTIPLE = 16
 WORKSPACE_BYTES = 32 * 2**20
 
 _E5M2 = jnp.dtype(jnp.float8_e5m2)
+_FAMILY = _implementation.register_family("gemm", "gemm")
 _DIMS_NT = (((1,), (1,)), ((), ()))
 
 
@@ -124,6 +132,21 @@ def _reference_2d(
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(out_dtype)
+
+
+@functools.partial(jax.jit, static_argnames="out_dtype")
+def _xla(
+    a: jax.Array,
+    b: jax.Array,
+    a_scale_inv: jax.Array,
+    b_scale_inv: jax.Array,
+    bias: jax.Array | None,
+    *,
+    out_dtype: np.dtype,
+) -> jax.Array:
+    """The ``"xla"`` implementation: the reference, which XLA batches and partitions itself
+    (its own dot sharding; a ``reuse`` hint has nothing to steer there)."""
+    return _reference_2d(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dtype)
 
 
 def gemm_reference(
@@ -339,6 +362,7 @@ def gemm_reusing(
     reuse: tuple[jax.Array, jax.Array],
     out_dtype: Any = jnp.bfloat16,
     accumulate: str = "split",
+    implementation: str | None = None,
 ) -> jax.Array:
     """:func:`gemm` for a layer's dgrad, ``a = g [M, N]``, ``b = w_q [K, N]``; equal to
     ``gemm(a, b, ...)`` in value. ``reuse = (w_t, x_t)``: the forward GEMM's ``b`` (``w_q``
@@ -350,6 +374,8 @@ def gemm_reusing(
         "gemm", a, b, a_scale_inv, b_scale_inv, out_dtype, None, accumulate
     )
     w_t, x_t = _validate_reuse(b, reuse)
+    if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
+        return _xla(a, b, a_scale_inv, b_scale_inv, None, out_dtype=out_dt)
     _ffi.ensure_registered()
     op = _batchable_gemm_reuse(out_dt, accumulate)
     return op(a, b, a_scale_inv, b_scale_inv, w_t, x_t)
@@ -366,6 +392,7 @@ def gemm_codes(
     bias: jax.Array | None = None,
     accumulate: str = "fast",
     reuse: tuple[jax.Array, jax.Array] | None = None,
+    implementation: str | None = None,
 ) -> jax.Array:
     """:func:`gemm` (or with ``reuse``, :func:`gemm_reusing`) on the ``uint8`` codes of FP8
     tensors: ``a``, ``b`` and ``reuse[0]`` hold codes of FP8 ``dtypes = (a_dtype, b_dtype)``
@@ -380,13 +407,16 @@ def gemm_codes(
     _, _, a_scale_inv, b_scale_inv, out_dt, bias = _validate(
         "gemm", a_view, b_view, a_scale_inv, b_scale_inv, out_dtype, bias, accumulate
     )
+    if reuse is not None and bias is not None:
+        raise ValueError("gemm_codes: reuse (a dgrad GEMM) takes no bias")
+    if reuse is not None:
+        _validate_reuse(b_view, (lax.bitcast_convert_type(reuse[0], b_dt), reuse[1]))
+    if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
+        return _xla(a_view, b_view, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
     _ffi.ensure_registered()
     codes = (np.dtype(a_dt), np.dtype(b_dt))
     if reuse is None:
         return _batchable_gemm(out_dt, accumulate, codes)(a, b, a_scale_inv, b_scale_inv, bias)
-    if bias is not None:
-        raise ValueError("gemm_codes: reuse (a dgrad GEMM) takes no bias")
-    _validate_reuse(b_view, (lax.bitcast_convert_type(reuse[0], b_dt), reuse[1]))
     op = _batchable_gemm_reuse(out_dt, accumulate, codes)
     return op(a, b, a_scale_inv, b_scale_inv, reuse[0], reuse[1])
 
@@ -400,6 +430,7 @@ def gemm(
     out_dtype: Any = jnp.bfloat16,
     bias: jax.Array | None = None,
     accumulate: str = "fast",
+    implementation: str | None = None,
 ) -> jax.Array:
     """FP8 GEMM: ``(f32(a) @ f32(b).T) * a_scale_inv * b_scale_inv (+ bias)`` as ``out_dtype``.
 
@@ -413,6 +444,10 @@ def gemm(
       bias: ``None`` or ``[N]`` of ``out_dtype``, added in float32 before the single rounding.
       accumulate: ``"fast"`` (forward GEMMs) or ``"split"`` (full-precision accumulation, for
         dgrad and wgrad). Only the CUDA kernel distinguishes them.
+      implementation: ``"kernel"`` (cuBLASLt on CUDA; on CPU the XLA dot either way) or
+        ``"xla"`` (:func:`gemm_reference`, XLA's own dot of the upcast operands, batched and
+        partitioned by XLA); default: the enclosing :func:`fp8jax.ops.implementation` choice
+        for ``"gemm"``.
 
     Returns:
       ``[M, N]`` array of ``out_dtype``.
@@ -429,5 +464,7 @@ def gemm(
     a, b, a_scale_inv, b_scale_inv, out_dt, bias = _validate(
         "gemm", a, b, a_scale_inv, b_scale_inv, out_dtype, bias, accumulate
     )
+    if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
+        return _xla(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
     _ffi.ensure_registered()
     return _batchable_gemm(out_dt, accumulate)(a, b, a_scale_inv, b_scale_inv, bias)

@@ -17,18 +17,19 @@ Sharding (see :mod:`fp8jax.ops._partition`): under :func:`jax.jit` on a mesh, ``
 tensor, made so by one all-reduce (``pmax``) over exactly the mesh axes that split ``x``; every
 device holds the same ``amax`` and ``scale_inv``. Inside a ``shard_map`` body the ops see only
 the local block, so ``amax`` there is the block's own (``jax.lax.pmax`` it yourself).
+
+With ``fp8jax.ops.implementation(cast="xla")`` (or ``implementation="xla"``) the references run
+instead, compiled, batched and partitioned by XLA, with the same bits.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from fp8jax import _ffi
-from fp8jax.ops import _checks, _partition
+from fp8jax.ops import _checks, _opdef
 from fp8jax.recipe import fp8_max
 
 __all__ = [
@@ -98,8 +99,39 @@ def quantize_reference(
     return q, (1.0 / scale).astype(jnp.float32), _amax(x, scale.shape)
 
 
+# The op definitions (fp8jax.ops._opdef): the kernel call, its sharding, vmap and the
+# kernel/XLA switch all follow from them. x and q keep their split, the scale is replicated, and
+# quantize's amax is the max over all of x, made global over the mesh.
+
+
+def _quantize_factors(x_ndim: int, scale_ndim: int) -> tuple[list[str], list[str]]:
+    x, s = _opdef.lead(x_ndim), "s" * scale_ndim
+    return [x, s], [x, s, s]
+
+
+_QUANTIZE = _opdef.OpDef(
+    name="quantize",
+    family="cast",
+    target="fp8jax_quantize",
+    reference=quantize_reference,
+    outputs=lambda x, scale, *, fp8_dtype: (
+        _opdef.like(x, fp8_dtype),
+        _opdef.like(scale, jnp.float32),
+        _opdef.like(scale, jnp.float32),
+    ),
+    factors=_quantize_factors,
+    max_over={2: 0},  # amax: the max over all of x
+)
+_quantize_rule = _QUANTIZE.rule  # e.g. "d0 d1, s -> d0 d1, s, s"
+
+
 def quantize(
-    x: jax.Array, scale: jax.Array, fp8_dtype: Any, *, amax_reduction: str = "split"
+    x: jax.Array,
+    scale: jax.Array,
+    fp8_dtype: Any,
+    *,
+    amax_reduction: str = "split",
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Quantizes ``x`` to FP8 with ``scale``; returns ``(q, scale_inv, amax)``.
 
@@ -110,7 +142,10 @@ def quantize(
       amax_reduction: when ``x`` is split over a mesh, the devices its ``amax`` is max-reduced
         over: ``"split"`` (default) the mesh axes that split ``x``; ``"mesh"`` all mesh axes, so
         that all such reductions in a program share one device group and XLA combines them
-        into one all-reduce. The value is the same either way.
+        into one all-reduce. The value is the same either way. (With ``"xla"``, XLA groups
+        the reduction itself, over the axes that split ``x``.)
+      implementation: ``"kernel"`` or ``"xla"`` (:func:`quantize_reference` compiled by XLA);
+        default: the enclosing :func:`fp8jax.ops.implementation` choice for ``"cast"``.
 
     Returns:
       ``q`` (``x.shape``, ``fp8_dtype``), ``scale_inv`` and ``amax`` (float32, ``scale.shape``).
@@ -126,99 +161,10 @@ def quantize(
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     reduction = _checks.amax_reduction_arg(op, amax_reduction)
-    _ffi.ensure_registered()
-    q, scale_inv, amax = _quantize_call(x, scale, dt, reduction)
+    q, scale_inv, amax = _QUANTIZE(
+        x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
+    )
     return q, scale_inv, amax
-
-
-# ------------------------------------------------------------------ partitioned kernel calls
-# ``n_batch`` counts the leading batch dimensions that vmap added (shared by every operand and
-# output); the rest of ``x`` is the tensor whose amax is taken.
-
-
-def _quantize_kernel(fp8_dtype: Any) -> Any:
-    def kernel(x, scale):
-        out = (
-            _partition.result(x.shape, fp8_dtype, x),
-            _partition.result(scale.shape, jnp.float32, scale),
-            _partition.result(scale.shape, jnp.float32, scale),
-        )
-        return jax.ffi.ffi_call("fp8jax_quantize", out, vmap_method="broadcast_all")(x, scale)
-
-    return kernel
-
-
-def _quantize_rule(n_batch: int, x_ndim: int, scale_ndim: int) -> str:
-    """The Shardy rule of the partitioned quantize, e.g. ``"d0 d1, s -> d0 d1, s, s"``."""
-    g = _partition.factors("g", n_batch)
-    x = " ".join(g + _partition.factors("d", x_ndim - n_batch))
-    s = " ".join(g + ["s"] * (scale_ndim - n_batch))
-    return f"{x}, {s} -> {x}, {s}, {s}"
-
-
-@functools.cache
-def _quantize_partitioned(
-    fp8_dtype: Any, reduction: str, n_batch: int, x_ndim: int, scale_ndim: int
-) -> Any:
-    def plan(mesh, arg_shapes):
-        x, scale = arg_shapes
-        dims = _partition.dim_axes(x.sharding, x.shape)
-        xs = _partition.named(mesh, dims)
-        ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale.ndim))
-        amax_axes = _partition.amax_axes(mesh, dims[n_batch:], reduction)
-        return (xs, ss), (xs, ss, ss), _partition.pmax_outputs(kernel, ((), (), amax_axes))
-
-    kernel = _quantize_kernel(fp8_dtype)
-    return _partition.partitioned(kernel, plan, _quantize_rule(n_batch, x_ndim, scale_ndim))
-
-
-def _quantize_op(fp8_dtype: Any, reduction: str, n_batch: int) -> Any:
-    return lambda x, s: _quantize_partitioned(fp8_dtype, reduction, n_batch, x.ndim, s.ndim)(x, s)
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _quantize_call(x, scale, fp8_dtype, reduction):
-    make = functools.partial(_quantize_op, fp8_dtype, reduction)
-    return _partition.batchable_call(make, x, scale)
-
-
-def _dequantize_kernel(out_dtype: Any) -> Any:
-    def kernel(q, scale_inv):
-        out = _partition.result(q.shape, out_dtype, q)
-        call = jax.ffi.ffi_call("fp8jax_dequantize", (out,), vmap_method="broadcast_all")
-        return call(q, scale_inv)
-
-    return kernel
-
-
-def _dequantize_rule(n_batch: int, q_ndim: int, scale_ndim: int) -> str:
-    """The Shardy rule of the partitioned dequantize, e.g. ``"d0 d1, s -> d0 d1"``."""
-    g = _partition.factors("g", n_batch)
-    q = " ".join(g + _partition.factors("d", q_ndim - n_batch))
-    s = " ".join(g + ["s"] * (scale_ndim - n_batch))
-    return f"{q}, {s} -> {q}"
-
-
-@functools.cache
-def _dequantize_partitioned(out_dtype: Any, n_batch: int, q_ndim: int, scale_ndim: int) -> Any:
-    def plan(mesh, arg_shapes):
-        q, scale_inv = arg_shapes
-        dims = _partition.dim_axes(q.sharding, q.shape)
-        qs = _partition.named(mesh, dims)
-        ss = _partition.named(mesh, _partition.batch_only(dims, n_batch, scale_inv.ndim))
-        return (qs, ss), (qs,), kernel
-
-    kernel = _dequantize_kernel(out_dtype)
-    return _partition.partitioned(kernel, plan, _dequantize_rule(n_batch, q_ndim, scale_ndim))
-
-
-def _dequantize_op(out_dtype: Any, n_batch: int) -> Any:
-    return lambda q, s: _dequantize_partitioned(out_dtype, n_batch, q.ndim, s.ndim)(q, s)
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _dequantize_call(q, scale_inv, out_dtype):
-    return _partition.batchable_call(functools.partial(_dequantize_op, out_dtype), q, scale_inv)
 
 
 # The quiet NaN of each output dtype, as bits; the sign bit is OR-ed in.
@@ -246,20 +192,41 @@ def dequantize_reference(q: jax.Array, scale_inv: jax.Array, out_dtype: Any) -> 
     return jnp.where(jnp.isnan(y), nan, y)
 
 
-def dequantize(q: jax.Array, scale_inv: jax.Array, out_dtype: Any = jnp.float32) -> jax.Array:
+def _dequantize_factors(q_ndim: int, scale_ndim: int) -> tuple[list[str], list[str]]:
+    return [_opdef.lead(q_ndim), "s" * scale_ndim], [_opdef.lead(q_ndim)]
+
+
+_DEQUANTIZE = _opdef.OpDef(
+    name="dequantize",
+    family="cast",
+    target="fp8jax_dequantize",
+    reference=dequantize_reference,
+    outputs=lambda q, scale_inv, *, out_dtype: (_opdef.like(q, out_dtype),),
+    factors=_dequantize_factors,
+)
+_dequantize_rule = _DEQUANTIZE.rule  # e.g. "d0 d1, s -> d0 d1"
+
+
+def dequantize(
+    q: jax.Array,
+    scale_inv: jax.Array,
+    out_dtype: Any = jnp.float32,
+    *,
+    implementation: str | None = None,
+) -> jax.Array:
     """Dequantizes FP8 ``q``: ``(float32(q) * scale_inv)`` rounded to ``out_dtype``.
 
     Args:
       q: ``float8_e4m3fn`` or ``float8_e5m2`` array of any rank.
       scale_inv: float32, shape ``()`` or ``(1,)``.
       out_dtype: float32, bfloat16 or float16.
+      implementation: ``"kernel"`` or ``"xla"``, as for :func:`quantize`.
     """
     op = "dequantize"
     q = _checks.fp8_array(op, "q", q)
     scale_inv = _checks.scalar_f32(op, "scale_inv", scale_inv)
     dt = _checks.wide_dtype_arg(op, "out_dtype", out_dtype)
-    _ffi.ensure_registered()
-    return _dequantize_call(q, scale_inv, dt)[0]
+    return _DEQUANTIZE(q, scale_inv, out_dtype=dt, implementation=implementation)[0]
 
 
 def cast_to_representable(x: jax.Array, fp8_dtype: Any, scale: Any = 1.0) -> jax.Array:

@@ -17,7 +17,9 @@ Exactly the order of docs/numerics.md, per tensor, after the step that observed 
    step entirely: ``scale = fn(amax_reduced, old_scale, fp8_max, recipe)``.
 
 The string algorithms run in one FFI kernel launch for any number of tensors
-(:func:`update_fp8_states`); a callable in the recipe runs as jnp (it is user Python).
+(:func:`update_fp8_states`), or, with ``fp8jax.ops.implementation(scaling="xla")``, as XLA's
+compilation of :func:`update_fp8_states_reference`; a callable in the recipe always runs as jnp
+(it is user Python).
 
 Sharding: the states are independent rows, so under :func:`jax.jit` on a mesh the kernel runs on
 each device's rows (the ``n`` dimension may be split, or replicated); the history dimension is
@@ -26,7 +28,6 @@ never split (an operand split along it is gathered first). No collective is adde
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,8 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _ffi
-from fp8jax.ops import _checks, _partition
+from fp8jax.ops import _checks, _implementation, _opdef
 from fp8jax.recipe import DelayedScaling
 
 __all__ = ["update_fp8_state", "update_fp8_states", "update_fp8_states_reference"]
@@ -101,6 +101,36 @@ def _update_all_rows(
     return new_hist, jnp.where(usable, s, scales)
 
 
+def _kernel_attrs(*, recipe: DelayedScaling) -> dict[str, np.int64]:
+    return {
+        "margin": np.int64(recipe.margin),
+        "algo": np.int64(_ALGO_CODES[recipe.amax_compute_algo]),
+    }
+
+
+# The op definition (fp8jax.ops._opdef) for the string algorithms. Operands: histories [n, L],
+# scales, amaxes, fp8_maxes [n]. The rows are independent: each device updates its own, and the
+# history dim ``l`` is never split. No collective.
+_UPDATE = _opdef.OpDef(
+    name="update_fp8_states",
+    family="scaling",
+    target="fp8jax_update_fp8_state",
+    reference=update_fp8_states_reference,
+    outputs=lambda hist, scales, amaxes, fp8_maxes, *, recipe: (
+        _opdef.like(hist, jnp.float32),
+        _opdef.like(scales, jnp.float32),
+    ),
+    factors=lambda *ndims: (["n l", "n", "n", "n"], ["n l", "n"]),
+    attrs=_kernel_attrs,
+    need_replication=("l",),
+)
+
+
+def _rule(n_batch: int) -> str:
+    """The Shardy rule, e.g. ``"n l, n, n, n -> n l, n"``."""
+    return _UPDATE.rule(n_batch, n_batch + 2, n_batch + 1, n_batch + 1, n_batch + 1)
+
+
 def _uses_kernel(recipe: DelayedScaling) -> bool:
     return isinstance(recipe.amax_compute_algo, str) and recipe.scaling_factor_compute_algo is None
 
@@ -134,6 +164,7 @@ def update_fp8_states(
     recipe: DelayedScaling,
     *,
     backward: bool | Sequence[bool] = False,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Updates ``n`` delayed-scaling states in one kernel launch.
 
@@ -144,6 +175,9 @@ def update_fp8_states(
       recipe: a :class:`~fp8jax.recipe.DelayedScaling`.
       backward: per state (or for all), whether it is a backward tensor (gradient), which picks
         the recipe's backward FP8 format for ``fp8_max`` (E5M2 under HYBRID).
+      implementation: ``"kernel"`` or ``"xla"`` (:func:`update_fp8_states_reference` compiled
+        by XLA); default: the enclosing :func:`fp8jax.ops.implementation` choice for
+        ``"scaling"``. A recipe with a callable always runs the reference.
 
     Returns:
       ``(new_histories, new_scales)`` of the input shapes; bit-identical to calling
@@ -171,6 +205,7 @@ def update_fp8_states(
             f"{op}: amaxes must have the shape of scales {scales.shape}, got {amaxes.shape}"
         )
     fp8_maxes = _fp8_maxes(op, recipe, backward, n)
+    impl = _implementation.choose(op, _UPDATE.family, implementation)
     flat_scales = jnp.reshape(scales, (n,))
     flat_amaxes = jnp.reshape(amaxes, (n,))
     if not _uses_kernel(recipe):
@@ -178,58 +213,10 @@ def update_fp8_states(
             hist, flat_scales, flat_amaxes, fp8_maxes, recipe
         )
         return new_hist, jnp.reshape(new_scales, scales.shape)
-    _ffi.ensure_registered()
-    new_hist, new_scales = _update_call(
-        hist,
-        flat_scales,
-        flat_amaxes,
-        fp8_maxes,
-        recipe.margin,
-        _ALGO_CODES[recipe.amax_compute_algo],
+    new_hist, new_scales = _UPDATE(
+        hist, flat_scales, flat_amaxes, fp8_maxes, recipe=recipe, implementation=impl
     )
     return new_hist, jnp.reshape(new_scales, scales.shape)
-
-
-# ------------------------------------------------------------------ partitioned kernel call
-# Operands: histories [*batch, n, L] and scales, amaxes, fp8_maxes [*batch, n]; ``n_batch``
-# counts the leading batch dimensions that vmap added (see fp8jax.ops._partition).
-
-
-def _kernel(margin: int, algo: int) -> Any:
-    def kernel(hist, scales, amaxes, fp8_maxes):
-        out = (
-            _partition.result(hist.shape, jnp.float32, hist),
-            _partition.result(scales.shape, jnp.float32, scales),
-        )
-        call = jax.ffi.ffi_call("fp8jax_update_fp8_state", out, vmap_method="broadcast_all")
-        return call(hist, scales, amaxes, fp8_maxes, margin=np.int64(margin), algo=np.int64(algo))
-
-    return kernel
-
-
-def _rule(n_batch: int) -> str:
-    """The Shardy rule, e.g. ``"n l, n, n, n -> n l, n"``; ``l`` (the history) needs replication."""
-    rows = " ".join([*_partition.factors("g", n_batch), "n"])
-    return f"{rows} l, {rows}, {rows}, {rows} -> {rows} l, {rows}"
-
-
-@functools.cache
-def _partitioned(margin: int, algo: int, n_batch: int) -> Any:
-    def plan(mesh, arg_shapes):
-        hist = arg_shapes[0]
-        rows = _partition.dim_axes(hist.sharding, hist.shape)[: n_batch + 1]
-        hs = _partition.named(mesh, (*rows, ()))
-        rs = _partition.named(mesh, rows)
-        return (hs, rs, rs, rs), (hs, rs), kernel
-
-    kernel = _kernel(margin, algo)
-    return _partition.partitioned(kernel, plan, _rule(n_batch), need_replication=("l",))
-
-
-@functools.partial(jax.jit, static_argnums=(4, 5))
-def _update_call(hist, scales, amaxes, fp8_maxes, margin, algo):
-    make_op = functools.partial(_partitioned, margin, algo)  # n_batch -> the op
-    return _partition.batchable_call(make_op, hist, scales, amaxes, fp8_maxes)
 
 
 def update_fp8_state(
@@ -239,6 +226,7 @@ def update_fp8_state(
     recipe: DelayedScaling,
     *,
     backward: bool = False,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Updates one tensor's delayed-scaling state; returns ``(new_amax_history, new_scale)``.
 
@@ -248,6 +236,7 @@ def update_fp8_state(
       amax: float32, shape ``()`` or ``(1,)``: this step's amax of the tensor.
       recipe: a :class:`~fp8jax.recipe.DelayedScaling`.
       backward: whether the tensor is a gradient (uses the recipe's backward format's max).
+      implementation: ``"kernel"`` or ``"xla"``, as for :func:`update_fp8_states`.
 
     A NaN or +-inf ``amax`` is not recorded: ``amax_history`` and ``scale`` come back unchanged.
 
@@ -271,11 +260,13 @@ def update_fp8_state(
     amax = _checks.scalar_f32(op, "amax", amax)
     if not isinstance(backward, (bool, np.bool_)):
         raise TypeError(f"{op}: backward must be a bool, got {backward!r}")
+    impl = _implementation.choose(op, _UPDATE.family, implementation)
     new_hist, new_scale = update_fp8_states(
         hist[None, :],
         jnp.reshape(scale, (1,)),
         jnp.reshape(amax, (1,)),
         recipe,
         backward=bool(backward),
+        implementation=impl,
     )
     return new_hist[0], jnp.reshape(new_scale, scale.shape)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _implementations import implementation_fixture, only, pytest_generate_tests  # noqa: F401
 from conftest import on_cpu, requires_cuda
 
 from fp8jax import ops
@@ -200,6 +201,7 @@ def test_gemm_empty_dims():
 # ------------------------------------------------------------------ CUDA padding
 
 
+@only("kernel")  # private helpers of the CUDA branch: no implementation switch involved
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 1), (7, 17, 33), (100, 7, 17), (16, 32, 48)])
 def test_pad_operands_keeps_the_result(m, n, k):
     # Integer-valued FP8 inputs make every float32 sum exact, so padded == unpadded bit for bit.
@@ -249,6 +251,7 @@ def _emulated_kernel(target, result_types):
     return call
 
 
+@only("kernel")
 @pytest.mark.parametrize("out", OUT, ids=OUT_IDS)
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 1), (7, 17, 33), (100, 7, 17), (16, 32, 48)])
 def test_cuda_branch_with_an_emulated_kernel(monkeypatch, m, n, k, out):
@@ -288,7 +291,7 @@ def _assert_same_computation(got, want):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_vmap_batched_a_folds_into_m():
+def test_vmap_batched_a_folds_into_m(implementation):
     rng = np.random.default_rng(11)
     a = jnp.asarray(_fp8(rng, (4, 7, 33), E4M3))
     b = jnp.asarray(_fp8(rng, (17, 33), E4M3))
@@ -299,7 +302,8 @@ def test_vmap_batched_a_folds_into_m():
     assert got.shape == (4, 7, 17)
     _assert_same_computation(got, _loop(a, b, sa, sb, bias, (1, 0, 0, 0, 0)))
     jaxpr = str(jax.make_jaxpr(f)(a))
-    assert "f8_e4m3fn[28,33]" in jaxpr  # one GEMM with M = 4 * 7
+    if implementation == "kernel":  # fp8jax's batching rule ("xla": XLA's batched dot)
+        assert "f8_e4m3fn[28,33]" in jaxpr  # one GEMM with M = 4 * 7
     assert "scan" not in jaxpr and "while" not in jaxpr
     # in_axes other than 0, and a nested vmap, fold as well.
     a_t = jnp.swapaxes(a, 0, 1)  # [7, 4, 33]
@@ -316,7 +320,7 @@ def test_vmap_batched_a_folds_into_m():
     [(0, 1, 0, 0, 0), (1, 1, 0, 0, 0), (1, 0, 1, 0, 0), (0, 0, 0, 1, 0), (1, 0, 0, 0, 1)],
     ids=["b", "a+b", "a+a_scale", "b_scale", "a+bias"],
 )
-def test_vmap_other_batching_maps_over_the_batch(axes):
+def test_vmap_other_batching_maps_over_the_batch(axes, implementation):
     rng = np.random.default_rng(sum(axes))
     size = 3
     a = jnp.asarray(_fp8(rng, (size, 7, 33) if axes[0] else (7, 33), E4M3))
@@ -330,7 +334,8 @@ def test_vmap_other_batching_maps_over_the_batch(axes):
     got = f(a, b, sa, sb, bias)
     assert got.shape == (size, 7, 17)
     _assert_same_computation(got, _loop(a, b, sa, sb, bias, axes))
-    assert "scan" in str(jax.make_jaxpr(f)(a, b, sa, sb, bias))
+    if implementation == "kernel":  # fp8jax's batching rule ("xla": XLA's batched dot)
+        assert "scan" in str(jax.make_jaxpr(f)(a, b, sa, sb, bias))
 
 
 def test_jit_matches_eager():
@@ -412,6 +417,7 @@ def test_bad_input(fn, change, exc, match):
 
 
 @requires_cuda
+@only("kernel")
 def test_gpu_hlo_calls_the_fp8_kernel():
     hlo = _compiled_hlo(jax.devices("cuda")[0])
     assert "fp8jax_gemm" in hlo, "the CUDA path must call the cuBLASLt kernel, not an XLA dot"

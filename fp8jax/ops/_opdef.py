@@ -1,0 +1,230 @@
+"""One definition per op: :class:`OpDef` turns a declaration into a callable op.
+
+An fp8jax op is its ``jnp`` reference, one FFI custom call, and a statement of how the call is
+split over a device mesh. An :class:`OpDef` holds exactly that, and does the rest for every op:
+
+* builds the ``jax.ffi.ffi_call`` (result types under explicit sharding included);
+* derives the Shardy rule and the partitioning plan from the op's *factors* (one name per
+  operand and output dimension, as in a Shardy rule; the same name means the same split), wraps
+  the call in ``custom_partitioning`` (:func:`fp8jax.ops._partition.partitioned`) and makes each
+  ``max_over`` output (an amax) global with one ``pmax`` over the mesh axes that split the
+  operand it is the max of;
+* adds vmap (:func:`fp8jax.ops._partition.batchable_call`: a vmapped call gets one more
+  leading batch dimension, shared by every operand and output, factors ``g0 g1 ...``);
+* jits the whole under the op's name, the op's static parameters marked static;
+* runs the kernel or, when the family's implementation is ``"xla"``
+  (:mod:`fp8jax.ops._implementation`), the jitted reference instead, which XLA fuses, batches
+  and partitions itself.
+
+Example, a complete op (``cast_transpose``; validation lives in the public function)::
+
+    CAST_TRANSPOSE = OpDef(
+        name="cast_transpose",
+        family="cast",
+        target="fp8jax_cast_transpose",            # the C++/CUDA handlers' name
+        reference=cast_transpose_reference,        # (x, scale, *, fp8_dtype) -> outputs
+        outputs=lambda x, scale, *, fp8_dtype: (
+            like(x, fp8_dtype), like(x, fp8_dtype, transpose=True),
+            like(scale, jnp.float32), like(scale, jnp.float32),
+        ),
+        factors=_factors,   # (x_ndim, scale_ndim) -> (operands, outputs), e.g. for a matrix
+                            # and a (1,) scale: (["m n", "s"], ["m n", "n m", "s", "s"])
+        max_over={3: 0},                           # output 3 is the max over operand 0
+    )
+    q, q_t, scale_inv, amax = CAST_TRANSPOSE(x, scale, fp8_dtype=dt, amax_reduction="split")
+
+The plan reads the first operand's sharding: every factor keeps the mesh axes that split it
+there (``()`` when it does not occur there or is in ``need_replication``), and every operand and
+output is split accordingly. This covers every elementwise, transposing and row-wise op; an op
+whose split is decided otherwise (the GEMM, see ``_gemm_partition``) writes its own plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from fp8jax import _ffi
+from fp8jax.ops import _implementation, _partition
+
+__all__ = ["OpDef", "lead", "like"]
+
+Factors = str | Sequence[str]
+"""One array's factors: a space-separated string (``"m n"``) or a sequence of names."""
+
+
+def like(
+    operand: jax.Array,
+    dtype: Any,
+    *,
+    shape: Sequence[int] | None = None,
+    transpose: bool = False,
+) -> jax.ShapeDtypeStruct:
+    """The type of an output laid out like ``operand``: its shape (last two dims swapped when
+    ``transpose``; or ``shape``) with ``dtype``; under explicit sharding it carries
+    ``operand``'s sharding, swapped likewise (see :func:`fp8jax.ops._partition.result`)."""
+    if shape is None:
+        shape = operand.shape
+        if transpose:
+            shape = (*shape[:-2], shape[-1], shape[-2])
+    return _partition.result(tuple(shape), dtype, operand, transpose=transpose)
+
+
+def lead(ndim: int, prefix: str = "d") -> str:
+    """Distinct factors ``d0 d1 ...`` for ``ndim`` dims (``""`` for none)."""
+    return " ".join(_partition.factors(prefix, ndim))
+
+
+def _names(spec: Factors) -> tuple[str, ...]:
+    return tuple(spec.split()) if isinstance(spec, str) else tuple(spec)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class OpDef:
+    """The declaration of one op (see the module docstring).
+
+    Attributes:
+      name: the public name, used in error messages and as the jitted function's name.
+      family: the implementation switch family (``"cast"``, ``"scaling"``, ...); registered
+        with :mod:`fp8jax.ops._implementation` on construction.
+      target: the FFI target the C++ and CUDA handlers are registered under.
+      reference: ``(*operands, **params) -> output or tuple of outputs`` in ``jnp``: the
+        definition of the op's numerics and its ``"xla"`` implementation.
+      outputs: ``(*operands, **params) -> tuple of jax.ShapeDtypeStruct``, usually built with
+        :func:`like`; called with the per-device blocks when partitioned.
+      factors: ``(*ndims) -> (operand factors, output factors)``, one :data:`Factors` per
+        operand and output, given the operands' ranks (without vmap's batch dims). Factor names
+        ``g0``, ``g1``, ... are reserved for those batch dims.
+      attrs: ``(**params) -> dict`` of FFI attributes (e.g. ``np.int64`` values); none if
+        ``None``.
+      max_over: ``{output index: operand index}``: that output is a max over the whole operand
+        (an amax), all-reduced with ``pmax`` over the mesh axes that split the operand (or the
+        whole mesh, when called with ``amax_reduction="mesh"``).
+      need_replication: factors that are never split (their dims are gathered first).
+    """
+
+    name: str
+    family: str
+    target: str
+    reference: Callable[..., Any]
+    outputs: Callable[..., Sequence[jax.ShapeDtypeStruct]]
+    factors: Callable[..., tuple[Sequence[Factors], Sequence[Factors]]]
+    attrs: Callable[..., Mapping[str, Any]] | None = None
+    max_over: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    need_replication: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _implementation.register_family(self.family, self.name)
+
+        def run(params, reduction, impl, *operands):
+            if impl == "xla":
+                outs = self.reference(*operands, **dict(params))
+                return tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+            make = functools.partial(_batched, self, params, reduction)
+            return _partition.batchable_call(make, *operands)
+
+        run.__name__ = run.__qualname__ = self.name
+        object.__setattr__(self, "_jitted", jax.jit(run, static_argnums=(0, 1, 2)))
+
+    def rule(self, n_batch: int, *ndims: int) -> str:
+        """The Shardy rule for operands of ranks ``ndims`` whose ``n_batch`` leading dims are
+        vmap's, e.g. ``"d0 d1, s -> d0 d1, s, s"``."""
+        ins, outs = self._specs(n_batch, ndims)
+        return f"{', '.join(map(' '.join, ins))} -> {', '.join(map(' '.join, outs))}"
+
+    def __call__(
+        self,
+        *operands: jax.Array,
+        implementation: str | None = None,
+        amax_reduction: str = "split",
+        **params: Any,
+    ) -> tuple[jax.Array, ...]:
+        """Runs the op on validated ``operands`` with static ``params``; returns all outputs.
+
+        ``implementation`` is the caller's ``implementation=`` argument (``None``: the
+        enclosing :func:`fp8jax.ops.implementation` choice for this op's family).
+        """
+        impl = _implementation.choose(self.name, self.family, implementation)
+        if impl == "kernel":
+            _ffi.ensure_registered()
+        else:
+            amax_reduction = "split"  # XLA groups its own reductions; one cache entry
+        key = tuple(sorted(params.items()))
+        return self._jitted(key, amax_reduction, impl, *operands)  # type: ignore[attr-defined]
+
+    def _specs(
+        self, n_batch: int, ndims: Sequence[int]
+    ) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+        """Each operand's and output's factors, vmap's batch factors in front."""
+        ins, outs = self.factors(*(n - n_batch for n in ndims))
+        batch = tuple(_partition.factors("g", n_batch))
+        ins = [batch + _names(s) for s in ins]
+        outs = [batch + _names(s) for s in outs]
+        for i, (spec, n) in enumerate(zip(ins, ndims, strict=True)):
+            if len(spec) != n:
+                raise ValueError(
+                    f"{self.name}: factors give operand {i} {len(spec)} dims, it has {n}"
+                )
+        return ins, outs
+
+
+def _kernel(op: OpDef, params: tuple[tuple[str, Any], ...]) -> Callable[..., tuple[Any, ...]]:
+    """The bare FFI call, arrays in, tuple of arrays out."""
+    kw = dict(params)
+    attrs = dict(op.attrs(**kw)) if op.attrs is not None else {}
+
+    def kernel(*operands):
+        out = tuple(op.outputs(*operands, **kw))
+        call = jax.ffi.ffi_call(op.target, out, vmap_method="broadcast_all")
+        return tuple(call(*operands, **attrs))
+
+    return kernel
+
+
+@functools.cache
+def _partitioned(
+    op: OpDef,
+    params: tuple[tuple[str, Any], ...],
+    reduction: str,
+    n_batch: int,
+    ndims: tuple[int, ...],
+) -> Callable[..., tuple[Any, ...]]:
+    """The kernel wrapped in ``custom_partitioning`` with the plan its factors imply. Cached, so
+    a jit cache sees one partitioned function per configuration."""
+    ins, outs = op._specs(n_batch, ndims)
+    batch = set(_partition.factors("g", n_batch))
+    kernel = _kernel(op, params)
+
+    def plan(mesh, arg_shapes):
+        first = arg_shapes[0]
+        dims = _partition.dim_axes(first.sharding, first.shape)
+        axes = {f: a for f, a in zip(ins[0], dims, strict=True) if f not in op.need_replication}
+
+        def split(spec):
+            return _partition.named(mesh, tuple(axes.get(f, ()) for f in spec))
+
+        pmax = [()] * len(outs)
+        for o, i in op.max_over.items():
+            tensor = tuple(axes.get(f, ()) for f in ins[i] if f not in batch)
+            pmax[o] = _partition.amax_axes(mesh, tensor, reduction)
+        local = _partition.pmax_outputs(kernel, pmax) if op.max_over else kernel
+        return [split(s) for s in ins], [split(s) for s in outs], local
+
+    rule = op.rule(n_batch, *ndims)
+    return _partition.partitioned(kernel, plan, rule, need_replication=op.need_replication)
+
+
+def _batched(
+    op: OpDef, params: tuple[tuple[str, Any], ...], reduction: str, n_batch: int
+) -> Callable[..., tuple[Any, ...]]:
+    """The op for operands with ``n_batch`` leading vmap dims (what ``batchable_call`` wants)."""
+
+    def call(*operands):
+        ndims = tuple(x.ndim for x in operands)
+        return _partitioned(op, params, reduction, n_batch, ndims)(*operands)
+
+    return call

@@ -1,0 +1,41 @@
+"""One parametrisation for every op test: each test runs once per implementation.
+
+A test module opts in with::
+
+    from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
+
+Then every test in it runs under ``fp8jax.ops.implementation("kernel")`` and again under
+``"xla"`` (ids ``[kernel]`` / ``[xla]``); a test that takes an ``implementation`` argument gets
+the name. A test of the kernel path's own machinery (its batching rule, the emulated CUDA
+branch) pins one with ``@only("kernel")``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fp8jax import ops
+
+IMPLEMENTATIONS = ("kernel", "xla")
+
+
+def only(*implementations: str):
+    """Runs the decorated test under these implementations only."""
+    return pytest.mark.parametrize("implementation", implementations, indirect=True)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "implementation" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        if mark.args and mark.args[0] == "implementation":
+            return  # pinned with only(...)
+    metafunc.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
+
+
+@pytest.fixture(name="implementation", autouse=True)
+def implementation_fixture(request: pytest.FixtureRequest):
+    """The implementation this test runs under (entered around the whole test)."""
+    impl = getattr(request, "param", "kernel")
+    with ops.implementation(impl):
+        yield impl

@@ -1,0 +1,243 @@
+"""The kernel/XLA switch: its API, that it is part of jit's cache key, and what it compiles to.
+
+The numerics of both implementations are checked by the other op test files, which run every
+test under each (tests/ops/_implementations.py); here: the switch itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax import DelayedScaling, ops
+
+E4M3 = jnp.float8_e4m3fn
+RECIPE = DelayedScaling(amax_history_len=4)
+X = jnp.linspace(-600, 600, 16 * 24, dtype=jnp.bfloat16).reshape(16, 24)
+S = jnp.float32(0.5)
+
+
+def _calls():
+    """Per op: (family, FFI target, function of (arrays, impl), arrays)."""
+    q = jnp.ones((16, 24), E4M3)
+    hist, rows = jnp.ones((5, 4), jnp.float32), jnp.arange(5, dtype=jnp.float32)
+    a, b = jnp.ones((32, 64), E4M3), jnp.ones((48, 64), E4M3)
+    return {
+        "quantize": (
+            "cast",
+            "fp8jax_quantize",
+            lambda x, s, impl=None: ops.quantize(x, s, E4M3, implementation=impl),
+            (X, S),
+        ),
+        "dequantize": (
+            "cast",
+            "fp8jax_dequantize",
+            lambda q, s, impl=None: ops.dequantize(q, s, implementation=impl),
+            (q, S),
+        ),
+        "cast_transpose": (
+            "cast",
+            "fp8jax_cast_transpose",
+            lambda x, s, impl=None: ops.cast_transpose(x, s, E4M3, implementation=impl),
+            (X, S),
+        ),
+        "update_fp8_states": (
+            "scaling",
+            "fp8jax_update_fp8_state",
+            lambda h, s, a, impl=None: ops.update_fp8_states(h, s, a, RECIPE, implementation=impl),
+            (hist, rows, rows),
+        ),
+        "gemm": (
+            "gemm",
+            "fp8jax_gemm",
+            lambda a, b, s, impl=None: ops.gemm(a, b, s, s, implementation=impl),
+            (a, b, S),
+        ),
+    }
+
+
+CALLS = list(_calls())
+
+
+def _in_hlo(target: str, hlo: str) -> bool:
+    """Whether compiled HLO text calls ``target``."""
+    return f'custom_call_target="{target}"' in hlo
+
+
+def _cuda_module(fn, args, target) -> str:
+    """The StableHLO ``fn`` lowers to for CUDA (lowering needs no GPU)."""
+    exported = jax.export.export(
+        jax.jit(fn),
+        platforms=("cuda",),
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)],
+    )(*args)
+    return exported.mlir_module()
+
+
+# ------------------------------------------------------------------ the context manager
+
+
+def test_default_is_kernel_and_blocks_nest():
+    assert [ops.get_implementation(f) for f in ("cast", "scaling", "gemm")] == ["kernel"] * 3
+    with ops.implementation("xla"):
+        assert ops.get_implementation("cast") == ops.get_implementation("gemm") == "xla"
+        with ops.implementation(gemm="kernel"):  # only gemm changes
+            assert ops.get_implementation("cast") == "xla"
+            assert ops.get_implementation("gemm") == "kernel"
+            with ops.implementation("kernel", scaling="xla"):  # a default resets all others
+                assert ops.get_implementation("cast") == "kernel"
+                assert ops.get_implementation("scaling") == "xla"
+        assert ops.get_implementation("gemm") == "xla"
+    assert ops.get_implementation("cast") == "kernel"
+
+
+def test_reusable_decorator_and_restored_after_an_error():
+    xla = ops.implementation(cast="xla")
+
+    @xla
+    def inside():
+        return ops.get_implementation("cast")
+
+    assert inside() == inside() == "xla"
+    with pytest.raises(RuntimeError), xla:
+        raise RuntimeError("boom")
+    assert ops.get_implementation("cast") == "kernel"
+    assert repr(xla) == "implementation(cast='xla')"
+
+
+def test_thread_local():
+    seen = []
+    with ops.implementation("xla"):
+        t = threading.Thread(target=lambda: seen.append(ops.get_implementation("cast")))
+        t.start()
+        t.join()
+    assert seen == ["kernel"]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        (("cuda",), {}, "implementation: default must be 'kernel' or 'xla', got 'cuda'"),
+        ((), {"cast": "XLA"}, "implementation: cast must be 'kernel' or 'xla', got 'XLA'"),
+        ((), {"gemm": None}, "implementation: gemm must be 'kernel' or 'xla', got None"),
+        ((), {"norm": "xla"}, "implementation: unknown op family 'norm'; the families are cast"),
+    ],
+)
+def test_bad_arguments(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ops.implementation(*args, **kwargs)
+    with pytest.raises(ValueError, match="get_implementation: unknown op family 'casts'"):
+        ops.get_implementation("casts")
+
+
+@pytest.mark.parametrize("op", CALLS)
+@pytest.mark.parametrize("bad", ["fast", "XLA", 1])
+def test_bad_implementation_argument_names_the_op(op, bad):
+    fn, args = _calls()[op][2:]
+    with pytest.raises(ValueError, match=f"{op}: implementation must be 'kernel' or 'xla'"):
+        fn(*args, impl=bad)
+
+
+def test_update_fp8_state_validates_its_own_implementation_argument():
+    one = jnp.float32(1)
+    with pytest.raises(ValueError, match="update_fp8_state: implementation must be"):
+        ops.update_fp8_state(jnp.zeros(4), one, one, RECIPE, implementation="cuda")
+
+
+# ------------------------------------------------------------------ what it compiles to
+
+
+@pytest.mark.parametrize("op", CALLS)
+@pytest.mark.parametrize("impl", ["kernel", "xla"])
+def test_lowering_calls_the_kernel_only_under_kernel(op, impl):
+    family, target, fn, args = _calls()[op]
+    with ops.implementation(**{family: impl}):
+        cuda = _cuda_module(fn, args, target)
+        cpu = jax.jit(fn).lower(*args).compile().as_text()
+    assert (f"@{target}(" in cuda) == (impl == "kernel")
+    # On CPU the GEMM is XLA's dot under either choice; every other op calls its C++ kernel.
+    assert _in_hlo(target, cpu) == (impl == "kernel" and op != "gemm")
+    if impl == "xla":
+        assert "@fp8jax_" not in cuda and 'custom_call_target="fp8jax_' not in cpu
+
+
+@pytest.mark.parametrize("op", CALLS)
+def test_implementation_argument_overrides_the_context(op):
+    family, target, fn, args = _calls()[op]
+    with ops.implementation("kernel"):
+        assert f"@{target}(" not in _cuda_module(functools.partial(fn, impl="xla"), args, target)
+    with ops.implementation("xla"):
+        assert f"@{target}(" in _cuda_module(functools.partial(fn, impl="kernel"), args, target)
+    with ops.implementation(**{family: "xla"}):
+        assert f"@{target}(" not in _cuda_module(fn, args, target)
+
+
+def test_switching_retraces_and_the_same_choice_hits_the_cache():
+    traces = []
+
+    @jax.jit
+    def f(x, s):
+        traces.append(ops.get_implementation("cast"))
+        return ops.quantize(x, s, E4M3)
+
+    want = f(X, S)
+    with ops.implementation("xla"):
+        got = f(X, S)
+    f(X, S)  # cached
+    with ops.implementation(gemm="kernel"):  # the state outside any block: cached
+        f(X, S)
+    with ops.implementation(cast="xla"):  # another state (cast only): traced once more
+        f(X, S)
+        f(X, S)
+    assert traces == ["kernel", "xla", "xla"]
+    for g, w in zip(got, want, strict=True):
+        assert np.asarray(g).tobytes() == np.asarray(w).tobytes()
+
+
+@pytest.mark.parametrize("op", CALLS)
+def test_both_implementations_agree_bit_for_bit_with_vmap(op):
+    # On CPU each kernel equals its reference bit for bit, and the GEMM is the same dot.
+    fn, args = _calls()[op][2:]
+    batched = tuple(jnp.stack([a, a]) for a in args)
+    outs = {}
+    for impl in ("kernel", "xla"):
+        f = functools.partial(fn, impl=impl)
+        outs[impl] = jax.tree.leaves((jax.jit(f)(*args), jax.vmap(f)(*batched)))
+    for k, x in zip(outs["kernel"], outs["xla"], strict=True):
+        assert k.dtype == x.dtype and k.shape == x.shape
+        assert np.asarray(k).tobytes() == np.asarray(x).tobytes()
+
+
+def test_dense_layer_follows_the_switch_forward_and_backward():
+    rng = np.random.default_rng(0)
+    x, w, ct = (
+        jnp.asarray(rng.standard_normal(shape), jnp.float32)
+        for shape in ((8, 32), (32, 16), (8, 16))
+    )
+    meta = fp8jax.init_fp8_meta(RECIPE)
+
+    @jax.jit
+    def step(x, w, probe):
+        y, vjp = jax.vjp(
+            lambda x, w, p: fp8jax.dense(x, w, None, meta, RECIPE, probe=p), x, w, probe
+        )
+        return y, vjp(ct)  # output, dx, dw and the observations (the probe's cotangent)
+
+    probe = jnp.zeros(3, jnp.float32)
+    results, hlo = {}, {}
+    for impl in ("kernel", "xla"):
+        with ops.implementation(impl):
+            results[impl] = jax.tree.leaves(step(x, w, probe))
+            hlo[impl] = step.lower(x, w, probe).compile().as_text()
+    assert _in_hlo("fp8jax_cast_transpose", hlo["kernel"])
+    assert 'custom_call_target="fp8jax_' not in hlo["xla"]
+    # The ops give the same bits; so does the layer, whose only arithmetic outside them is the
+    # GEMMs' (a reduction of the caller's, e.g. a loss, may be fused differently around them).
+    for k, v in zip(results["kernel"], results["xla"], strict=True):
+        assert np.asarray(k).tobytes() == np.asarray(v).tobytes()
