@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec
 
 from fp8jax.autocast import _current_state
 from fp8jax.ops._gemm_partition import explicit_matmul_spec
+from fp8jax.ops._implementation import get_implementation
 from fp8jax.ops._partition import explicit_mesh
 from fp8jax.ops.cast_transpose import cast_transpose
 from fp8jax.ops.gemm import gemm_codes
@@ -80,6 +81,10 @@ class _Config(NamedTuple):
     # pass to the compute dtype first) and dgrad/wgrad are produced in them.
     x_dtype: Any = None
     w_dtype: Any = None
+    # fp8jax.ops.implementation of the casts and the GEMMs, read when the layer is called, so
+    # that a backward traced later (jax.vjp's function called elsewhere) runs the same ones.
+    cast_impl: str = "kernel"
+    gemm_impl: str = "kernel"
 
 
 def _current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
@@ -95,7 +100,7 @@ def _cast_t(cfg: _Config, x: jax.Array, scale: jax.Array, fp8_dtype: Any):
         scale = _current_scale(x, fp8_dtype, cfg.margin)
     # "mesh": every amax of the step is reduced over the same devices, so XLA merges all of
     # them into one all-reduce (the value is the tensor's global amax either way).
-    return cast_transpose(x, scale, fp8_dtype, amax_reduction="mesh")
+    return cast_transpose(x, scale, fp8_dtype, amax_reduction="mesh", implementation=cfg.cast_impl)
 
 
 def _named(x: jax.Array, i: int) -> jax.Array:
@@ -127,6 +132,7 @@ def _forward(cfg: _Config, x, w, bias, scale):
         out_dtype=cfg.out_dtype,
         bias=bias if cfg.has_bias else None,
         accumulate="fast",
+        implementation=cfg.gemm_impl,
     )  # fmt: skip
     # What the forward saw; the output-grad role is unknown here (NaN: "not observed").
     seen = jnp.stack([x_amax, w_amax, jnp.float32(jnp.nan)]).reshape(3)
@@ -176,10 +182,13 @@ def _dense2d_bwd(cfg: _Config, res, cts):
     dx = gemm_codes(
         g_q, w_q, g_sinv, w_sinv,
         dtypes=(bwd, fwd), reuse=(w_t, x_t), out_dtype=cfg.x_dtype, accumulate="split",
+        implementation=cfg.gemm_impl,
     )  # fmt: skip
     dw = gemm_codes(
-        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=cfg.w_dtype, accumulate="split"
-    )
+        x_t, g_t, x_sinv, g_sinv,
+        dtypes=(fwd, bwd), out_dtype=cfg.w_dtype, accumulate="split",
+        implementation=cfg.gemm_impl,
+    )  # fmt: skip
     dbias = jnp.sum(g.astype(jnp.float32), axis=0).astype(g.dtype) if cfg.has_bias else None
     if cfg.shardings is not None:
         dx = jax.sharding.reshard(dx, cfg.shardings[0])
@@ -325,7 +334,11 @@ def _dense(
             y2 = y2 + b
         return y2.astype(dtype).reshape(*batch_shape, *features), None
     cfg = _make_config(recipe, dtype, b2 is not None)._replace(
-        where=where, x_dtype=x2.dtype, w_dtype=w2.dtype
+        where=where,
+        x_dtype=x2.dtype,
+        w_dtype=w2.dtype,
+        cast_impl=get_implementation("cast"),
+        gemm_impl=get_implementation("gemm"),
     )
     if explicit_mesh():
         cfg = cfg._replace(shardings=tuple(None if v is None else jax.typeof(v).sharding

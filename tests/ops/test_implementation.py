@@ -241,3 +241,21 @@ def test_dense_layer_follows_the_switch_forward_and_backward():
     # GEMMs' (a reduction of the caller's, e.g. a loss, may be fused differently around them).
     for k, v in zip(results["kernel"], results["xla"], strict=True):
         assert np.asarray(k).tobytes() == np.asarray(v).tobytes()
+
+
+def test_dense_backward_runs_what_the_forward_chose():
+    """The layer reads the switch when it is called: a backward traced later, outside the
+    block (jax.vjp's function called elsewhere), still runs the same implementation."""
+    rng = np.random.default_rng(1)
+    x, w, ct = (
+        jnp.asarray(rng.standard_normal(shape), jnp.float32)
+        for shape in ((8, 32), (32, 16), (8, 16))
+    )
+    meta = fp8jax.init_fp8_meta(RECIPE)
+    with ops.implementation("xla"):
+        _, vjp = jax.vjp(
+            lambda x, w, p: fp8jax.dense(x, w, None, meta, RECIPE, probe=p),
+            x, w, jnp.zeros(3, jnp.float32),
+        )  # fmt: skip
+    hlo = jax.jit(vjp).lower(ct).compile().as_text()  # traced outside the block
+    assert 'custom_call_target="fp8jax_' not in hlo
