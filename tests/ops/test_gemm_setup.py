@@ -150,3 +150,18 @@ def test_registration_traits():
     assert set(regs["fp8jax_gemm"]) == {"initialize", "execute"}
     assert _ffi._traits_kwargs(traits, "fp8jax_gemm")["traits"] == 1
     assert _ffi._traits_kwargs({}, "fp8jax_gemm") == {}
+
+
+def test_cuda_registration_passes_traits_and_stages(monkeypatch):
+    """What ensure_registered hands JAX for the CUDA platform (JAX's CUDA backend faked)."""
+    calls = []
+    monkeypatch.setattr(_ffi, "jax_has_cuda", lambda: True)
+    monkeypatch.setattr(
+        _ffi.jax.ffi, "register_ffi_target", lambda name, fn, **kw: calls.append((name, fn, kw))
+    )
+    _ffi.ensure_registered.__wrapped__()
+    cuda_calls = {name: (fn, kw) for name, fn, kw in calls if kw["platform"] == "CUDA"}
+    assert set(cuda_calls) == set(cuda.registrations())
+    for _, kw in cuda_calls.values():
+        assert int(kw["traits"]) == 1  # COMMAND_BUFFER_COMPATIBLE
+    assert set(cuda_calls["fp8jax_gemm"][0]) == {"initialize", "execute"}
