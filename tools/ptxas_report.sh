@@ -61,7 +61,8 @@ import sys
 
 entry = re.compile(r"Compiling entry function '([^']+)' for 'sm_(\w+)'")
 frame = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-used = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+used = re.compile(r"Used (\d+) registers")
+smem_re = re.compile(r"(\d+) bytes smem")
 rows, name, stack = [], None, None
 for line in open(sys.argv[1]):
     if m := entry.search(line):
@@ -69,7 +70,8 @@ for line in open(sys.argv[1]):
     elif name and (m := frame.search(line)):
         stack = tuple(int(v) for v in m.groups())
     elif name and (m := used.search(line)):
-        regs, smem = int(m.group(1)), int(m.group(2) or 0)
+        regs, sm = int(m.group(1)), smem_re.search(line)
+        smem = int(sm.group(1)) if sm else 0
         rows.append((name, regs, smem, *(stack or (0, 0, 0))))
         name = None
 if not rows:

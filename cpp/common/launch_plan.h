@@ -16,8 +16,10 @@
 
 #if defined(__CUDACC__)
 #define FP8JAX_PLAN_HD __host__ __device__ __forceinline__
+#define FP8JAX_UNROLL _Pragma("unroll")
 #else
 #define FP8JAX_PLAN_HD inline
+#define FP8JAX_UNROLL
 #endif
 
 namespace fp8jax::plan {
@@ -28,8 +30,11 @@ constexpr int kChunksPerThread = 4;  // independent chunks per thread per tile (
 constexpr int64_t kChunksPerTile = int64_t{kThreads} * kChunksPerThread;
 constexpr uint64_t kWideAlign = 16;   // 8 x 2-byte = one 16-byte access; 8 x f32 = two
 constexpr uint64_t kNarrowAlign = 8;  // 8 FP8 codes = one 8-byte access
-constexpr int kTile = 64;             // cast_transpose tile edge (elements)
+constexpr int kTile = 64;             // cast_transpose guarded sub-tile edge (elements)
 constexpr int kTileRowsPerPass = kThreads / (kTile / kVec);  // 32
+constexpr int kBigTile = 128;  // cast_transpose tile edge: 16 x 16 blocks of 8 x 8
+constexpr int kBlocksPerEdge = kBigTile / kVec;                     // 16
+constexpr int kSubTiles = (kBigTile / kTile) * (kBigTile / kTile);  // 4 guarded sub-tiles
 constexpr int64_t kMaxGridX = 0x7FFFFFFF;
 
 FP8JAX_PLAN_HD int64_t CeilDiv(int64_t a, int64_t b) {  // a >= 0, b > 0
@@ -167,9 +172,7 @@ FP8JAX_PLAN_HD void WalkElementwise(const ElementwiseArgs& a, int64_t block, int
         SplitChunks(a.wide_addr + static_cast<uint64_t>(base) * static_cast<uint64_t>(a.wide_bytes),
                     a.wide_bytes, a.narrow_addr + static_cast<uint64_t>(base), a.per_group);
     ChunkElems chunks[kChunksPerThread];
-#if defined(__CUDACC__)
-#pragma unroll
-#endif
+    FP8JAX_UNROLL
     for (int k = 0; k < kChunksPerThread; ++k) {
       const int64_t c = ThreadChunk(gt, k, thread);
       chunks[k] = c < split.chunks ? ChunkAt(split, c, a.per_group) : ChunkElems{};
@@ -181,9 +184,12 @@ FP8JAX_PLAN_HD void WalkElementwise(const ElementwiseArgs& a, int64_t block, int
 
 // ------------------------------------------------------ cast_transpose
 
-// `matrices` row-major [rows, cols] matrices cut into kTile x kTile tiles,
-// numbered column-tile fastest, then row tile, then matrix. Edge tiles are
-// partial; every thread's chunk is guarded by ChunkCount.
+// `matrices` row-major [rows, cols] matrices cut into kBigTile x kBigTile
+// tiles, numbered column-tile fastest, then row tile, then matrix. A tile
+// fully inside an aligned matrix takes the fast path (FastTileOk: 8 x 8
+// register transposes, a swizzled shared-memory exchange of 8-byte words,
+// docs/performance.md); any other tile is done as four kTile x kTile
+// sub-tiles whose every 8-element chunk is guarded (LoadChunk/StoreChunk).
 struct TransposePlan {
   int64_t row_tiles = 0;
   int64_t col_tiles = 0;
@@ -195,8 +201,8 @@ struct TransposePlan {
 inline TransposePlan PlanCastTranspose(int64_t matrices, int64_t rows, int64_t cols,
                                        int64_t resident_blocks) {
   TransposePlan p;
-  p.row_tiles = rows > 0 ? CeilDiv(rows, kTile) : 0;
-  p.col_tiles = cols > 0 ? CeilDiv(cols, kTile) : 0;
+  p.row_tiles = rows > 0 ? CeilDiv(rows, kBigTile) : 0;
+  p.col_tiles = cols > 0 ? CeilDiv(cols, kBigTile) : 0;
   p.tiles = matrices > 0 ? matrices * p.row_tiles * p.col_tiles : 0;
   p.grid = Clamp(p.tiles, 1, Clamp(resident_blocks, 1, kMaxGridX));
   return p;
@@ -211,7 +217,12 @@ struct MatTile {
 FP8JAX_PLAN_HD MatTile MatTileAt(int64_t tile, int64_t row_tiles, int64_t col_tiles) {
   const int64_t per_mat = row_tiles * col_tiles;
   const int64_t in_mat = tile % per_mat;
-  return {tile / per_mat, (in_mat / col_tiles) * kTile, (in_mat % col_tiles) * kTile};
+  return {tile / per_mat, (in_mat / col_tiles) * kBigTile, (in_mat % col_tiles) * kBigTile};
+}
+
+// Guarded sub-tile `sub` (0..3, row-major) of a kBigTile tile.
+FP8JAX_PLAN_HD MatTile SubTile(const MatTile& mt, int sub) {
+  return {mt.mat, mt.row0 + (sub / 2) * kTile, mt.col0 + (sub % 2) * kTile};
 }
 
 // Position (inside the tile) of the 8-element chunk thread t handles in pass
@@ -260,7 +271,80 @@ struct TransposeArgs {
   int wide_bytes = 4;
   uint64_t q_addr = 0;
   uint64_t qt_addr = 0;
+  bool fast = false;  // FastEligible: interior tiles may take the fast path
 };
+
+// Whether interior tiles may take the fast path: every x row starts 16-byte
+// aligned (8 elements = one or two 16-byte loads), every q row 8-byte aligned,
+// every q_t row 16-byte aligned (16 codes = one 16-byte store).
+FP8JAX_PLAN_HD bool FastEligible(int64_t rows, int64_t cols, uint64_t x_addr, int wide_bytes,
+                                 uint64_t q_addr, uint64_t qt_addr) {
+  return rows % 16 == 0 && cols % kVec == 0 && IsAligned(x_addr, kWideAlign) &&
+         IsAligned(q_addr, kNarrowAlign) && IsAligned(qt_addr, 16) &&
+         (static_cast<uint64_t>(cols) * static_cast<uint64_t>(wide_bytes)) % kWideAlign == 0;
+}
+
+FP8JAX_PLAN_HD bool FastTileOk(const TransposeArgs& a, const MatTile& mt) {
+  return a.fast && mt.row0 + kBigTile <= a.rows && mt.col0 + kBigTile <= a.cols;
+}
+
+// ---- the fast path, per thread t of a kBigTile x kBigTile tile:
+// thread (rb, cb) = (t / 16, t % 16) owns the 8 x 8 block of rows 8rb..8rb+7
+// and columns 8cb..8cb+7: 8 row loads of 8 elements, 8 q stores of 8 codes,
+// one 8 x 8 byte transpose in registers (Transpose8x8), then 8 words (the
+// block's columns, 8 codes each) into shared memory at FastWord(c, rb).
+FP8JAX_PLAN_HD int FastRowBlock(int t) { return t / kBlocksPerEdge; }
+FP8JAX_PLAN_HD int FastColBlock(int t) { return t % kBlocksPerEdge; }
+
+// Shared-memory word (8 bytes) holding codes of tile column c, row block rb.
+// Row c of q_t's tile is words c*16 .. c*16+15, its row blocks permuted by
+// XOR with c / 8: the 16 threads of a half-warp (one rb, cb = 0..15) then
+// write 16 distinct bank pairs, no conflict.
+FP8JAX_PLAN_HD int FastWord(int c, int rb) {
+  return c * kBlocksPerEdge + (rb ^ ((c / kVec) % kBlocksPerEdge));
+}
+
+// Read phase: per step s (0..3), thread t reads 16 codes of q_t's tile row
+// c = 32s + t / 8, rows 16k..16k+15 (k = t % 8): one 16-byte shared load of
+// words FastReadWord(c, k) and +1 (the two row blocks 2k, 2k+1, swapped when
+// FastReadSwapped(c)), one 16-byte global store. 8 threads cover one
+// 128-byte q_t row segment: coalesced, and conflict-free in shared memory.
+constexpr int kFastReadSteps = kBigTile * kBlocksPerEdge / 2 / kThreads;  // 4
+FP8JAX_PLAN_HD int FastReadCol(int t, int step) { return step * (kThreads / 8) + t / 8; }
+FP8JAX_PLAN_HD int FastReadPair(int t) { return t % 8; }
+FP8JAX_PLAN_HD int FastReadWord(int c, int k) {
+  return c * kBlocksPerEdge + ((2 * k) ^ (((c / kVec) % kBlocksPerEdge) & ~1));
+}
+FP8JAX_PLAN_HD bool FastReadSwapped(int c) { return ((c / kVec) & 1) != 0; }
+
+// Transposes an 8 x 8 byte matrix held as 8 little-endian words (w[i] byte j
+// = element (i, j)) in place, by swapping 4 x 4, then 2 x 2, then 1 x 1
+// off-diagonal blocks: 24 shift/xor/and steps, no shared memory.
+FP8JAX_PLAN_HD void Transpose8x8(uint64_t w[8]) {
+  constexpr uint64_t kMask4 = 0x00000000FFFFFFFFull;
+  constexpr uint64_t kMask2 = 0x0000FFFF0000FFFFull;
+  constexpr uint64_t kMask1 = 0x00FF00FF00FF00FFull;
+  FP8JAX_UNROLL
+  for (int i = 0; i < 4; ++i) {  // rows i, i + 4: 4 x 4 blocks
+    const uint64_t x = ((w[i] >> 32) ^ w[i + 4]) & kMask4;
+    w[i + 4] ^= x;
+    w[i] ^= x << 32;
+  }
+  FP8JAX_UNROLL
+  for (int p = 0; p < 4; ++p) {  // rows i, i + 2 for i = 0, 1, 4, 5: 2 x 2 blocks
+    const int i = (p & 1) + (p >> 1) * 4;
+    const uint64_t x = ((w[i] >> 16) ^ w[i + 2]) & kMask2;
+    w[i + 2] ^= x;
+    w[i] ^= x << 16;
+  }
+  FP8JAX_UNROLL
+  for (int p = 0; p < 4; ++p) {  // rows i, i + 1 for even i: single bytes
+    const int i = 2 * p;
+    const uint64_t x = ((w[i] >> 8) ^ w[i + 1]) & kMask1;
+    w[i + 1] ^= x;
+    w[i] ^= x << 8;
+  }
+}
 
 // Load pass: 8 columns of one row of x (and q); vector when all 8 exist and
 // both x and q are aligned there.

@@ -371,19 +371,101 @@ ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer q,
 
 // ---------------------------------------------------------- cast_transpose
 
-// A kTile x kTile tile per step (plan::WalkCastTranspose). Load pass: each
-// thread loads 8 consecutive inputs of a row (one vector access when aligned
-// and inside the matrix, else element by element), writes their 8 codes to q
-// and stages them in shared memory. Store pass: each thread gathers 8 codes
-// of a tile column and writes them as 8 consecutive codes of a q_t row. Edge
-// tiles are guarded per chunk (plan::LoadChunk / plan::StoreChunk).
+// Fast path for a kBigTile x kBigTile tile inside an aligned matrix
+// (plan::FastTileOk; the reasoning is in docs/performance.md). Each thread
+// loads its 8 x 8 block (8 independent 16-byte loads for 2-byte inputs, 16
+// for f32), writes 8 q words, transposes the block in registers and puts its
+// 8 column words into the swizzled shared buffer; after one barrier each
+// thread moves 4 x 16 bytes of q_t rows from shared memory to global memory.
 template <WideKind W, typename F>
-__global__ void __launch_bounds__(plan::kThreads)
+__device__ __forceinline__ void CastTransposeFastTile(
+    const void* __restrict__ x, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+    uint64_t* __restrict__ words, const plan::TransposeArgs& a, const plan::MatTile& mt, float sc,
+    uint32_t& m, int t) {
+  const int rb = plan::FastRowBlock(t);
+  const int cb = plan::FastColBlock(t);
+  const int64_t mat_base = mt.mat * a.rows * a.cols;
+  const int64_t first = mat_base + (mt.row0 + rb * plan::kVec) * a.cols + mt.col0 + cb * plan::kVec;
+  float v[plan::kVec][8];
+#pragma unroll
+  for (int i = 0; i < plan::kVec; ++i) LoadEight<W>(x, first + i * a.cols, v[i]);
+  uint64_t w[plan::kVec];
+#pragma unroll
+  for (int i = 0; i < plan::kVec; ++i) {
+    w[i] = QuantizeEight<F>(v[i], sc, m);
+    *reinterpret_cast<uint64_t*>(q + first + i * a.cols) = w[i];
+  }
+  plan::Transpose8x8(w);
+#pragma unroll
+  for (int j = 0; j < plan::kVec; ++j) words[plan::FastWord(cb * plan::kVec + j, rb)] = w[j];
+  __syncthreads();
+#pragma unroll
+  for (int step = 0; step < plan::kFastReadSteps; ++step) {
+    const int c = plan::FastReadCol(t, step);
+    const int k = plan::FastReadPair(t);
+    const ulonglong2 pair = *reinterpret_cast<const ulonglong2*>(&words[plan::FastReadWord(c, k)]);
+    const bool swapped = plan::FastReadSwapped(c);
+    const ulonglong2 out = swapped ? make_ulonglong2(pair.y, pair.x) : pair;
+    const int64_t dst = mat_base + (mt.col0 + c) * a.rows + mt.row0 + 16 * k;
+    *reinterpret_cast<ulonglong2*>(qt + dst) = out;
+  }
+  __syncthreads();  // this tile's reads before the next tile's writes
+}
+
+// Guarded path for one kTile x kTile sub-tile (edges, unaligned matrices).
+// Load pass: each thread loads 8 consecutive inputs of a row (one vector
+// access when aligned and inside the matrix, else element by element), writes
+// their 8 codes to q and stages them in shared memory. Store pass: each
+// thread gathers 8 codes of a tile column and writes them as 8 consecutive
+// codes of a q_t row. Every chunk is guarded (plan::LoadChunk/StoreChunk).
+template <WideKind W, typename F>
+__device__ __forceinline__ void CastTransposeGuardedTile(
+    const void* __restrict__ x, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+    uint8_t (*tile)[plan::kTile + 8], const plan::TransposeArgs& a, const plan::MatTile& mt,
+    float sc, uint32_t& m, int t) {
+  plan::TileChunk in[2];
+  float v[2][8];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    in[p] = plan::LoadChunk(a, mt, t, p);
+    LoadChunk<W>(x, in[p].offset, in[p].count, in[p].vector, v[p]);
+  }
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const uint64_t packed = QuantizeEight<F>(v[p], sc, m);
+    StoreCodes(q, in[p].offset, in[p].count, in[p].vector, packed);
+    *reinterpret_cast<uint64_t*>(&tile[in[p].slot.row][in[p].slot.col]) = packed;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const plan::TileChunk out = plan::StoreChunk(a, mt, t, p);
+    uint64_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      packed |= static_cast<uint64_t>(tile[out.slot.row + j][out.slot.col]) << (8 * j);
+    }
+    StoreCodes(qt, out.offset, out.count, out.vector, packed);
+  }
+  __syncthreads();  // this sub-tile's reads before the next writes
+}
+
+// One kBigTile x kBigTile tile per step (plan::WalkCastTranspose): the fast
+// path when the tile lies inside an aligned matrix, else four guarded
+// sub-tiles. One amax atomic per block and group.
+// At least 2 resident blocks per SM (so one block's loads overlap the
+// other's shared-memory phase): up to 128 registers per thread, which keeps
+// the 64 loaded values in registers on every arch (without the bound, ptxas
+// for sm_89 stopped at 80 registers and spilled).
+template <WideKind W, typename F>
+__global__ void __launch_bounds__(plan::kThreads, 2)
     CastTransposeKernel(const void* __restrict__ x, const float* __restrict__ scale,
                         uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
                         float* __restrict__ scale_inv, uint32_t* __restrict__ amax_bits,
                         int64_t groups, plan::TransposeArgs a) {
-  __shared__ alignas(8) uint8_t tile[plan::kTile][plan::kTile + 8];
+  __shared__ alignas(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
+  static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
+  auto* tile = reinterpret_cast<uint8_t (*)[plan::kTile + 8]>(words);
   WriteScaleInv(scale, scale_inv, groups);
   const int t = threadIdx.x;
   uint32_t m = 0;
@@ -391,31 +473,13 @@ __global__ void __launch_bounds__(plan::kThreads)
       a, blockIdx.x, gridDim.x,
       [&](int64_t g, const plan::MatTile& mt) {
         const float sc = scale[g];
-        plan::TileChunk in[2];
-        float v[2][8];
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          in[p] = plan::LoadChunk(a, mt, t, p);
-          LoadChunk<W>(x, in[p].offset, in[p].count, in[p].vector, v[p]);
+        if (plan::FastTileOk(a, mt)) {  // block-uniform
+          CastTransposeFastTile<W, F>(x, q, qt, words, a, mt, sc, m, t);
+          return;
         }
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          const uint64_t packed = QuantizeEight<F>(v[p], sc, m);
-          StoreCodes(q, in[p].offset, in[p].count, in[p].vector, packed);
-          *reinterpret_cast<uint64_t*>(&tile[in[p].slot.row][in[p].slot.col]) = packed;
+        for (int sub = 0; sub < plan::kSubTiles; ++sub) {
+          CastTransposeGuardedTile<W, F>(x, q, qt, tile, a, plan::SubTile(mt, sub), sc, m, t);
         }
-        __syncthreads();
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          const plan::TileChunk out = plan::StoreChunk(a, mt, t, p);
-          uint64_t packed = 0;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            packed |= static_cast<uint64_t>(tile[out.slot.row + j][out.slot.col]) << (8 * j);
-          }
-          StoreCodes(qt, out.offset, out.count, out.vector, packed);
-        }
-        __syncthreads();  // this tile's reads before the next tile's writes
       },
       [&](int64_t g) {
         FlushAmax(amax_bits, g, m);
@@ -456,6 +520,7 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
         a.wide_bytes = kWideBytes<W>;
         a.q_addr = Addr(qp);
         a.qt_addr = Addr(qtp);
+        a.fast = plan::FastEligible(s.rows, s.cols, a.x_addr, a.wide_bytes, a.q_addr, a.qt_addr);
         return PlanAndLaunch(
             "cast_transpose", CastTransposeKernel<W, F>, stream,
             [&](int64_t resident) {

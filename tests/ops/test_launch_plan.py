@@ -203,13 +203,16 @@ def test_cast_transpose_misaligned_pointers():
 
 
 def test_more_than_65535_row_tiles():
-    """5M tokens: 78125 row tiles, beyond gridDim.y's 65535; one grid dimension, blocks loop."""
-    rows, cols = 5_000_000, 64
+    """10M tokens: 78125 row tiles, beyond gridDim.y's 65535; one grid dimension, blocks loop."""
+    rows, cols = 10_000_000, 64
     plan = ext._plan_cast_transpose(1, rows, cols, RESIDENT)
     assert plan["row_tiles"] == 78_125 > 65_535
     assert plan["grid"] == RESIDENT
-    last = ext._plan_transpose_chunks(rows, cols, 2, BASE, BASE, BASE, plan["tiles"] - 1, 1, 255, 1)
-    assert (last["row0"], last["col0"]) == ((78_125 - 1) * 64, 0)
+    last = ext._plan_transpose_chunks(
+        rows, cols, 2, BASE, BASE, BASE, plan["tiles"] - 1, 1, 2, 255, 1
+    )
+    assert (last["row0"], last["col0"]) == ((78_125 - 1) * 128, 0)
+    assert not last["fast"]  # a 64-column matrix has no interior 128 x 128 tile
     assert last["load"]["offset"] + last["load"]["count"] == rows * cols
     assert last["store"]["offset"] + last["store"]["count"] == rows * cols
 
@@ -217,7 +220,9 @@ def test_more_than_65535_row_tiles():
 def test_cast_transpose_more_than_2_31_elements():
     rows, cols = 70_016, 40_000  # 2.8e9 elements per matrix
     plan = ext._plan_cast_transpose(2, rows, cols, RESIDENT)
-    last = ext._plan_transpose_chunks(rows, cols, 4, BASE, BASE, BASE, plan["tiles"] - 1, 2, 255, 1)
+    last = ext._plan_transpose_chunks(
+        rows, cols, 4, BASE, BASE, BASE, plan["tiles"] - 1, 2, 2, 255, 1
+    )
     assert last["mat"] == 1
     assert last["load"]["offset"] + last["load"]["count"] == 2 * rows * cols
     assert last["store"]["offset"] + last["store"]["count"] == 2 * rows * cols
@@ -229,3 +234,43 @@ def test_planners_reject_negative_sizes():
         ext._plan_elementwise(1, -1, RESIDENT)
     with pytest.raises(ValueError, match="groups"):
         ext._simulate_cast_transpose(4, 8, 8, 3, 2, BASE, BASE, BASE, 1)
+
+
+# ------------------------------------------------- cast_transpose fast path (128 x 128 tiles)
+
+
+def test_transpose8x8_matches_numpy():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        m = rng.integers(0, 256, size=(8, 8), dtype=np.uint8)
+        words = [int(w) for w in m.view("<u8").reshape(8)]
+        got = np.array(ext._plan_transpose8x8(words), dtype="<u8").view(np.uint8).reshape(8, 8)
+        np.testing.assert_array_equal(got, m.T)
+
+
+@pytest.mark.parametrize("wide_bytes", [4, 2])
+def test_fast_path_interior_tiles(wide_bytes):
+    """Aligned, rows % 16 == 0, cols % 8 == 0: every interior 128 x 128 tile takes the fast path,
+    every access is a vector, and shared memory has no bank conflict (by the host's bank model:
+    8-byte accesses served 16 threads per 128-byte wavefront, 16-byte ones 8 per wavefront)."""
+    sim = _check_transpose(2, 256, 384, wide_bytes=wide_bytes)
+    assert sim["fast_tiles"] == 2 * 2 * 3
+    assert sim["bank_conflicts"] == 0
+    assert (arr(sim["vector_q"]) == 1).all() and (arr(sim["vector_qt"]) == 1).all()
+
+
+def test_fast_path_with_edge_tiles_and_groups():
+    # 2 x 2 tiles per matrix, the right column partial: 2 fast tiles per matrix, the rest guarded.
+    sim = _check_transpose(4, 256, 200, groups=2)
+    assert sim["fast_tiles"] == 4 * 2
+    assert sim["bank_conflicts"] == 0
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "offs"),
+    [(200, 256, (0, 0, 0)), (256, 252, (0, 0, 0)), (256, 256, (0, 0, 8)), (256, 256, (16, 4, 0))],
+)
+def test_fast_path_needs_alignment(rows, cols, offs):
+    """Needs rows % 16, cols % 8, 16-byte x and q_t, 8-byte q; else every tile is guarded."""
+    sim = _check_transpose(1, rows, cols, offs=offs)
+    assert sim["fast_tiles"] == 0
