@@ -132,12 +132,13 @@ def test_empty_output_needs_no_k():
 
 def test_what_needs_a_device():
     """cublasLtCreate needs a CUDA device (the descriptors above do not); so does everything that
-    takes the handle: the heuristic query and the matmul. Recorded here so a change shows."""
+    takes the handle: the heuristic query and the matmul. On a machine with no GPU or driver it
+    returns CUBLAS_STATUS_NOT_INITIALIZED (seen on the project's CPU machines); with JAX's CUDA
+    backend up it must succeed."""
     status = cuda._probe_cublaslt_create()
+    assert status.startswith("CUBLAS_STATUS_"), status
     if _ffi.jax_has_cuda():
         assert status == "CUBLAS_STATUS_SUCCESS"
-    else:
-        assert status != "CUBLAS_STATUS_SUCCESS", "cublasLtCreate worked without a GPU"
 
 
 def test_registration_traits():
