@@ -11,11 +11,7 @@ SUFFIXES = {".py", ".h", ".cc", ".cu", ".sh", ".md"}
 # The planning page that the repository never had; code points to docs/design.md instead.
 _OLD_DESIGN = "DESIGN" + ".md"
 # Still pointing to it, being fixed in another change (remove entries as they are fixed).
-_OLD_DESIGN_PENDING = {
-    "cpp/common/fp8_numerics.h",
-    "fp8jax/ops/quantize.py",
-    "fp8jax/ops/scaling.py",
-}
+_OLD_DESIGN_PENDING: set[str] = set()
 _DOC_PATH = re.compile(r"\bdocs/[\w.-]+\.md\b")
 _MD_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 

@@ -1,12 +1,14 @@
 // Scalar numerics shared by the CPU and CUDA kernels.
 //
 // Every function here is the definition of the numerics contract in
-// DESIGN.md: saturating round-to-nearest-even to FP8 (E4M3FN, E5M2), exact
-// FP8 -> float, and RNE float -> bf16 / f16. The CPU kernels use these
-// functions directly; the CUDA kernels use them too, except for the hot FP8
-// conversion, which uses the sm_89+ hardware instruction with identical
-// semantics (cvt.rn.satfinite). The Python tests compare both against the
-// jnp reference over every code, midpoint and special value.
+// docs/numerics.md: round-to-nearest-even to FP8 (E4M3FN, E5M2) with finite
+// overflow saturating to +-max, NaN keeping its sign and +-inf staying
+// non-finite; exact FP8 -> float; RNE float -> bf16 / f16. The CPU kernels use
+// these functions directly. The CUDA kernels use the hardware conversions for
+// the common finite case through cpp/common/fp8_device_convert.h, whose
+// __host__ __device__ helpers are tested against these functions over every
+// float32 input (tests/cpp). The Python tests compare the kernels with the jnp
+// references over every code, midpoint and special value.
 #pragma once
 
 #include <cmath>
@@ -22,13 +24,17 @@
 namespace fp8jax {
 
 // Traits of the two FP8 formats. kMaxCode is the largest finite magnitude
-// code, kNanCode the quiet NaN produced for NaN inputs (sign is OR-ed in).
+// code, kNanCode the NaN produced for NaN inputs and kInfCode the code of an
+// infinite input (the sign is OR-ed into each). E4M3FN has no infinity, so
+// its kInfCode is its NaN. These are the codes ml_dtypes and XLA's convert
+// give for NaN and +-inf.
 struct E4M3 {
   static constexpr int kMantissaBits = 3;
   static constexpr int kBias = 7;
   static constexpr float kMax = 448.0f;
   static constexpr uint8_t kMaxCode = 0x7E;
   static constexpr uint8_t kNanCode = 0x7F;
+  static constexpr uint8_t kInfCode = 0x7F;
   static constexpr bool kHasInf = false;
 };
 
@@ -38,6 +44,7 @@ struct E5M2 {
   static constexpr float kMax = 57344.0f;
   static constexpr uint8_t kMaxCode = 0x7B;
   static constexpr uint8_t kNanCode = 0x7E;
+  static constexpr uint8_t kInfCode = 0x7C;
   static constexpr bool kHasInf = true;
 };
 
@@ -75,14 +82,20 @@ FP8JAX_HD float RoundHalfEven(float x) {
 #endif
 }
 
-// float -> FP8 code: saturate(round_to_nearest_even(x)). NaN -> NaN; finite
-// values and +-inf beyond the largest finite value saturate to +-max.
+// True when x is neither inf nor NaN (an exponent field below all ones).
+FP8JAX_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7F800000u) != 0x7F800000u; }
+
+// float -> FP8 code: round_to_nearest_even(x), finite values beyond the
+// largest finite value saturating to +-max. NaN -> sign|kNanCode (the sign of
+// the NaN kept); +-inf -> sign|kInfCode (E5M2: +-inf; E4M3: NaN, it has no
+// inf), so a non-finite input always gives a non-finite code.
 template <typename F>
 FP8JAX_HD uint8_t FloatToFp8(float x) {
   const uint32_t u = FloatBits(x);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7FFFFFFFu;
   if (a > 0x7F800000u) return sign | F::kNanCode;
+  if (a == 0x7F800000u) return sign | F::kInfCode;
   const float af = BitsToFloat(a);
   if (af >= F::kMax) return sign | F::kMaxCode;
   // Smallest normal of the target format is 2^(1 - bias).
@@ -99,6 +112,35 @@ FP8JAX_HD uint8_t FloatToFp8(float x) {
   constexpr int kScaleExp = F::kBias - 1 + F::kMantissaBits;
   const float scaled = af * static_cast<float>(1u << kScaleExp);
   return sign | static_cast<uint8_t>(RoundHalfEven(scaled));
+}
+
+// The FP8 code of a non-finite product p = x * scale (the caller checked that
+// p is inf or NaN). Only p's class and, for inf, its sign are used: a GPU
+// returns one canonical NaN (0x7FFFFFFF) from any multiply with a NaN operand,
+// so the NaN's sign is taken from the operands, as the sign of their product
+// (sign(x) XOR sign(scale); for the usual positive scale, the sign of x).
+// An inf made by the multiply from finite x and scale is a finite value
+// beyond the range: it saturates to +-max.
+template <typename F>
+FP8JAX_HD uint8_t Fp8OfNonFiniteProduct(float x, float scale, float p) {
+  const uint32_t pb = FloatBits(p);
+  if ((pb & 0x7FFFFFFFu) != 0x7F800000u) {  // NaN
+    const uint32_t sign = ((FloatBits(x) ^ FloatBits(scale)) >> 24) & 0x80u;
+    return static_cast<uint8_t>(sign | F::kNanCode);
+  }
+  const uint8_t sign = static_cast<uint8_t>((pb >> 24) & 0x80u);
+  if (IsFinite(x) && IsFinite(scale)) return sign | F::kMaxCode;
+  return sign | F::kInfCode;
+}
+
+// The quantize of one element: the FP8 code of x * scale, computed in
+// float32 (see FloatToFp8; NaN and overflow of the multiply as in
+// Fp8OfNonFiniteProduct).
+template <typename F>
+FP8JAX_HD uint8_t QuantizeValue(float x, float scale) {
+  const float p = x * scale;
+  if (!IsFinite(p)) return Fp8OfNonFiniteProduct<F>(x, scale, p);
+  return FloatToFp8<F>(p);
 }
 
 // FP8 code -> float, exact.
@@ -123,7 +165,20 @@ FP8JAX_HD float Fp8ToFloat(uint8_t code) {
   return BitsToFloat(sign | bits);
 }
 
-// float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
+// The dequantize of one element before its rounding to the output type:
+// float(code) * scale_inv in float32. A NaN result is the quiet NaN
+// 0x7FC00000 with the sign of the product (sign(code) XOR sign(scale_inv)),
+// whatever the platform's multiply does with NaN signs.
+template <typename F>
+FP8JAX_HD float DequantizeValue(uint8_t code, float scale_inv) {
+  const float p = Fp8ToFloat<F>(code) * scale_inv;
+  if ((FloatBits(p) & 0x7FFFFFFFu) <= 0x7F800000u) return p;
+  const uint32_t sign = ((static_cast<uint32_t>(code) << 24) ^ FloatBits(scale_inv)) & 0x80000000u;
+  return BitsToFloat(sign | 0x7FC00000u);
+}
+
+// float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN with
+// its sign.
 FP8JAX_HD uint16_t FloatToBf16Bits(float x) {
   const uint32_t u = FloatBits(x);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
@@ -132,7 +187,8 @@ FP8JAX_HD uint16_t FloatToBf16Bits(float x) {
 
 FP8JAX_HD float Bf16BitsToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
 
-// float -> IEEE half bits, round to nearest even; overflow -> inf.
+// float -> IEEE half bits, round to nearest even; overflow -> inf; NaN ->
+// sign|0x7E00.
 FP8JAX_HD uint16_t FloatToF16Bits(float x) {
   const uint32_t u = FloatBits(x);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
@@ -149,11 +205,17 @@ FP8JAX_HD uint16_t FloatToF16Bits(float x) {
   return sign | static_cast<uint16_t>(RoundHalfEven(scaled));
 }
 
+// IEEE half bits -> float, exact. A NaN keeps its sign and payload and is
+// quieted (as XLA's f16 -> f32 convert does), so the amax of a float16 input
+// holding a signalling NaN has the bits of the jnp reference's.
 FP8JAX_HD float F16BitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu;
   const uint32_t man = h & 0x3FFu;
-  if (exp == 0x1Fu) return BitsToFloat(sign | 0x7F800000u | (man << 13));
+  if (exp == 0x1Fu) {
+    const uint32_t quiet = man != 0 ? 0x00400000u : 0u;
+    return BitsToFloat(sign | 0x7F800000u | quiet | (man << 13));
+  }
   if (exp == 0) {
     const float v = static_cast<float>(man) / 16777216.0f;
     return BitsToFloat(sign | FloatBits(v));
@@ -168,7 +230,13 @@ FP8JAX_HD float NanMax(float a, float b) {
   return b > a ? b : a;
 }
 
-// The delayed-scaling scale update for one tensor (DESIGN.md): reduced amax
+// Whether the delayed-scaling update records an observed amax: only a finite
+// one. A NaN or +-inf observation leaves that tensor's history and scale
+// exactly as they were (not even shifted), so one bad step cannot freeze the
+// scale for a whole history length (docs/numerics.md).
+FP8JAX_HD bool RecordsObservation(float amax) { return IsFinite(amax); }
+
+// The delayed-scaling scale update for one tensor (docs/numerics.md): reduced amax
 // -> scale = (fp8_max / amax) * 2^-margin; keep the old scale when the
 // reduced amax is not a positive normal finite number (0, subnormal, inf,
 // NaN: XLA:CPU treats subnormals as zero, so this keeps CPU and GPU equal);

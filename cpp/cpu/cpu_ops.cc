@@ -50,7 +50,7 @@ void QuantizeCompute(const void* x, const float* scale, uint8_t* q, float* scale
     for (int64_t i = base; i < base + s.per_group; ++i) {
       const float v = LoadWide<W>(x, i);
       amax_bits = std::max(amax_bits, AbsBits(v));
-      q[i] = FloatToFp8<F>(v * sc);
+      q[i] = QuantizeValue<F>(v, sc);
     }
     amax[g] = BitsToFloat(amax_bits);
     scale_inv[g] = 1.0f / sc;
@@ -83,7 +83,7 @@ void DequantizeCompute(const uint8_t* q, const float* scale_inv, void* out, Grou
     const float si = scale_inv[g];
     const int64_t base = g * s.per_group;
     for (int64_t i = base; i < base + s.per_group; ++i) {
-      StoreWide<W>(out, i, Fp8ToFloat<F>(q[i]) * si);
+      StoreWide<W>(out, i, DequantizeValue<F>(q[i], si));
     }
   }
 }
@@ -122,7 +122,7 @@ void CastTransposeCompute(const void* x, const float* scale, uint8_t* q, uint8_t
         for (int64_t c = 0; c < s.cols; ++c) {
           const float v = LoadWide<W>(x, base + r * s.cols + c);
           amax_bits = std::max(amax_bits, AbsBits(v));
-          const uint8_t code = FloatToFp8<F>(v * sc);
+          const uint8_t code = QuantizeValue<F>(v, sc);
           q[base + r * s.cols + c] = code;
           qt[base + c * s.rows + r] = code;
         }
@@ -179,6 +179,11 @@ ffi::Error UpdateFp8StateImpl(ffi::Buffer<ffi::F32> history, ffi::Buffer<ffi::F3
     const float* hr = h + r * s.len;
     float* nr = nh + r * s.len;
     const float a = amax.typed_data()[r];
+    if (!RecordsObservation(a)) {  // NaN or +-inf: the row stays exactly as it was
+      std::copy(hr, hr + s.len, nr);
+      new_scale->typed_data()[r] = scale.typed_data()[r];
+      continue;
+    }
     nr[0] = a;
     float red = a;
     for (int64_t i = 1; i < s.len; ++i) {

@@ -21,6 +21,7 @@
 
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
+#include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
 #include "common/launch_plan.h"
 #include "cuda/cuda_util.h"
@@ -33,15 +34,12 @@ constexpr int kThreads = plan::kThreads;
 
 // ------------------------------------------------------------ conversions
 
-// Saturating RNE float -> FP8 with the sm_89+ instruction
-// (cvt.rn.satfinite.{e4m3,e5m2}x2.f32): NaN -> NaN, |x| > max (inf too) ->
-// +-max; the same contract as FloatToFp8 in fp8_numerics.h.
-template <typename F>
-__device__ __forceinline__ uint8_t CvtFp8(float v) {
-  constexpr __nv_fp8_interpretation_t kInterp =
-      F::kMantissaBits == 3 ? __NV_E4M3 : __NV_E5M2;
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kInterp));
-}
+// The element conversions (CvtFp8(x, scale): the FP8 code of x * scale;
+// F16BitsToFloatFast; FloatToF16BitsFast; DequantizeValue) are the
+// __host__ __device__ helpers of common/fp8_device_convert.h and
+// common/fp8_numerics.h, tested on the host against the CPU numerics
+// (tests/cpp). CvtFp8 takes x and scale apart because the GPU's multiply
+// drops a NaN's sign.
 
 template <WideKind W>
 __device__ __forceinline__ float LoadOne(const void* p, int64_t i) {
@@ -50,7 +48,7 @@ __device__ __forceinline__ float LoadOne(const void* p, int64_t i) {
   } else if constexpr (W == WideKind::kBF16) {
     return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
   } else {
-    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(p)[i]));
+    return F16BitsToFloatFast(static_cast<const uint16_t*>(p)[i]);
   }
 }
 
@@ -73,8 +71,8 @@ __device__ __forceinline__ void LoadEight(const void* p, int64_t i, float v[8]) 
         v[2 * k] = __uint_as_float(words[k] << 16);
         v[2 * k + 1] = __uint_as_float(words[k] & 0xFFFF0000u);
       } else {
-        v[2 * k] = __half2float(__ushort_as_half(static_cast<uint16_t>(words[k] & 0xFFFFu)));
-        v[2 * k + 1] = __half2float(__ushort_as_half(static_cast<uint16_t>(words[k] >> 16)));
+        v[2 * k] = F16BitsToFloatFast(static_cast<uint16_t>(words[k] & 0xFFFFu));
+        v[2 * k + 1] = F16BitsToFloatFast(static_cast<uint16_t>(words[k] >> 16));
       }
     }
   }
@@ -85,7 +83,7 @@ __device__ __forceinline__ uint16_t WideBits(float v) {
   if constexpr (W == WideKind::kBF16) {
     return FloatToBf16Bits(v);
   } else {
-    return __half_as_ushort(__float2half_rn(v));
+    return FloatToF16BitsFast(v);
   }
 }
 
@@ -122,7 +120,7 @@ __device__ __forceinline__ uint64_t QuantizeEight(const float v[8], float scale,
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     amax = max(amax, AbsBits(v[j]));
-    packed |= static_cast<uint64_t>(CvtFp8<F>(v[j] * scale)) << (8 * j);
+    packed |= static_cast<uint64_t>(CvtFp8<F>(v[j], scale)) << (8 * j);
   }
   return packed;
 }
@@ -328,7 +326,7 @@ __global__ void __launch_bounds__(plan::kThreads)
           float v[8];
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            v[j] = Fp8ToFloat<F>(static_cast<uint8_t>(packed[k] >> (8 * j))) * si;
+            v[j] = DequantizeValue<F>(static_cast<uint8_t>(packed[k] >> (8 * j)), si);
           }
           StoreChunk<W>(out, base + chunks[k].first, chunks[k].count, chunks[k].vector, v);
         }
@@ -539,7 +537,8 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
 // -------------------------------------------------------- update_fp8_state
 
 // One block per state row: shift the history by one (newest at index 0),
-// reduce it, and compute the new scale. All rows in one launch.
+// reduce it, and compute the new scale. All rows in one launch. A row whose
+// observation is not finite is copied unchanged (RecordsObservation).
 __global__ void __launch_bounds__(kThreads)
     UpdateFp8StateKernel(const float* __restrict__ history, const float* __restrict__ scale,
                          const float* __restrict__ amax, const float* __restrict__ fp8_max,
@@ -548,6 +547,13 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float partial[kThreads];
   const int64_t r = blockIdx.x;
   const float a = amax[r];
+  if (!RecordsObservation(a)) {  // the same for the whole block: it returns before any barrier
+    for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+      new_history[r * len + i] = history[r * len + i];
+    }
+    if (threadIdx.x == 0) new_scale[r] = scale[r];
+    return;
+  }
   float red = a;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
     const float v = i == 0 ? a : history[r * len + i - 1];

@@ -1,10 +1,11 @@
 """``quantize`` and ``dequantize``: the FP8 casts, as FFI kernels beside their jnp references.
 
-Numerics contract (DESIGN.md): ``q = saturate(round_to_nearest_even(x * scale))``, computed in
-float32. Finite values beyond the format's largest value, and +-inf, saturate to +-max (the
-``satfinite`` choice of NVIDIA's hardware); NaN stays NaN; signed zeros keep their sign.
-``amax = max(|x|)`` of the *unscaled* input, NaN-propagating (like :func:`jnp.max`).
-``scale_inv = 1 / scale`` travels with ``q``.
+Numerics contract (docs/numerics.md): ``q = saturate(round_to_nearest_even(x * scale))``,
+computed in float32. Finite values beyond the format's largest value saturate to +-max; NaN stays
+NaN with its sign (E4M3 ``sign|0x7F``, E5M2 ``sign|0x7E``); +-inf stays non-finite (E5M2 +-inf
+``0x7C``/``0xFC``; E4M3, which has no inf, NaN ``0x7F``/``0xFF``), so a diverging step shows up
+as a non-finite loss; signed zeros keep their sign. ``amax = max(|x|)`` of the *unscaled* input,
+NaN-propagating (like :func:`jnp.max`). ``scale_inv = 1 / scale`` travels with ``q``.
 
 The kernels are bit-identical to the references on CPU and GPU. Under :func:`jax.vmap` each
 batch element is its own tensor with its own scale and amax; the kernels take a leading group
@@ -39,10 +40,42 @@ __all__ = [
 ]
 
 
-def _saturating_cast(y: jax.Array, fp8_dtype: Any) -> jax.Array:
-    """float32 -> FP8 with saturation of finite overflow and inf; NaN stays NaN."""
-    m = fp8_max(fp8_dtype)
-    return jnp.clip(y, -m, m).astype(fp8_dtype)
+# Per FP8 dtype: (largest finite code, NaN code, code of +inf); a sign bit is OR-ed into each.
+# E4M3FN has no inf: +-inf becomes its NaN. ml_dtypes and XLA's convert give the same NaN and inf
+# codes (but they turn a finite overflow into NaN/inf, where fp8jax saturates).
+_SPECIAL_CODES = {
+    jnp.dtype(jnp.float8_e4m3fn): (0x7E, 0x7F, 0x7F),
+    jnp.dtype(jnp.float8_e5m2): (0x7B, 0x7E, 0x7C),
+}
+
+
+def _sign_byte(a: jax.Array) -> jax.Array:
+    """The sign bit of float32 ``a`` as ``uint8`` 0x00 or 0x80."""
+    return (jax.lax.bitcast_convert_type(a, jnp.uint32) >> 24).astype(jnp.uint8) & 0x80
+
+
+def _to_fp8(x: jax.Array, scale: jax.Array, fp8_dtype: Any) -> jax.Array:
+    """The FP8 code of float32 ``x * scale`` (the CPU kernel's ``QuantizeValue``).
+
+    Finite products round to nearest even, saturating to +-max beyond the range. A NaN product
+    is ``fp8_dtype``'s NaN with the product's sign, ``sign(x) XOR sign(scale)``, taken from the
+    operands because a GPU's multiply returns one canonical NaN. An infinite product is
+    +-inf (E5M2) or NaN (E4M3) when ``x`` or ``scale`` is not finite, and saturates to +-max
+    when both are finite (an overflow of the multiply is a finite value beyond the range).
+    """
+    dt = jnp.dtype(fp8_dtype)
+    max_code, nan_code, inf_code = _SPECIAL_CODES[dt]
+    y = x * scale
+    m = fp8_max(dt)
+    finite = jnp.isfinite(y)
+    codes = jax.lax.bitcast_convert_type(
+        jnp.clip(jnp.where(finite, y, 0), -m, m).astype(dt), jnp.uint8
+    )
+    nan = _sign_byte(x) ^ _sign_byte(scale) | jnp.uint8(nan_code)
+    overflow = jnp.where(jnp.isfinite(x) & jnp.isfinite(scale), max_code, inf_code)
+    inf = _sign_byte(y) | overflow.astype(jnp.uint8)
+    special = jnp.where(jnp.isnan(y), nan, inf)
+    return jax.lax.bitcast_convert_type(jnp.where(finite, codes, special), dt)
 
 
 def _amax(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -61,8 +94,7 @@ def quantize_reference(
     x: jax.Array, scale: jax.Array, fp8_dtype: Any
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Pure-jnp reference of :func:`quantize` (the definition of its numerics)."""
-    y = x.astype(jnp.float32) * jnp.reshape(scale, ())
-    q = _saturating_cast(y, fp8_dtype)
+    q = _to_fp8(x.astype(jnp.float32), jnp.reshape(scale, ()), fp8_dtype)
     return q, (1.0 / scale).astype(jnp.float32), _amax(x, scale.shape)
 
 
@@ -189,9 +221,29 @@ def _dequantize_call(q, scale_inv, out_dtype):
     return _partition.batchable_call(functools.partial(_dequantize_op, out_dtype), q, scale_inv)
 
 
+# The quiet NaN of each output dtype, as bits; the sign bit is OR-ed in.
+_QUIET_NAN = {
+    jnp.dtype(jnp.float32): (jnp.uint32, 0x7FC00000, 31),
+    jnp.dtype(jnp.bfloat16): (jnp.uint16, 0x7FC0, 15),
+    jnp.dtype(jnp.float16): (jnp.uint16, 0x7E00, 15),
+}
+
+
 def dequantize_reference(q: jax.Array, scale_inv: jax.Array, out_dtype: Any) -> jax.Array:
-    """Pure-jnp reference of :func:`dequantize`: ``(float32(q) * scale_inv).astype(out_dtype)``."""
-    return (q.astype(jnp.float32) * jnp.reshape(scale_inv, ())).astype(out_dtype)
+    """Pure-jnp reference of :func:`dequantize`: ``(float32(q) * scale_inv).astype(out_dtype)``.
+
+    A NaN result is ``out_dtype``'s quiet NaN (float32 ``0x7FC00000``, bfloat16 ``0x7FC0``,
+    float16 ``0x7E00``) with the product's sign, ``sign(q) XOR sign(scale_inv)``, on every
+    platform (a GPU's multiply and its float16 conversion drop a NaN's sign).
+    """
+    dt = jnp.dtype(out_dtype)
+    si = jnp.reshape(scale_inv, ())
+    y = (q.astype(jnp.float32) * si).astype(dt)
+    uint, quiet, sign_shift = _QUIET_NAN[dt]
+    q_sign = jax.lax.bitcast_convert_type(q, jnp.uint8) >> 7
+    sign = q_sign.astype(uint) ^ (jax.lax.bitcast_convert_type(si, jnp.uint32) >> 31).astype(uint)
+    nan = jax.lax.bitcast_convert_type(sign << sign_shift | uint(quiet), dt)
+    return jnp.where(jnp.isnan(y), nan, y)
 
 
 def dequantize(q: jax.Array, scale_inv: jax.Array, out_dtype: Any = jnp.float32) -> jax.Array:
@@ -212,6 +264,10 @@ def dequantize(q: jax.Array, scale_inv: jax.Array, out_dtype: Any = jnp.float32)
 
 def cast_to_representable(x: jax.Array, fp8_dtype: Any, scale: Any = 1.0) -> jax.Array:
     """Rounds ``x`` to the nearest values that quantize exactly with ``scale``.
+
+    Finite values beyond the range saturate to ``+-fp8_max / scale``; NaN stays NaN with its sign;
+    ``+-inf`` stays ``+-inf`` with E5M2 and becomes NaN (with its sign) with E4M3, which has no
+    inf (docs/numerics.md).
 
     ``dequantize(*quantize(x, scale, fp8_dtype)[:2], x.dtype)``: feeding the result to an FP8
     layer whose scale is ``scale`` loses nothing in the cast, so FP8 and high-precision results

@@ -1,7 +1,11 @@
 """The delayed-scaling state update: ``update_fp8_state`` and its batched form.
 
-Exactly the order of DESIGN.md, per tensor, after the step that observed ``amax``:
+Exactly the order of docs/numerics.md, per tensor, after the step that observed ``amax``:
 
+0. a non-finite ``amax`` (NaN, +inf, -inf) is not recorded: that tensor's history and scale stay
+   exactly as they were (the history is not even shifted), so one bad step leaves no trace. This
+   differs on purpose from TransformerEngine, which records it (a NaN in a 1024-long history
+   would keep the old scale for 1024 steps under ``"max"``);
 1. the rolling history takes ``amax`` in its newest slot, index 0; the oldest value (the last
    index) falls off;
 2. the history is reduced: ``"max"`` over all of it (NaN-propagating), ``"most_recent"`` = index
@@ -59,7 +63,24 @@ def update_fp8_states_reference(
     fp8_maxes: jax.Array,
     recipe: DelayedScaling,
 ) -> tuple[jax.Array, jax.Array]:
-    """Pure-jnp reference of the update for ``n`` states: histories ``[n, L]``, others ``[n]``."""
+    """Pure-jnp reference of the update for ``n`` states: histories ``[n, L]``, others ``[n]``.
+
+    Rows whose ``amaxes`` entry is NaN or +-inf are returned unchanged (history and scale).
+    """
+    new_hist, new_scales = _update_all_rows(amax_histories, scales, amaxes, fp8_maxes, recipe)
+    recorded = jnp.isfinite(amaxes)
+    new_hist = jnp.where(recorded[:, None], new_hist, amax_histories)
+    return new_hist, jnp.where(recorded, new_scales, scales)
+
+
+def _update_all_rows(
+    amax_histories: jax.Array,
+    scales: jax.Array,
+    amaxes: jax.Array,
+    fp8_maxes: jax.Array,
+    recipe: DelayedScaling,
+) -> tuple[jax.Array, jax.Array]:
+    """Steps 1 to 3 for every row, as if every observation were recorded."""
     new_hist = jnp.concatenate([amaxes[:, None], amax_histories[:, :-1]], axis=1)
     algo = recipe.amax_compute_algo
     if algo == "max":
@@ -126,7 +147,8 @@ def update_fp8_states(
 
     Returns:
       ``(new_histories, new_scales)`` of the input shapes; bit-identical to calling
-      :func:`update_fp8_state` on each state.
+      :func:`update_fp8_state` on each state. A state whose ``amaxes`` entry is NaN or +-inf is
+      returned unchanged (not recorded; see the module docstring).
     """
     op = "update_fp8_states"
     recipe = _check_recipe(op, recipe)
@@ -226,6 +248,8 @@ def update_fp8_state(
       amax: float32, shape ``()`` or ``(1,)``: this step's amax of the tensor.
       recipe: a :class:`~fp8jax.recipe.DelayedScaling`.
       backward: whether the tensor is a gradient (uses the recipe's backward format's max).
+
+    A NaN or +-inf ``amax`` is not recorded: ``amax_history`` and ``scale`` come back unchanged.
 
     >>> import jax.numpy as jnp, fp8jax
     >>> r = fp8jax.DelayedScaling(amax_history_len=3)

@@ -53,41 +53,83 @@ def all_16bit(dtype) -> np.ndarray:
     return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
 
 
+# The contract's codes, written out (docs/numerics.md): (largest finite, NaN, +inf) magnitude
+# codes; the sign bit is OR-ed in. E4M3 has no inf, so inf becomes its NaN.
+CODES = {
+    np.dtype(ml_dtypes.float8_e4m3fn): (0x7E, 0x7F, 0x7F),
+    np.dtype(ml_dtypes.float8_e5m2): (0x7B, 0x7E, 0x7C),
+}
+
+
 def oracle_quantize(x: np.ndarray, scale: float, fp8) -> np.ndarray:
-    """Independent numpy/ml_dtypes oracle: clip(float32(x) * scale) cast with ml_dtypes (RNE)."""
+    """Independent numpy/ml_dtypes oracle of the FP8 cast of ``float32(x) * scale``.
+
+    Finite products: clipped to +-max and cast with ml_dtypes (RNE). NaN products: the NaN code
+    with sign ``sign(x) XOR sign(scale)``. Infinite products: +-max if ``x`` and ``scale`` are
+    finite (the multiply overflowed), else the inf code (E5M2 inf, E4M3 NaN) with the product's
+    sign.
+    """
+    max_code, nan_code, inf_code = CODES[np.dtype(fp8)]
     fmax = np.float32(ml_dtypes.finfo(fp8).max)
-    y = x.astype(np.float32) * np.float32(scale)
-    with np.errstate(invalid="ignore"):
-        y = np.clip(y, -fmax, fmax)
-    return y.astype(fp8)
+    x = np.asarray(x).astype(np.float32)
+    s = np.float32(scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x * s
+    finite = np.isfinite(y)
+    codes = np.clip(np.where(finite, y, 0), -fmax, fmax).astype(fp8).view(np.uint8)
+    nan = np.where(np.signbit(x) ^ np.signbit(s), 0x80, 0) | nan_code
+    big = np.where(np.isfinite(x) & np.isfinite(s), max_code, inf_code)
+    inf = np.where(np.signbit(y), 0x80, 0) | big
+    out = np.where(finite, codes, np.where(np.isnan(y), nan, inf)).astype(np.uint8)
+    return out.view(fp8)
+
+
+def oracle_dequantize(q: np.ndarray, scale_inv: float, out_dtype) -> np.ndarray:
+    """Independent oracle of ``dequantize``: ``(float32(q) * scale_inv)`` cast to ``out_dtype``,
+    a NaN result being that dtype's quiet NaN with sign ``sign(q) XOR sign(scale_inv)``."""
+    out_dtype = np.dtype(out_dtype)
+    si = np.float32(scale_inv)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = (np.asarray(q).astype(np.float32) * si).astype(out_dtype)
+    width, quiet = _QUIET_NAN[out_dtype]
+    neg = np.signbit(np.asarray(q).astype(np.float32)) ^ np.signbit(si)  # q's sign, NaN or not
+    sign = np.where(neg, 1 << (8 * out_dtype.itemsize - 1), 0).astype(width)
+    bits = np.where(np.isnan(y.astype(np.float32)), sign | quiet, y.view(width)).astype(width)
+    return bits.view(out_dtype)
+
+
+_QUIET_NAN = {  # (bits type, positive quiet NaN) per output dtype
+    np.dtype(np.float32): (np.uint32, 0x7FC00000),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, 0x7FC0),
+    np.dtype(np.float16): (np.uint16, 0x7E00),
+}
 
 
 def bits(a) -> np.ndarray:
     return np.asarray(a).view(np.uint8)
 
 
-def assert_fp8_equal(got, want) -> None:
-    """Bit-identical FP8 arrays; NaNs must sit at the same places (any NaN code)."""
+def _assert_same_bits(got, want, width, digits: int) -> None:
     got, want = np.asarray(got), np.asarray(want)
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     assert got.shape == want.shape, (got.shape, want.shape)
-    gn, wn = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
-    np.testing.assert_array_equal(gn, wn)
-    bad = np.nonzero((bits(got) != bits(want)) & ~wn.reshape(-1).reshape(wn.shape))
+    gb, wb = got.view(width), want.view(width)
+    bad = np.nonzero(gb != wb)
     if bad[0].size:
         i = tuple(b[0] for b in bad)
         raise AssertionError(
-            f"{bad[0].size} codes differ; first at {i}: got {bits(got)[i]:#04x}, "
-            f"want {bits(want)[i]:#04x}"
+            f"{bad[0].size} of {gb.size} values differ in their bits; first at {i}: "
+            f"got {gb[i]:#0{digits + 2}x}, want {wb[i]:#0{digits + 2}x}"
         )
 
 
+def assert_fp8_equal(got, want) -> None:
+    """Bit-identical FP8 arrays: every code equal, NaN codes (and their signs) included."""
+    _assert_same_bits(got, want, np.uint8, 2)
+
+
 def assert_wide_equal(got, want) -> None:
-    """Bit-identical float32/bfloat16/float16 arrays; NaNs compare equal to NaNs."""
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    gf, wf = got.astype(np.float32), want.astype(np.float32)
-    np.testing.assert_array_equal(np.isnan(gf), np.isnan(wf))
-    ok = ~np.isnan(wf)
+    """Bit-identical float32/bfloat16/float16 arrays, NaN bit patterns included."""
+    got = np.asarray(got)
     width = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
-    np.testing.assert_array_equal(got.view(width)[ok], want.view(width)[ok])
+    _assert_same_bits(got, want, width, 2 * got.dtype.itemsize)

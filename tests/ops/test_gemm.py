@@ -548,3 +548,21 @@ def test_gemm_codes_bad_input():
     with pytest.raises(ValueError, match=r"reuse\[0\] must be b's transpose"):
         gemm_codes(_codes(g), _codes(w_q), one, one, dtypes=(E5M2, E4M3),
                    reuse=(_codes(w_q), x_t))  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize(
+    ("x_dt", "g_dt"), [(jnp.float8_e4m3fn, jnp.float8_e4m3fn), (jnp.float8_e5m2, jnp.float8_e4m3fn)]
+)
+def test_nonfinite_input_makes_a_nonfinite_gemm_row(bad, x_dt, g_dt):
+    # The point of the non-finite cast rule: one inf or NaN in an input row reaches the GEMM as a
+    # non-finite code (it used to saturate to +-max), so the row's outputs, and a loss built on
+    # them, are non-finite as in high precision. The other rows are untouched.
+    x = np.ones((3, 16), np.float32)
+    x[1, 5] = bad
+    w = np.full((4, 16), 0.5, np.float32)
+    qx, sx, _ = ops.quantize(jnp.asarray(x), jnp.float32(1.0), x_dt)
+    qw, sw, _ = ops.quantize(jnp.asarray(w), jnp.float32(1.0), g_dt)
+    y = np.asarray(ops.gemm(qx, qw, sx, sw, out_dtype=jnp.float32))
+    assert not np.isfinite(y[1]).any()
+    np.testing.assert_array_equal(y[[0, 2]], 8.0)
