@@ -107,5 +107,17 @@ def ensure_registered() -> None:
             stacklevel=3,
         )
         return
-    for name, capsule in cuda.registrations().items():
-        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    traits = cuda.traits()
+    for name, handler in cuda.registrations().items():
+        jax.ffi.register_ffi_target(name, handler, platform="CUDA", **_traits_kwargs(traits, name))
+
+
+def _traits_kwargs(traits: dict[str, int], name: str) -> dict:
+    """``traits=`` for :func:`jax.ffi.register_ffi_target`: XLA learns that a handler may be
+    captured into a CUDA graph (command buffer) from its registration, not from the handler."""
+    value = traits.get(name, 0)
+    try:
+        from jaxlib.xla_client import CustomCallTargetTraits
+    except ImportError:  # a jaxlib without traits: register plainly
+        return {}
+    return {"traits": CustomCallTargetTraits(value)} if value else {}

@@ -2,6 +2,7 @@
 // as PyCapsules, keyed by the target name every platform shares.
 #include <nanobind/nanobind.h>
 
+#include "cpu/plan_bindings.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -30,4 +31,6 @@ NB_MODULE(_fp8jax_cpu, m) {
     d["fp8jax_update_fp8_state"] = Capsule(Fp8jaxUpdateFp8StateCpu);
     return d;
   });
+  // Private: the CUDA kernels' launch planning, for tests/ops/test_launch_plan.py.
+  fp8jax::AddPlanBindings(m);
 }

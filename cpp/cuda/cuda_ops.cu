@@ -2,8 +2,12 @@
 //
 // Same target names and numerics as cpp/cpu/cpu_ops.cc. Every handler takes
 // XLA's stream from PlatformStream<cudaStream_t>, allocates nothing, never
-// synchronises the host (so it is CUDA-graph compatible), and reports launch
-// failures as ffi::Error.
+// synchronises the host (so it is CUDA-graph compatible, and says so with
+// kCmdBufferCompatible), and reports launch failures as ffi::Error.
+//
+// Grids, tiles, the vector/scalar choice and edge guards come from
+// common/launch_plan.h, which the CPU extension also compiles so that the
+// tests check them on the host; the kernels here are thin loops over it.
 //
 // amax is accumulated as the unsigned bits of |x| with atomicMax: for
 // non-negative floats the unsigned order is the numeric order and NaN sorts
@@ -13,18 +17,20 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
+#include "common/launch_plan.h"
+#include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxGridY = 65535;
+constexpr int kThreads = plan::kThreads;
 
 // ------------------------------------------------------------ conversions
 
@@ -136,69 +142,130 @@ __device__ __forceinline__ uint32_t BlockMaxU32(uint32_t v) {
   return r;
 }
 
-bool Aligned(const void* p, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
+template <WideKind W>
+constexpr int kWideBytes = W == WideKind::kF32 ? 4 : 2;
 
-int SmCount() {
-  static int cache[128] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 128) return 132;
-  if (cache[dev] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    cache[dev] = n > 0 ? n : 132;
+uint64_t Addr(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+// Loads the `count` (0..8) elements of a chunk at element i into v[0..7] (the
+// missing ones as 0, which leaves amax unchanged): one vector access when
+// `vector`, else element by element (the scalar head and tail).
+template <WideKind W>
+__device__ __forceinline__ void LoadChunk(const void* p, int64_t i, int count, bool vector,
+                                          float v[8]) {
+  if (vector) {
+    LoadEight<W>(p, i, v);
+    return;
   }
-  return cache[dev];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = j < count ? LoadOne<W>(p, i + j) : 0.0f;
 }
 
-int64_t BlocksFor(int64_t work, int64_t groups) {
-  const int64_t want = (work + kThreads - 1) / kThreads;
-  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(SmCount()) * 8 / groups);
-  return std::max<int64_t>(1, std::min(want, cap));
+template <WideKind W>
+__device__ __forceinline__ void StoreChunk(void* p, int64_t i, int count, bool vector,
+                                           const float v[8]) {
+  if (vector) {
+    StoreEight<W>(p, i, v);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (j < count) StoreOne<W>(p, i + j, v[j]);
+  }
 }
 
-ffi::Error LastError(const char* op) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return ffi::Error::Internal(std::string("fp8jax ") + op + ": " + cudaGetErrorString(err));
+// FP8 codes of a chunk, packed little-endian in a uint64.
+__device__ __forceinline__ uint64_t LoadCodes(const uint8_t* p, int64_t i, int count, bool vector) {
+  if (vector) return *reinterpret_cast<const uint64_t*>(p + i);
+  uint64_t packed = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (j < count) packed |= static_cast<uint64_t>(p[i + j]) << (8 * j);
+  }
+  return packed;
+}
+
+__device__ __forceinline__ void StoreCodes(uint8_t* p, int64_t i, int count, bool vector,
+                                           uint64_t packed) {
+  if (vector) {
+    *reinterpret_cast<uint64_t*>(p + i) = packed;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (j < count) p[i + j] = static_cast<uint8_t>(packed >> (8 * j));
+  }
+}
+
+// scale_inv = 1 / scale for every group, by a grid-stride loop over all
+// threads: written even when the tensor is empty and no tile has work.
+__device__ __forceinline__ void WriteScaleInv(const float* __restrict__ scale,
+                                              float* __restrict__ scale_inv, int64_t groups) {
+  plan::WalkGroups(groups, blockIdx.x, gridDim.x, threadIdx.x,
+                   [&](int64_t g) { scale_inv[g] = 1.0f / scale[g]; });
+}
+
+// One atomic per block and group: the block's max of m into amax_bits[group].
+// Called at block-uniform points (it synchronises the block).
+__device__ __forceinline__ void FlushAmax(uint32_t* __restrict__ amax_bits, int64_t group,
+                                          uint32_t m) {
+  m = BlockMaxU32(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits + group, m);
+}
+
+ffi::Error MemsetAsync(const char* op, void* p, size_t bytes, cudaStream_t stream) {
+  if (const cudaError_t err = cudaMemsetAsync(p, 0, bytes, stream); err != cudaSuccess) {
+    return CudaError(op, "cudaMemsetAsync", err);
   }
   return ffi::Error::Success();
 }
 
+// Launches `kernel` on as many blocks as `plan_grid(resident blocks)` says.
+template <typename PlanGrid, typename... Params, typename... Args>
+ffi::Error PlanAndLaunch(const char* op, void (*kernel)(Params...), cudaStream_t stream,
+                         PlanGrid&& plan_grid, Args&&... args) {
+  int64_t resident = 0;
+  if (auto err = ResidentBlocks(op, stream, reinterpret_cast<const void*>(kernel), plan::kThreads,
+                                &resident);
+      !err.success()) {
+    return err;
+  }
+  return Launch(op, kernel, plan_grid(resident), plan::kThreads, stream,
+                std::forward<Args>(args)...);
+}
+
 // ---------------------------------------------------------------- quantize
 
-template <WideKind W, typename F, bool kVec>
-__global__ void __launch_bounds__(kThreads)
+// Each block walks its tiles (plan::WalkElementwise): per tile, each thread
+// loads its kChunksPerThread chunks first (independent loads in flight), then
+// converts and stores them; vector chunks use one or two 16-byte loads and one
+// 8-byte store, the head and tail chunks of a group go element by element.
+template <WideKind W, typename F>
+__global__ void __launch_bounds__(plan::kThreads)
     QuantizeKernel(const void* __restrict__ x, const float* __restrict__ scale,
                    uint8_t* __restrict__ q, float* __restrict__ scale_inv,
-                   uint32_t* __restrict__ amax_bits, int64_t per_group) {
-  const int64_t g = blockIdx.y;
-  const float sc = scale[g];
-  const int64_t base = g * per_group;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+                   uint32_t* __restrict__ amax_bits, plan::ElementwiseArgs a) {
+  WriteScaleInv(scale, scale_inv, a.groups);
   uint32_t m = 0;
-  if constexpr (kVec) {
-    const int64_t chunks = per_group / 8;
-    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < chunks;
-         c += stride) {
-      float v[8];
-      LoadEight<W>(x, base + c * 8, v);
-      *reinterpret_cast<uint64_t*>(q + base + c * 8) = QuantizeEight<F>(v, sc, m);
-    }
-  } else {
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per_group;
-         i += stride) {
-      const float v = LoadOne<W>(x, base + i);
-      m = max(m, AbsBits(v));
-      q[base + i] = CvtFp8<F>(v, sc);
-    }
-  }
-  m = BlockMaxU32(m);
-  if (threadIdx.x == 0) {
-    atomicMax(amax_bits + g, m);
-    if (blockIdx.x == 0) scale_inv[g] = 1.0f / sc;
-  }
+  plan::WalkElementwise(
+      a, blockIdx.x, gridDim.x, threadIdx.x,
+      [&](int64_t g, int64_t base, const plan::ChunkElems* chunks) {
+        const float sc = scale[g];
+        float v[plan::kChunksPerThread][8];
+#pragma unroll
+        for (int k = 0; k < plan::kChunksPerThread; ++k) {
+          LoadChunk<W>(x, base + chunks[k].first, chunks[k].count, chunks[k].vector, v[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < plan::kChunksPerThread; ++k) {
+          const uint64_t packed = QuantizeEight<F>(v[k], sc, m);
+          StoreCodes(q, base + chunks[k].first, chunks[k].count, chunks[k].vector, packed);
+        }
+      },
+      [&](int64_t g) {
+        FlushAmax(amax_bits, g, m);
+        m = 0;
+      });
 }
 
 ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
@@ -210,61 +277,61 @@ ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::
       !err.success()) {
     return err;
   }
-  if (s.groups > kMaxGridY) return BadArg("quantize", "too many scales (vmapped groups)");
   if (q->element_count() != x.element_count()) return BadArg("quantize", "output size mismatch");
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax->typed_data());
-  if (cudaMemsetAsync(amax_bits, 0, s.groups * sizeof(uint32_t), stream) != cudaSuccess) {
-    return LastError("quantize");
+  if (auto err = MemsetAsync("quantize", amax_bits, s.groups * sizeof(uint32_t), stream);
+      !err.success()) {
+    return err;
   }
-  const bool vec = s.per_group % 8 == 0 && Aligned(x.untyped_data(), 32) &&
-                   Aligned(q->untyped_data(), 8);
   return DispatchWideFp8(
       "quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
       [&]<WideKind W, typename F>() {
-        const int64_t work = vec ? s.per_group / 8 : s.per_group;
-        const dim3 grid(static_cast<unsigned>(BlocksFor(work, s.groups)),
-                        static_cast<unsigned>(s.groups));
         auto* qp = static_cast<uint8_t*>(q->untyped_data());
-        if (vec) {
-          QuantizeKernel<W, F, true><<<grid, kThreads, 0, stream>>>(
-              x.untyped_data(), scale.typed_data(), qp, scale_inv->typed_data(), amax_bits,
-              s.per_group);
-        } else {
-          QuantizeKernel<W, F, false><<<grid, kThreads, 0, stream>>>(
-              x.untyped_data(), scale.typed_data(), qp, scale_inv->typed_data(), amax_bits,
-              s.per_group);
-        }
-        return LastError("quantize");
+        plan::ElementwiseArgs a;
+        a.groups = s.groups;
+        a.per_group = s.per_group;
+        a.wide_addr = Addr(x.untyped_data());
+        a.wide_bytes = kWideBytes<W>;
+        a.narrow_addr = Addr(qp);
+        return PlanAndLaunch(
+            "quantize", QuantizeKernel<W, F>, stream,
+            [&](int64_t resident) {
+              const plan::ElementwisePlan p =
+                  plan::PlanElementwise(s.groups, s.per_group, resident);
+              a.tiles_per_group = p.tiles_per_group;
+              a.tiles = p.tiles;
+              return p.grid;
+            },
+            x.untyped_data(), scale.typed_data(), qp, scale_inv->typed_data(), amax_bits, a);
       });
 }
 
 // -------------------------------------------------------------- dequantize
 
-template <WideKind W, typename F, bool kVec>
-__global__ void __launch_bounds__(kThreads)
+template <WideKind W, typename F>
+__global__ void __launch_bounds__(plan::kThreads)
     DequantizeKernel(const uint8_t* __restrict__ q, const float* __restrict__ scale_inv,
-                     void* __restrict__ out, int64_t per_group) {
-  const int64_t g = blockIdx.y;
-  const float si = scale_inv[g];
-  const int64_t base = g * per_group;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  if constexpr (kVec) {
-    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-         c < per_group / 8; c += stride) {
-      const uint64_t packed = *reinterpret_cast<const uint64_t*>(q + base + c * 8);
-      float v[8];
+                     void* __restrict__ out, plan::ElementwiseArgs a) {
+  plan::WalkElementwise(
+      a, blockIdx.x, gridDim.x, threadIdx.x,
+      [&](int64_t g, int64_t base, const plan::ChunkElems* chunks) {
+        const float si = scale_inv[g];
+        uint64_t packed[plan::kChunksPerThread];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        v[j] = DequantizeValue<F>(static_cast<uint8_t>(packed >> (8 * j)), si);
-      }
-      StoreEight<W>(out, base + c * 8, v);
-    }
-  } else {
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < per_group;
-         i += stride) {
-      StoreOne<W>(out, base + i, DequantizeValue<F>(q[base + i], si));
-    }
-  }
+        for (int k = 0; k < plan::kChunksPerThread; ++k) {
+          packed[k] = LoadCodes(q, base + chunks[k].first, chunks[k].count, chunks[k].vector);
+        }
+#pragma unroll
+        for (int k = 0; k < plan::kChunksPerThread; ++k) {
+          float v[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            v[j] = DequantizeValue<F>(static_cast<uint8_t>(packed[k] >> (8 * j)), si);
+          }
+          StoreChunk<W>(out, base + chunks[k].first, chunks[k].count, chunks[k].vector, v);
+        }
+      },
+      [](int64_t) {});
 }
 
 ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer q,
@@ -274,136 +341,148 @@ ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer q,
       !err.success()) {
     return err;
   }
-  if (s.groups > kMaxGridY) return BadArg("dequantize", "too many scales (vmapped groups)");
   if (out->element_count() != q.element_count()) {
     return BadArg("dequantize", "output size mismatch");
   }
-  const bool vec = s.per_group % 8 == 0 && Aligned(q.untyped_data(), 8) &&
-                   Aligned(out->untyped_data(), 32);
   return DispatchWideFp8(
       "dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
       [&]<WideKind W, typename F>() {
-        const int64_t work = vec ? s.per_group / 8 : s.per_group;
-        const dim3 grid(static_cast<unsigned>(BlocksFor(work, s.groups)),
-                        static_cast<unsigned>(s.groups));
         const auto* qp = static_cast<const uint8_t*>(q.untyped_data());
-        if (vec) {
-          DequantizeKernel<W, F, true><<<grid, kThreads, 0, stream>>>(
-              qp, scale_inv.typed_data(), out->untyped_data(), s.per_group);
-        } else {
-          DequantizeKernel<W, F, false><<<grid, kThreads, 0, stream>>>(
-              qp, scale_inv.typed_data(), out->untyped_data(), s.per_group);
-        }
-        return LastError("dequantize");
+        plan::ElementwiseArgs a;
+        a.groups = s.groups;
+        a.per_group = s.per_group;
+        a.wide_addr = Addr(out->untyped_data());
+        a.wide_bytes = kWideBytes<W>;
+        a.narrow_addr = Addr(qp);
+        return PlanAndLaunch(
+            "dequantize", DequantizeKernel<W, F>, stream,
+            [&](int64_t resident) {
+              const plan::ElementwisePlan p =
+                  plan::PlanElementwise(s.groups, s.per_group, resident);
+              a.tiles_per_group = p.tiles_per_group;
+              a.tiles = p.tiles;
+              return p.grid;
+            },
+            qp, scale_inv.typed_data(), out->untyped_data(), a);
       });
 }
 
 // ---------------------------------------------------------- cast_transpose
 
-// Fast path: rows and cols multiples of 8. A 64x64 tile per block; each
-// thread loads 8 consecutive inputs, writes 8 FP8 codes of q directly and
-// stages them in shared memory, then writes 8 consecutive codes of q_t.
-constexpr int kTile = 64;
-
+// Fast path for a kBigTile x kBigTile tile inside an aligned matrix
+// (plan::FastTileOk; the reasoning is in docs/performance.md). Each thread
+// loads its 8 x 8 block (8 independent 16-byte loads for 2-byte inputs, 16
+// for f32), writes 8 q words, transposes the block in registers and puts its
+// 8 column words into the swizzled shared buffer; after one barrier each
+// thread moves 4 x 16 bytes of q_t rows from shared memory to global memory.
 template <WideKind W, typename F>
-__global__ void __launch_bounds__(kThreads)
-    CastTransposeVecKernel(const void* __restrict__ x, const float* __restrict__ scale,
-                           uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
-                           float* __restrict__ scale_inv, uint32_t* __restrict__ amax_bits,
-                           int64_t rows, int64_t cols, int64_t mats_per_group, int64_t matrices) {
-  __shared__ alignas(8) uint8_t tile[kTile][kTile + 8];
-  const int t = threadIdx.x;
-  const int chunk = t % 8;
-  const int lane_row = t / 8;  // 0..31
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  for (int64_t mat = blockIdx.z; mat < matrices; mat += gridDim.z) {
-    const int64_t g = mat / mats_per_group;
-    const float sc = scale[g];
-    const int64_t mat_base = mat * rows * cols;
-    uint32_t m = 0;
+__device__ __forceinline__ void CastTransposeFastTile(
+    const void* __restrict__ x, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+    uint64_t* __restrict__ words, const plan::TransposeArgs& a, const plan::MatTile& mt, float sc,
+    uint32_t& m, int t) {
+  const int rb = plan::FastRowBlock(t);
+  const int cb = plan::FastColBlock(t);
+  const int64_t mat_base = mt.mat * a.rows * a.cols;
+  const int64_t first = mat_base + (mt.row0 + rb * plan::kVec) * a.cols + mt.col0 + cb * plan::kVec;
+  float v[plan::kVec][8];
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const int lr = lane_row + 32 * p;
-      const int64_t gr = row0 + lr;
-      const int64_t gc = col0 + chunk * 8;
-      if (gr < rows && gc < cols) {
-        float v[8];
-        LoadEight<W>(x, mat_base + gr * cols + gc, v);
-        const uint64_t packed = QuantizeEight<F>(v, sc, m);
-        *reinterpret_cast<uint64_t*>(q + mat_base + gr * cols + gc) = packed;
-        *reinterpret_cast<uint64_t*>(&tile[lr][chunk * 8]) = packed;
-      }
-    }
-    __syncthreads();
+  for (int i = 0; i < plan::kVec; ++i) LoadEight<W>(x, first + i * a.cols, v[i]);
+  uint64_t w[plan::kVec];
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const int lc = lane_row + 32 * p;
-      const int64_t gc = col0 + lc;
-      const int64_t gr = row0 + chunk * 8;
-      if (gc < cols && gr < rows) {
-        uint64_t packed = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          packed |= static_cast<uint64_t>(tile[chunk * 8 + j][lc]) << (8 * j);
-        }
-        *reinterpret_cast<uint64_t*>(qt + mat_base + gc * rows + gr) = packed;
-      }
-    }
-    m = BlockMaxU32(m);  // also separates this tile's reads from the next writes
-    if (t == 0) {
-      atomicMax(amax_bits + g, m);
-      if (blockIdx.x == 0 && blockIdx.y == 0 && mat % mats_per_group == 0) {
-        scale_inv[g] = 1.0f / sc;
-      }
-    }
+  for (int i = 0; i < plan::kVec; ++i) {
+    w[i] = QuantizeEight<F>(v[i], sc, m);
+    *reinterpret_cast<uint64_t*>(q + first + i * a.cols) = w[i];
   }
+  plan::Transpose8x8(w);
+#pragma unroll
+  for (int j = 0; j < plan::kVec; ++j) words[plan::FastWord(cb * plan::kVec + j, rb)] = w[j];
+  __syncthreads();
+#pragma unroll
+  for (int step = 0; step < plan::kFastReadSteps; ++step) {
+    const int c = plan::FastReadCol(t, step);
+    const int k = plan::FastReadPair(t);
+    const ulonglong2 pair = *reinterpret_cast<const ulonglong2*>(&words[plan::FastReadWord(c, k)]);
+    const bool swapped = plan::FastReadSwapped(c);
+    const ulonglong2 out = swapped ? make_ulonglong2(pair.y, pair.x) : pair;
+    const int64_t dst = mat_base + (mt.col0 + c) * a.rows + mt.row0 + 16 * k;
+    *reinterpret_cast<ulonglong2*>(qt + dst) = out;
+  }
+  __syncthreads();  // this tile's reads before the next tile's writes
 }
 
-// General path: any rows/cols. A 32x32 tile, one element per thread step.
-constexpr int kSmallTile = 32;
-
+// Guarded path for one kTile x kTile sub-tile (edges, unaligned matrices).
+// Load pass: each thread loads 8 consecutive inputs of a row (one vector
+// access when aligned and inside the matrix, else element by element), writes
+// their 8 codes to q and stages them in shared memory. Store pass: each
+// thread gathers 8 codes of a tile column and writes them as 8 consecutive
+// codes of a q_t row. Every chunk is guarded (plan::LoadChunk/StoreChunk).
 template <WideKind W, typename F>
-__global__ void __launch_bounds__(kThreads)
+__device__ __forceinline__ void CastTransposeGuardedTile(
+    const void* __restrict__ x, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+    uint8_t (*tile)[plan::kTile + 8], const plan::TransposeArgs& a, const plan::MatTile& mt,
+    float sc, uint32_t& m, int t) {
+  plan::TileChunk in[2];
+  float v[2][8];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    in[p] = plan::LoadChunk(a, mt, t, p);
+    LoadChunk<W>(x, in[p].offset, in[p].count, in[p].vector, v[p]);
+  }
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const uint64_t packed = QuantizeEight<F>(v[p], sc, m);
+    StoreCodes(q, in[p].offset, in[p].count, in[p].vector, packed);
+    *reinterpret_cast<uint64_t*>(&tile[in[p].slot.row][in[p].slot.col]) = packed;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const plan::TileChunk out = plan::StoreChunk(a, mt, t, p);
+    uint64_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      packed |= static_cast<uint64_t>(tile[out.slot.row + j][out.slot.col]) << (8 * j);
+    }
+    StoreCodes(qt, out.offset, out.count, out.vector, packed);
+  }
+  __syncthreads();  // this sub-tile's reads before the next writes
+}
+
+// One kBigTile x kBigTile tile per step (plan::WalkCastTranspose): the fast
+// path when the tile lies inside an aligned matrix, else four guarded
+// sub-tiles. One amax atomic per block and group.
+// At least 2 resident blocks per SM (so one block's loads overlap the
+// other's shared-memory phase): up to 128 registers per thread, which keeps
+// the 64 loaded values in registers on every arch (without the bound, ptxas
+// for sm_89 stopped at 80 registers and spilled).
+template <WideKind W, typename F>
+__global__ void __launch_bounds__(plan::kThreads, 2)
     CastTransposeKernel(const void* __restrict__ x, const float* __restrict__ scale,
                         uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
                         float* __restrict__ scale_inv, uint32_t* __restrict__ amax_bits,
-                        int64_t rows, int64_t cols, int64_t mats_per_group, int64_t matrices) {
-  __shared__ uint8_t tile[kSmallTile][kSmallTile + 1];
-  const int tx = threadIdx.x % kSmallTile;
-  const int ty = threadIdx.x / kSmallTile;  // 0..7
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kSmallTile;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kSmallTile;
-  for (int64_t mat = blockIdx.z; mat < matrices; mat += gridDim.z) {
-    const int64_t g = mat / mats_per_group;
-    const float sc = scale[g];
-    const int64_t mat_base = mat * rows * cols;
-    uint32_t m = 0;
-    for (int i = ty; i < kSmallTile; i += kThreads / kSmallTile) {
-      const int64_t gr = row0 + i;
-      const int64_t gc = col0 + tx;
-      if (gr < rows && gc < cols) {
-        const float v = LoadOne<W>(x, mat_base + gr * cols + gc);
-        m = max(m, AbsBits(v));
-        const uint8_t code = CvtFp8<F>(v, sc);
-        q[mat_base + gr * cols + gc] = code;
-        tile[i][tx] = code;
-      }
-    }
-    __syncthreads();
-    for (int i = ty; i < kSmallTile; i += kThreads / kSmallTile) {
-      const int64_t gc = col0 + i;
-      const int64_t gr = row0 + tx;
-      if (gc < cols && gr < rows) qt[mat_base + gc * rows + gr] = tile[tx][i];
-    }
-    m = BlockMaxU32(m);
-    if (threadIdx.x == 0) {
-      atomicMax(amax_bits + g, m);
-      if (blockIdx.x == 0 && blockIdx.y == 0 && mat % mats_per_group == 0) {
-        scale_inv[g] = 1.0f / sc;
-      }
-    }
-  }
+                        int64_t groups, plan::TransposeArgs a) {
+  __shared__ alignas(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
+  static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
+  auto* tile = reinterpret_cast<uint8_t (*)[plan::kTile + 8]>(words);
+  WriteScaleInv(scale, scale_inv, groups);
+  const int t = threadIdx.x;
+  uint32_t m = 0;
+  plan::WalkCastTranspose(
+      a, blockIdx.x, gridDim.x,
+      [&](int64_t g, const plan::MatTile& mt) {
+        const float sc = scale[g];
+        if (plan::FastTileOk(a, mt)) {  // block-uniform
+          CastTransposeFastTile<W, F>(x, q, qt, words, a, mt, sc, m, t);
+          return;
+        }
+        for (int sub = 0; sub < plan::kSubTiles; ++sub) {
+          CastTransposeGuardedTile<W, F>(x, q, qt, tile, a, plan::SubTile(mt, sub), sc, m, t);
+        }
+      },
+      [&](int64_t g) {
+        FlushAmax(amax_bits, g, m);
+        m = 0;
+      });
 }
 
 ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
@@ -420,40 +499,38 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
     return BadArg("cast_transpose", "outputs must match the input size and share an FP8 dtype");
   }
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax->typed_data());
-  if (cudaMemsetAsync(amax_bits, 0, s.groups * sizeof(uint32_t), stream) != cudaSuccess) {
-    return LastError("cast_transpose");
+  if (auto err = MemsetAsync("cast_transpose", amax_bits, s.groups * sizeof(uint32_t), stream);
+      !err.success()) {
+    return err;
   }
-  // scale_inv is written by a block of each group's first matrix; with an
-  // empty matrix no block runs, so write it up front from the host side of
-  // the stream (a tiny kernel is not worth it: the empty case is rare).
-  const bool vec = s.rows % 8 == 0 && s.cols % 8 == 0 && Aligned(x.untyped_data(), 32) &&
-                   Aligned(q->untyped_data(), 8) && Aligned(qt->untyped_data(), 8);
-  const int tile = vec ? kTile : kSmallTile;
-  const int64_t gx = (s.cols + tile - 1) / tile;
-  const int64_t gy = (s.rows + tile - 1) / tile;
-  if (gx > INT32_MAX || gy > kMaxGridY) {
-    return BadArg("cast_transpose", "matrix too large for one launch");
-  }
-  const int64_t gz = std::min<int64_t>(s.matrices, kMaxGridY);
-  const int64_t mats_per_group = s.matrices / s.groups;
+  // Always launched, even for an empty matrix: the kernel writes scale_inv
+  // for every group before (and independently of) its tiles.
   return DispatchWideFp8(
       "cast_transpose", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
       [&]<WideKind W, typename F>() {
-        if (s.rows == 0 || s.cols == 0 || s.matrices == 0) return ffi::Error::Success();
-        const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
-                        static_cast<unsigned>(gz));
         auto* qp = static_cast<uint8_t*>(q->untyped_data());
         auto* qtp = static_cast<uint8_t*>(qt->untyped_data());
-        if (vec) {
-          CastTransposeVecKernel<W, F><<<grid, kThreads, 0, stream>>>(
-              x.untyped_data(), scale.typed_data(), qp, qtp, scale_inv->typed_data(), amax_bits,
-              s.rows, s.cols, mats_per_group, s.matrices);
-        } else {
-          CastTransposeKernel<W, F><<<grid, kThreads, 0, stream>>>(
-              x.untyped_data(), scale.typed_data(), qp, qtp, scale_inv->typed_data(), amax_bits,
-              s.rows, s.cols, mats_per_group, s.matrices);
-        }
-        return LastError("cast_transpose");
+        plan::TransposeArgs a;
+        a.rows = s.rows;
+        a.cols = s.cols;
+        a.mats_per_group = s.matrices / s.groups;
+        a.x_addr = Addr(x.untyped_data());
+        a.wide_bytes = kWideBytes<W>;
+        a.q_addr = Addr(qp);
+        a.qt_addr = Addr(qtp);
+        a.fast = plan::FastEligible(s.rows, s.cols, a.x_addr, a.wide_bytes, a.q_addr, a.qt_addr);
+        return PlanAndLaunch(
+            "cast_transpose", CastTransposeKernel<W, F>, stream,
+            [&](int64_t resident) {
+              const plan::TransposePlan p =
+                  plan::PlanCastTranspose(s.matrices, s.rows, s.cols, resident);
+              a.row_tiles = p.row_tiles;
+              a.col_tiles = p.col_tiles;
+              a.tiles = p.tiles;
+              return p.grid;
+            },
+            x.untyped_data(), scale.typed_data(), qp, qtp, scale_inv->typed_data(), amax_bits,
+            s.groups, a);
       });
 }
 
@@ -512,16 +589,21 @@ ffi::Error UpdateFp8StateImpl(cudaStream_t stream, ffi::Buffer<ffi::F32> history
   if (s.rows == 0) return ffi::Error::Success();
   if (s.rows > INT32_MAX) return BadArg("update_fp8_state", "too many state rows");
   const float margin_factor = std::ldexp(1.0f, -static_cast<int>(margin));
-  UpdateFp8StateKernel<<<static_cast<unsigned>(s.rows), kThreads, 0, stream>>>(
-      history.typed_data(), scale.typed_data(), amax.typed_data(), fp8_max.typed_data(), s.len,
-      static_cast<int>(algo), margin_factor, new_history->typed_data(), new_scale->typed_data());
-  return LastError("update_fp8_state");
+  return Launch("update_fp8_state", UpdateFp8StateKernel, s.rows, kThreads, stream,
+                history.typed_data(), scale.typed_data(), amax.typed_data(), fp8_max.typed_data(),
+                s.len, static_cast<int>(algo), margin_factor, new_history->typed_data(),
+                new_scale->typed_data());
 }
 
 }  // namespace
 }  // namespace fp8jax
 
 namespace ffi = xla::ffi;
+
+// Every handler is command-buffer (CUDA graph) compatible: each call enqueues
+// the same work for the same shapes (a memset and one kernel launch), with no
+// allocation and no host synchronisation. (module_cuda.cc passes the same
+// trait to the registration.)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxQuantizeCuda, fp8jax::QuantizeImpl,
                               ffi::Ffi::Bind()
@@ -530,14 +612,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxQuantizeCuda, fp8jax::QuantizeImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDequantizeCuda, fp8jax::DequantizeImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda, fp8jax::CastTransposeImpl,
                               ffi::Ffi::Bind()
@@ -547,7 +631,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda, fp8jax::CastTransposeImpl
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCuda, fp8jax::UpdateFp8StateImpl,
                               ffi::Ffi::Bind()
@@ -559,4 +644,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCuda, fp8jax::UpdateFp8StateIm
                                   .Attr<int64_t>("margin")
                                   .Attr<int64_t>("algo")
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});

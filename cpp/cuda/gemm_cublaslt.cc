@@ -12,13 +12,26 @@
 // B_SCALE_POINTER = a_scale_inv; the bias (length m = N) runs along the rows of
 // the column-major result, i.e. along the columns of the row-major one.
 //
-// Runtime behaviour: one cuBLASLt handle per CUDA device, created on first use
-// and kept for the life of the process; the heuristic's algorithm is cached
-// per problem (shape, dtypes, epilogue, accumulation mode, pointer alignments,
-// device). The scales are read on the device (scale pointers), alpha and beta
-// are host constants, and the workspace is an XLA-allocated output, so a call
-// allocates nothing and never synchronises the host. Every failure becomes an
-// ffi::Error that names the cuBLAS status.
+// Runtime behaviour, in XLA FFI's execution stages:
+// - initialize (runs before each execution, outside any CUDA-graph capture,
+//   with the real buffers and stream): takes the stream's device, creates its
+//   cuBLASLt handle on first use (kept for the life of the process), builds
+//   the descriptors and runs the heuristic query once per problem (shape,
+//   dtypes, epilogue, accumulation mode, pointer alignments, device, workspace
+//   size), caching the algorithm;
+// - execute (what XLA captures into a CUDA graph, so the handler declares
+//   kCmdBufferCompatible): builds the descriptors in stack memory with
+//   cuBLASLt's *Init functions (no allocation), finds the handle and the
+//   algorithm in the caches, and calls cublasLtMatmul. If a runtime never ran
+//   the initialize stage, execute falls back to doing that work itself.
+// The scales are read on the device (scale pointers), alpha and beta are host
+// constants, and the workspace is an XLA-allocated output, so a call
+// allocates no device memory and never synchronises the host. Every failure
+// becomes an ffi::Error that names the cuBLAS status.
+//
+// Everything before cublasLtMatmul (checks, descriptors, layouts, preference)
+// is host-only and is exposed to the tests through DescribeGemmSetup
+// (gemm_setup.h); the handle and the heuristic query need a GPU.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -29,8 +42,12 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/ffi_checks.h"
+#include "cuda/cuda_util.h"
+#include "cuda/gemm_setup.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -102,16 +119,6 @@ bool CudaTypeOfWide(ffi::DataType t, cudaDataType_t* out) {
   }
 }
 
-// RAII owners of the cuBLASLt descriptors (host objects, cheap to create).
-struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
-using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
-using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
-
 template <typename T>
 cublasStatus_t SetDesc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
   return cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v));
@@ -171,48 +178,38 @@ struct GemmArgs {
   int64_t n = 0;  // columns of the row-major result (N)
   int64_t k = 0;
   cudaDataType_t a_type{}, b_type{}, d_type{};
+  bool has_bias = false;
+  bool fast_accum = false;
 };
 
-ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                         const ffi::Buffer<ffi::F32>& a_scale_inv,
-                         const ffi::Buffer<ffi::F32>& b_scale_inv, const ffi::AnyBuffer& bias,
-                         int64_t has_bias, int64_t fast_accum, const ffi::AnyBuffer& out,
-                         GemmArgs* g) {
-  if (a.dimensions().size() != 2 || b.dimensions().size() != 2 || out.dimensions().size() != 2) {
-    return BadArg(kOp, "a, b and the output must be 2-D");
-  }
-  g->m = a.dimensions()[0];
-  g->k = a.dimensions()[1];
-  g->n = b.dimensions()[0];
-  if (b.dimensions()[1] != g->k) return BadArg(kOp, "a and b must have the same K (last dim)");
-  if (out.dimensions()[0] != g->m || out.dimensions()[1] != g->n) {
-    return BadArg(kOp, "output must have shape [M, N]");
-  }
-  if (!CudaTypeOfFp8(a.element_type(), &g->a_type) ||
-      !CudaTypeOfFp8(b.element_type(), &g->b_type)) {
+// The dtype, dimension and flag checks, on a problem description alone (the
+// host tests call this through DescribeGemmSetup).
+ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g) {
+  g->m = p.m;
+  g->n = p.n;
+  g->k = p.k;
+  if (!CudaTypeOfFp8(p.a_type, &g->a_type) || !CudaTypeOfFp8(p.b_type, &g->b_type)) {
     return BadArg(kOp, "a and b must be float8_e4m3fn or float8_e5m2");
   }
   if (g->a_type == CUDA_R_8F_E5M2 && g->b_type == CUDA_R_8F_E5M2) {
     return BadArg(kOp, "E5M2 x E5M2 is not supported by cuBLASLt; one operand must be E4M3");
   }
-  if (!CudaTypeOfWide(out.element_type(), &g->d_type)) {
+  if (!CudaTypeOfWide(p.out_type, &g->d_type)) {
     return BadArg(kOp, "output must be float32, bfloat16 or float16");
   }
-  if (a_scale_inv.element_count() != 1 || b_scale_inv.element_count() != 1) {
-    return BadArg(kOp, "a_scale_inv and b_scale_inv must hold one value each");
-  }
-  if ((has_bias != 0 && has_bias != 1) || (fast_accum != 0 && fast_accum != 1)) {
+  if ((p.has_bias != 0 && p.has_bias != 1) || (p.fast_accum != 0 && p.fast_accum != 1)) {
     return BadArg(kOp, "has_bias and fast_accum must be 0 or 1");
   }
-  if (has_bias == 1) {
+  g->has_bias = p.has_bias == 1;
+  g->fast_accum = p.fast_accum == 1;
+  if (g->has_bias) {
     // cuBLASLt's FP8 bias epilogue takes a bias of the output type for 16-bit
     // outputs, but only a bf16 bias for a float32 output; the Python wrapper
     // adds a float32 bias itself, outside the kernel.
     if (g->d_type == CUDA_R_32F) {
       return BadArg(kOp, "a fused bias needs a bfloat16 or float16 output");
     }
-    if (bias.element_type() != out.element_type() ||
-        static_cast<int64_t>(bias.element_count()) != g->n) {
+    if (p.bias_type != p.out_type || p.bias_count != g->n) {
       return BadArg(kOp, "bias must have N elements of the output dtype");
     }
   }
@@ -226,78 +223,87 @@ ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
   return ffi::Error::Success();
 }
 
-ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                    ffi::Buffer<ffi::F32> a_scale_inv, ffi::Buffer<ffi::F32> b_scale_inv,
-                    ffi::AnyBuffer bias, int64_t has_bias, int64_t fast_accum,
-                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
-  GemmArgs g;
-  if (auto err =
-          CheckGemmArgs(a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum, *out, &g);
-      !err.success()) {
-    return err;
+ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                         const ffi::Buffer<ffi::F32>& a_scale_inv,
+                         const ffi::Buffer<ffi::F32>& b_scale_inv, const ffi::AnyBuffer& bias,
+                         int64_t has_bias, int64_t fast_accum, const ffi::AnyBuffer& out,
+                         GemmArgs* g) {
+  if (a.dimensions().size() != 2 || b.dimensions().size() != 2 || out.dimensions().size() != 2) {
+    return BadArg(kOp, "a, b and the output must be 2-D");
   }
-  if (g.m == 0 || g.n == 0) return ffi::Error::Success();
-
-  const void* a_ptr = a.untyped_data();
-  const void* b_ptr = b.untyped_data();
-  void* d_ptr = out->untyped_data();
-  const void* bias_ptr = has_bias ? bias.untyped_data() : nullptr;
-  const uint32_t align_a = AlignmentOf(a_ptr);
-  const uint32_t align_b = AlignmentOf(b_ptr);
-  const uint32_t align_d = AlignmentOf(d_ptr);
-  const uint32_t align_bias = AlignmentOf(bias_ptr);
-  if (align_a < kMinAlignment || align_b < kMinAlignment || align_d < kMinAlignment ||
-      align_bias < kMinAlignment) {
-    return BadArg(kOp, "a, b, bias and the output must be 16-byte aligned");
+  GemmProblem p;
+  p.m = a.dimensions()[0];
+  p.k = a.dimensions()[1];
+  p.n = b.dimensions()[0];
+  if (b.dimensions()[1] != p.k) return BadArg(kOp, "a and b must have the same K (last dim)");
+  if (out.dimensions()[0] != p.m || out.dimensions()[1] != p.n) {
+    return BadArg(kOp, "output must have shape [M, N]");
   }
-
-  // The workspace is used from its first 256-byte aligned address; its usable
-  // size is fixed by the buffer size alone so that cached algorithms stay valid.
-  const uint64_t ws_total = static_cast<uint64_t>(workspace->element_count());
-  if (ws_total < 2 * kMaxAlignment) return BadArg(kOp, "workspace too small");
-  const uintptr_t ws_addr = reinterpret_cast<uintptr_t>(workspace->typed_data());
-  void* ws_ptr = reinterpret_cast<void*>((ws_addr + kMaxAlignment - 1) & ~(kMaxAlignment - 1));
-  const uint64_t ws_bytes = ws_total - kMaxAlignment;
-
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    return ffi::Error::Internal(std::string("fp8jax gemm: cudaGetDevice failed: ") +
-                                cudaGetErrorString(cudaGetLastError()));
+  if (a_scale_inv.element_count() != 1 || b_scale_inv.element_count() != 1) {
+    return BadArg(kOp, "a_scale_inv and b_scale_inv must hold one value each");
   }
-  cublasLtHandle_t handle = nullptr;
-  if (auto err = HandleFor(device, &handle); !err.success()) return err;
+  p.a_type = a.element_type();
+  p.b_type = b.element_type();
+  p.out_type = out.element_type();
+  p.bias_type = bias.element_type();
+  p.bias_count = static_cast<int64_t>(bias.element_count());
+  p.has_bias = has_bias;
+  p.fast_accum = fast_accum;
+  return CheckGemmProblem(p, g);
+}
 
-  // cuBLASLt operands (see the header comment): A = b (K x N, transposed),
-  // B = a (K x M), C = D = out (N x M, ld N).
-  cublasLtMatmulDesc_t raw_desc = nullptr;
-  if (auto st = cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+// Device addresses the descriptors point at (placeholders in the host test),
+// their alignments and the usable workspace size.
+struct GemmPointers {
+  const void* a_scale_inv = nullptr;
+  const void* b_scale_inv = nullptr;
+  const void* bias = nullptr;
+  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+  uint64_t workspace_bytes = 0;
+};
+
+// Descriptors in caller-owned memory (cuBLASLt's public opaque structs,
+// initialised by cublasLt*Init): building them allocates nothing and they
+// need no destroy, so the execute stage can build them inside a graph capture.
+struct GemmSetup {
+  cublasLtMatmulDescOpaque_t desc;
+  cublasLtMatrixLayoutOpaque_t la, lb, ld;
+  cublasLtMatmulPreferenceOpaque_t pref;
+};
+
+// Everything before cublasLtMatmul; host-only, no GPU needed.
+// cuBLASLt operands (see the header comment): A = b (K x N, transposed),
+// B = a (K x M), C = D = out (N x M, ld N).
+ffi::Error BuildGemmSetup(const GemmArgs& g, const GemmPointers& ptr, GemmSetup* s) {
+  cublasLtMatmulDesc_t desc = &s->desc;
+  if (auto st = cublasLtMatmulDescInit(desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
       st != CUBLAS_STATUS_SUCCESS) {
-    return CublasError("cublasLtMatmulDescCreate", st);
+    return CublasError("cublasLtMatmulDescInit", st);
   }
-  MatmulDesc desc(raw_desc);
   const int32_t trans_a = CUBLAS_OP_T;
   const int32_t trans_b = CUBLAS_OP_N;
-  const int8_t fast = fast_accum ? 1 : 0;
-  const void* a_scale_ptr = b_scale_inv.typed_data();  // cuBLASLt's A is our b
-  const void* b_scale_ptr = a_scale_inv.typed_data();
-  cublasStatus_t st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, trans_a);
-  if (st == CUBLAS_STATUS_SUCCESS) st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, trans_b);
-  if (st == CUBLAS_STATUS_SUCCESS) st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+  // Fast accumulation (forward) keeps Hopper's reduced-precision FP8
+  // accumulator; 0 selects split accumulation, promoted to FP32 (dgrad, wgrad).
+  const int8_t fast = g.fast_accum ? 1 : 0;
+  const void* a_scale_ptr = ptr.b_scale_inv;  // cuBLASLt's A is our b
+  const void* b_scale_ptr = ptr.a_scale_inv;
+  cublasStatus_t st = SetDesc(desc, CUBLASLT_MATMUL_DESC_TRANSA, trans_a);
+  if (st == CUBLAS_STATUS_SUCCESS) st = SetDesc(desc, CUBLASLT_MATMUL_DESC_TRANSB, trans_b);
+  if (st == CUBLAS_STATUS_SUCCESS) st = SetDesc(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale_ptr);
+    st = SetDesc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale_ptr);
   }
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale_ptr);
+    st = SetDesc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale_ptr);
   }
-  if (has_bias && st == CUBLAS_STATUS_SUCCESS) {
+  if (g.has_bias && st == CUBLAS_STATUS_SUCCESS) {
     const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // documented as uint32_t
     const int32_t bias_type = static_cast<int32_t>(g.d_type);
-    st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+    st = SetDesc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = SetDesc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptr.bias);
     if (st == CUBLAS_STATUS_SUCCESS) {
-      st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr);
-    }
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      st = SetDesc(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+      st = SetDesc(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
     }
   }
   if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatmulDescSetAttribute", st);
@@ -305,15 +311,121 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const auto k = static_cast<uint64_t>(g.k);
   const auto m = static_cast<uint64_t>(g.m);
   const auto n = static_cast<uint64_t>(g.n);
-  cublasLtMatrixLayout_t raw_la = nullptr, raw_lb = nullptr, raw_ld = nullptr;
-  st = cublasLtMatrixLayoutCreate(&raw_la, g.b_type, k, n, g.k);
-  Layout la(raw_la);
-  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&raw_lb, g.a_type, k, m, g.k);
-  Layout lb(raw_lb);
-  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&raw_ld, g.d_type, n, m, g.n);
-  Layout ld(raw_ld);
-  if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatrixLayoutCreate", st);
+  st = cublasLtMatrixLayoutInit(&s->la, g.b_type, k, n, g.k);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutInit(&s->lb, g.a_type, k, m, g.k);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutInit(&s->ld, g.d_type, n, m, g.n);
+  if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatrixLayoutInit", st);
 
+  cublasLtMatmulPreference_t pref = &s->pref;
+  if (st = cublasLtMatmulPreferenceInit(pref); st != CUBLAS_STATUS_SUCCESS) {
+    return CublasError("cublasLtMatmulPreferenceInit", st);
+  }
+  st = SetPref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ptr.workspace_bytes);
+  // cuBLASLt's A is our b, its B our a; C and D are the output.
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = SetPref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, ptr.align_b);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = SetPref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, ptr.align_a);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = SetPref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ptr.align_d);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = SetPref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ptr.align_d);
+  }
+  if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatmulPreferenceSetAttribute", st);
+  return ffi::Error::Success();
+}
+
+// The heuristic's algorithm for `key`: from the cache, else (needs a GPU)
+// asked of cuBLASLt and cached.
+ffi::Error AlgoFor(const AlgoKey& key, cublasLtHandle_t handle, GemmSetup& s,
+                   cublasLtMatmulAlgo_t* algo) {
+  {
+    std::lock_guard<std::mutex> lock(algo_mu);
+    auto it = AlgoCache().find(key);
+    if (it != AlgoCache().end()) {
+      *algo = it->second;
+      return ffi::Error::Success();
+    }
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, &s.desc, &s.la, &s.lb, &s.ld,
+                                                           &s.ld, &s.pref, 1, &result, &found);
+  if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatmulAlgoGetHeuristic", st);
+  if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "fp8jax gemm: cuBLASLt has no FP8 algorithm for M=" + std::to_string(key.n) +
+                          " N=" + std::to_string(key.m) + " K=" + std::to_string(key.k) +
+                          " on this device (FP8 GEMM needs compute capability >= 8.9)");
+  }
+  *algo = result.algo;
+  std::lock_guard<std::mutex> lock(algo_mu);
+  AlgoCache().emplace(key, *algo);
+  return ffi::Error::Success();
+}
+
+// Everything a call needs, shared by the initialize and execute stages.
+struct PreparedGemm {
+  GemmArgs g;
+  GemmSetup setup;
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  const void* a_ptr = nullptr;
+  const void* b_ptr = nullptr;
+  void* d_ptr = nullptr;
+  void* ws_ptr = nullptr;
+  uint64_t ws_bytes = 0;
+  bool empty = false;
+};
+
+ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
+                       const ffi::Buffer<ffi::F32>& a_scale_inv,
+                       const ffi::Buffer<ffi::F32>& b_scale_inv, const ffi::AnyBuffer& bias,
+                       int64_t has_bias, int64_t fast_accum, ffi::AnyBuffer& out,
+                       ffi::Buffer<ffi::U8>& workspace, PreparedGemm* pg) {
+  GemmArgs& g = pg->g;
+  if (auto err = CheckGemmArgs(a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum, out, &g);
+      !err.success()) {
+    return err;
+  }
+  if (g.m == 0 || g.n == 0) {
+    pg->empty = true;
+    return ffi::Error::Success();
+  }
+  pg->a_ptr = a.untyped_data();
+  pg->b_ptr = b.untyped_data();
+  pg->d_ptr = out.untyped_data();
+  GemmPointers ptr;
+  ptr.a_scale_inv = a_scale_inv.typed_data();
+  ptr.b_scale_inv = b_scale_inv.typed_data();
+  ptr.bias = g.has_bias ? bias.untyped_data() : nullptr;
+  ptr.align_a = AlignmentOf(pg->a_ptr);
+  ptr.align_b = AlignmentOf(pg->b_ptr);
+  ptr.align_d = AlignmentOf(pg->d_ptr);
+  ptr.align_bias = AlignmentOf(ptr.bias);
+  if (ptr.align_a < kMinAlignment || ptr.align_b < kMinAlignment || ptr.align_d < kMinAlignment ||
+      ptr.align_bias < kMinAlignment) {
+    return BadArg(kOp, "a, b, bias and the output must be 16-byte aligned");
+  }
+  // The workspace is used from its first 256-byte aligned address; its usable
+  // size is fixed by the buffer size alone so that cached algorithms stay valid.
+  const uint64_t ws_total = static_cast<uint64_t>(workspace.element_count());
+  if (ws_total < 2 * kMaxAlignment) return BadArg(kOp, "workspace too small");
+  const uintptr_t ws_addr = reinterpret_cast<uintptr_t>(workspace.typed_data());
+  pg->ws_ptr = reinterpret_cast<void*>((ws_addr + kMaxAlignment - 1) & ~(kMaxAlignment - 1));
+  pg->ws_bytes = ws_total - kMaxAlignment;
+  ptr.workspace_bytes = pg->ws_bytes;
+
+  if (auto err = BuildGemmSetup(g, ptr, &pg->setup); !err.success()) return err;
+
+  // The stream's device (not the thread's current one): handles and
+  // algorithms are per device.
+  int device = 0;
+  if (auto err = StreamDevice(kOp, stream, &device); !err.success()) return err;
+  if (auto err = HandleFor(device, &pg->handle); !err.success()) return err;
   const AlgoKey key{device,
                     g.n,
                     g.m,
@@ -321,84 +433,195 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     static_cast<int>(g.a_type),
                     static_cast<int>(g.b_type),
                     static_cast<int>(g.d_type),
-                    has_bias == 1,
-                    fast_accum == 1,
-                    align_b,
-                    align_a,
-                    align_d,
-                    align_bias,
-                    ws_bytes};
-  cublasLtMatmulAlgo_t algo;
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(algo_mu);
-    auto it = AlgoCache().find(key);
-    if (it != AlgoCache().end()) {
-      algo = it->second;
-      cached = true;
-    }
-  }
-  if (!cached) {
-    cublasLtMatmulPreference_t raw_pref = nullptr;
-    if (st = cublasLtMatmulPreferenceCreate(&raw_pref); st != CUBLAS_STATUS_SUCCESS) {
-      return CublasError("cublasLtMatmulPreferenceCreate", st);
-    }
-    Preference pref(raw_pref);
-    st = SetPref(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws_bytes);
-    // cuBLASLt's A is our b, its B our a; C and D are the output.
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      st = SetPref(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b);
-    }
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      st = SetPref(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a);
-    }
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      st = SetPref(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
-    }
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      st = SetPref(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
-    }
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      return CublasError("cublasLtMatmulPreferenceSetAttribute", st);
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    st = cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), la.get(), lb.get(), ld.get(), ld.get(),
-                                        pref.get(), 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatmulAlgoGetHeuristic", st);
-    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-      return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                        "fp8jax gemm: cuBLASLt has no FP8 algorithm for M=" + std::to_string(g.m) +
-                            " N=" + std::to_string(g.n) + " K=" + std::to_string(g.k) +
-                            " on this device (FP8 GEMM needs compute capability >= 8.9)");
-    }
-    algo = result.algo;
-    std::lock_guard<std::mutex> lock(algo_mu);
-    AlgoCache().emplace(key, algo);
-  }
+                    g.has_bias,
+                    g.fast_accum,
+                    ptr.align_b,
+                    ptr.align_a,
+                    ptr.align_d,
+                    ptr.align_bias,
+                    pg->ws_bytes};
+  return AlgoFor(key, pg->handle, pg->setup, &pg->algo);
+}
 
+// Initialize stage: outside any graph capture; fills the handle and
+// algorithm caches for exactly the buffers execute will get.
+ffi::Error GemmInitialize(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                          ffi::Buffer<ffi::F32> a_scale_inv, ffi::Buffer<ffi::F32> b_scale_inv,
+                          ffi::AnyBuffer bias, int64_t has_bias, int64_t fast_accum,
+                          ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  PreparedGemm pg;
+  return PrepareGemm(stream, a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum, *out,
+                     *workspace, &pg);
+}
+
+// Execute stage: after initialize, PrepareGemm only builds stack descriptors
+// and reads the caches.
+ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                    ffi::Buffer<ffi::F32> a_scale_inv, ffi::Buffer<ffi::F32> b_scale_inv,
+                    ffi::AnyBuffer bias, int64_t has_bias, int64_t fast_accum,
+                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  PreparedGemm pg;
+  if (auto err = PrepareGemm(stream, a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum,
+                             *out, *workspace, &pg);
+      !err.success()) {
+    return err;
+  }
+  if (pg.empty) return ffi::Error::Success();
   const float alpha = 1.0f;
   const float beta = 0.0f;
-  st = cublasLtMatmul(handle, desc.get(), &alpha, b_ptr, la.get(), a_ptr, lb.get(), &beta, d_ptr,
-                      ld.get(), d_ptr, ld.get(), &algo, ws_ptr, ws_bytes, stream);
+  const cublasStatus_t st = cublasLtMatmul(
+      pg.handle, &pg.setup.desc, &alpha, pg.b_ptr, &pg.setup.la, pg.a_ptr, &pg.setup.lb, &beta,
+      pg.d_ptr, &pg.setup.ld, pg.d_ptr, &pg.setup.ld, &pg.algo, pg.ws_ptr, pg.ws_bytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatmul", st);
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+// ------------------------------------------------- host-side test support
+
+namespace {
+
+template <typename T>
+int64_t DescAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, cublasStatus_t* st) {
+  T v{};
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatmulDescGetAttribute(d, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(v);
+}
+
+int64_t DescPtrAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                    cublasStatus_t* st) {
+  const void* v = nullptr;
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatmulDescGetAttribute(d, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v));
+}
+
+template <typename T>
+int64_t LayoutAttr(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                   cublasStatus_t* st) {
+  T v{};
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatrixLayoutGetAttribute(l, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(v);
+}
+
+template <typename T>
+int64_t PrefAttr(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+                 cublasStatus_t* st) {
+  T v{};
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatmulPreferenceGetAttribute(p, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(v);
+}
+
+// Placeholder device addresses for the host description.
+constexpr uintptr_t kFakeAScaleInv = 0x1000;
+constexpr uintptr_t kFakeBScaleInv = 0x2000;
+constexpr uintptr_t kFakeBias = 0x3000;
+
+}  // namespace
+
+ffi::Error DescribeGemmSetup(const GemmProblem& problem,
+                             std::vector<std::pair<std::string, int64_t>>* out) {
+  GemmArgs g;
+  if (auto err = CheckGemmProblem(problem, &g); !err.success()) return err;
+  GemmPointers ptr;
+  ptr.a_scale_inv = reinterpret_cast<const void*>(kFakeAScaleInv);
+  ptr.b_scale_inv = reinterpret_cast<const void*>(kFakeBScaleInv);
+  ptr.bias = g.has_bias ? reinterpret_cast<const void*>(kFakeBias) : nullptr;
+  ptr.align_a = ptr.align_b = ptr.align_d = ptr.align_bias = static_cast<uint32_t>(kMaxAlignment);
+  ptr.workspace_bytes = 32u << 20;
+  GemmSetup s;
+  if (auto err = BuildGemmSetup(g, ptr, &s); !err.success()) return err;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  auto& r = *out;
+  cublasLtMatmulDesc_t d = &s.desc;
+  r.emplace_back("desc.compute_type", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, &st));
+  r.emplace_back("desc.scale_type", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_SCALE_TYPE, &st));
+  r.emplace_back("desc.transa", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_TRANSA, &st));
+  r.emplace_back("desc.transb", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_TRANSB, &st));
+  r.emplace_back("desc.fast_accum", DescAttr<int8_t>(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &st));
+  r.emplace_back("desc.epilogue", DescAttr<uint32_t>(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &st));
+  r.emplace_back("desc.a_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &st));
+  r.emplace_back("desc.b_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &st));
+  r.emplace_back("desc.bias_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &st));
+  if (g.has_bias) {
+    r.emplace_back("desc.bias_data_type",
+                   DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &st));
+  }
+  const std::pair<const char*, cublasLtMatrixLayout_t> layouts[] = {
+      {"a", &s.la}, {"b", &s.lb}, {"d", &s.ld}};
+  for (const auto& [name, l] : layouts) {
+    const std::string pre = std::string("layout_") + name + ".";
+    r.emplace_back(pre + "type", LayoutAttr<uint32_t>(l, CUBLASLT_MATRIX_LAYOUT_TYPE, &st));
+    r.emplace_back(pre + "order", LayoutAttr<int32_t>(l, CUBLASLT_MATRIX_LAYOUT_ORDER, &st));
+    r.emplace_back(pre + "rows", LayoutAttr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &st));
+    r.emplace_back(pre + "cols", LayoutAttr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_COLS, &st));
+    r.emplace_back(pre + "ld", LayoutAttr<int64_t>(l, CUBLASLT_MATRIX_LAYOUT_LD, &st));
+  }
+  cublasLtMatmulPreference_t p = &s.pref;
+  r.emplace_back("pref.max_workspace_bytes",
+                 PrefAttr<uint64_t>(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st));
+  r.emplace_back("pref.min_alignment_a",
+                 PrefAttr<uint32_t>(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &st));
+  r.emplace_back("pref.min_alignment_d",
+                 PrefAttr<uint32_t>(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &st));
+  if (st != CUBLAS_STATUS_SUCCESS) return CublasError("reading back the cuBLASLt setup", st);
+  return ffi::Error::Success();
+}
+
+std::vector<std::pair<std::string, int64_t>> CublasLtConstants() {
+  return {{"CUBLAS_COMPUTE_32F", CUBLAS_COMPUTE_32F},
+          {"CUDA_R_32F", CUDA_R_32F},
+          {"CUDA_R_16F", CUDA_R_16F},
+          {"CUDA_R_16BF", CUDA_R_16BF},
+          {"CUDA_R_8F_E4M3", CUDA_R_8F_E4M3},
+          {"CUDA_R_8F_E5M2", CUDA_R_8F_E5M2},
+          {"CUBLAS_OP_N", CUBLAS_OP_N},
+          {"CUBLAS_OP_T", CUBLAS_OP_T},
+          {"CUBLASLT_ORDER_COL", CUBLASLT_ORDER_COL},
+          {"CUBLASLT_EPILOGUE_DEFAULT", CUBLASLT_EPILOGUE_DEFAULT},
+          {"CUBLASLT_EPILOGUE_BIAS", CUBLASLT_EPILOGUE_BIAS},
+          {"fake_a_scale_inv", static_cast<int64_t>(kFakeAScaleInv)},
+          {"fake_b_scale_inv", static_cast<int64_t>(kFakeBScaleInv)},
+          {"fake_bias", static_cast<int64_t>(kFakeBias)}};
+}
+
+std::string ProbeCublasLtCreate() {
+  cublasLtHandle_t h = nullptr;
+  const cublasStatus_t st = cublasLtCreate(&h);
+  if (st == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(h);
+  const char* name = cublasLtGetStatusName(st);
+  return name != nullptr ? name : std::to_string(static_cast<int>(st));
+}
+
 }  // namespace fp8jax
 
 namespace ffi = xla::ffi;
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxGemmCuda, fp8jax::GemmImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()          // a [M, K] FP8
-                                  .Arg<ffi::AnyBuffer>()          // b [N, K] FP8
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // a_scale_inv
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // b_scale_inv
-                                  .Arg<ffi::AnyBuffer>()          // bias [N] or [0]
-                                  .Attr<int64_t>("has_bias")      // 0 or 1
-                                  .Attr<int64_t>("fast_accum")    // 0 or 1
-                                  .Ret<ffi::AnyBuffer>()          // out [M, N]
-                                  .Ret<ffi::Buffer<ffi::U8>>());  // workspace
+// The same binding for both stages.
+#define FP8JAX_GEMM_BINDING(BIND)                         \
+  ffi::Ffi::BIND()                                        \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()           \
+      .Arg<ffi::AnyBuffer>()        /* a [M, K] FP8 */    \
+      .Arg<ffi::AnyBuffer>()        /* b [N, K] FP8 */    \
+      .Arg<ffi::Buffer<ffi::F32>>() /* a_scale_inv */     \
+      .Arg<ffi::Buffer<ffi::F32>>() /* b_scale_inv */     \
+      .Arg<ffi::AnyBuffer>()        /* bias [N] or [0] */ \
+      .Attr<int64_t>("has_bias")    /* 0 or 1 */          \
+      .Attr<int64_t>("fast_accum")  /* 0 or 1 */          \
+      .Ret<ffi::AnyBuffer>()        /* out [M, N] */      \
+      .Ret<ffi::Buffer<ffi::U8>>()  /* workspace */
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda, fp8jax::GemmInitialize,
+                              FP8JAX_GEMM_BINDING(BindInitialize));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxGemmCuda, fp8jax::GemmImpl, FP8JAX_GEMM_BINDING(Bind),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,113 @@
+// Host-side CUDA helpers shared by the CUDA handlers: the stream's device,
+// resident blocks per device from the occupancy API, and error reporting.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+
+namespace ffi = xla::ffi;
+
+inline ffi::Error CudaError(const char* op, const char* call, cudaError_t err) {
+  return ffi::Error::Internal(std::string("fp8jax ") + op + ": " + call + " failed: " +
+                              cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+// The device that owns `stream` (XLA's stream for this call). cudaStreamGetDevice
+// exists from CUDA 12.8; older runtimes fall back to the calling thread's
+// current device, which XLA sets to the stream's device before calling a
+// handler.
+inline ffi::Error StreamDevice(const char* op, cudaStream_t stream, int* device) {
+#if CUDART_VERSION >= 12080
+  if (const cudaError_t err = cudaStreamGetDevice(stream, device); err != cudaSuccess) {
+    return CudaError(op, "cudaStreamGetDevice", err);
+  }
+#else
+  (void)stream;
+  if (const cudaError_t err = cudaGetDevice(device); err != cudaSuccess) {
+    return CudaError(op, "cudaGetDevice", err);
+  }
+#endif
+  return ffi::Error::Success();
+}
+
+// How many blocks of `kernel` (launched with `threads` threads and no dynamic
+// shared memory) the device of `stream` runs at once: SMs x the occupancy
+// API's blocks per SM, which accounts for the kernel's registers and shared
+// memory on that architecture (a fixed "8 blocks per SM" does not). Cached per
+// (device, kernel) under a mutex; every CUDA call is checked. The occupancy
+// query is about the current device, which XLA makes the stream's device.
+// These calls enqueue nothing on any stream, so they are allowed while XLA
+// captures the stream into a CUDA graph.
+inline ffi::Error ResidentBlocks(const char* op, cudaStream_t stream, const void* kernel,
+                                 int threads, int64_t* out) {
+  int device = 0;
+  if (auto err = StreamDevice(op, stream, &device); !err.success()) return err;
+  static std::mutex mu;
+  static auto* cache = new std::map<std::pair<int, const void*>, int64_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(device, kernel);
+  if (auto it = cache->find(key); it != cache->end()) {
+    *out = it->second;
+    return ffi::Error::Success();
+  }
+  int sms = 0;
+  if (const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      err != cudaSuccess) {
+    return CudaError(op, "cudaDeviceGetAttribute(MultiProcessorCount)", err);
+  }
+  int per_sm = 0;
+  if (const cudaError_t err =
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+      err != cudaSuccess) {
+    return CudaError(op, "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+  }
+  if (sms < 1 || per_sm < 1) {
+    return ffi::Error::Internal(std::string("fp8jax ") + op + ": the kernel cannot run on device " +
+                                std::to_string(device) + " (" + std::to_string(sms) + " SMs, " +
+                                std::to_string(per_sm) + " resident blocks per SM)");
+  }
+  *out = static_cast<int64_t>(sms) * per_sm;
+  cache->emplace(key, *out);
+  return ffi::Error::Success();
+}
+
+// Launches kernel<<<grid, threads, 0, stream>>>(args...) and reports this
+// launch's own result. cudaLaunchKernelEx returns the launch's configuration
+// errors (no kernel image for this GPU, bad grid, too many resources)
+// directly. The old `<<<>>>` + cudaGetLastError pattern also returned, and
+// cleared, any unrelated error an earlier runtime call on this thread had left
+// (another library's), blaming this op for it and hiding it from its owner;
+// cudaPeekAtLastError before and after cannot tell an old error from a new one
+// of the same code either. Faults inside the kernel are asynchronous and
+// surface, as for XLA's own kernels, at the next synchronisation.
+template <typename... Params, typename... Args>
+ffi::Error Launch(const char* op, void (*kernel)(Params...), int64_t grid, int threads,
+                  cudaStream_t stream, Args&&... args) {
+  if (grid < 1 || grid > 0x7FFFFFFF) {
+    return ffi::Error::Internal(std::string("fp8jax ") + op + ": bad grid size " +
+                                std::to_string(grid));
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = nullptr;
+  config.numAttrs = 0;
+  if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+      err != cudaSuccess) {
+    return CudaError(op, "kernel launch", err);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace fp8jax

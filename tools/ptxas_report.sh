@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# ptxas report: bash tools/ptxas_report.sh
+#
+# Compiles every CUDA source (cpp/cuda/*.cu) with `-Xptxas -v` for each GPU the build ships
+# machine code for (CMakeLists.txt: sm_89, sm_90) and for the newest GPU this nvcc knows, which
+# stands in for what the driver makes of the shipped compute_90 PTX on a newer GPU. Prints one
+# line per kernel and arch: registers, shared memory, stack frame, spill stores/loads. Exits
+# non-zero when any kernel spills (a spill means local-memory traffic in a kernel whose whole
+# point is streaming memory at full bandwidth) or when a compile fails.
+#
+# Needs nvcc and the XLA FFI headers (jax.ffi.include_dir() of the python in $FP8JAX_PY, ./.venv,
+# or python3). No GPU. FP8JAX_PTXAS_ARCHS overrides the list (e.g. "89 90"); FP8JAX_PTXAS_FLAGS
+# adds nvcc flags; FP8JAX_PTXAS_SOURCES replaces the list of sources.
+
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v nvcc >/dev/null 2>&1; then
+  echo "ptxas_report: nvcc not on PATH" >&2
+  exit 2
+fi
+py="${FP8JAX_PY:-}"
+if [[ -z "$py" ]]; then
+  if [[ -x .venv/bin/python ]]; then py=.venv/bin/python; else py=python3; fi
+fi
+if ! ffi_inc="$("$py" -c 'import jax; print(jax.ffi.include_dir())' 2>/dev/null)"; then
+  echo "ptxas_report: $py cannot import jax (needed for the XLA FFI headers)" >&2
+  exit 2
+fi
+
+archs="${FP8JAX_PTXAS_ARCHS:-}"
+if [[ -z "$archs" ]]; then
+  archs="89 90"
+  # The newest real arch this nvcc supports, when newer than sm_90 (the PTX JIT target).
+  newest="$(nvcc --list-gpu-arch 2>/dev/null | sed -n 's/^compute_\([0-9]*\)$/\1/p' | sort -n |
+    tail -n 1)"
+  if [[ -n "$newest" && "$newest" -gt 90 ]]; then
+    archs="$archs $newest"
+  fi
+fi
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+status=0
+for src in ${FP8JAX_PTXAS_SOURCES:-cpp/cuda/*.cu}; do
+  for arch in $archs; do
+    log="$tmp/$(basename "$src").sm_$arch.log"
+    # shellcheck disable=SC2086 # FP8JAX_PTXAS_FLAGS is a list of flags
+    if ! nvcc -std=c++20 -O3 -arch="sm_$arch" -Icpp -isystem "$ffi_inc" -Xptxas -v \
+      ${FP8JAX_PTXAS_FLAGS:-} -c "$src" -o "$tmp/out.o" >"$log" 2>&1; then
+      cat "$log" >&2
+      echo "ptxas_report: FAIL: $src does not compile for sm_$arch" >&2
+      status=1
+      continue
+    fi
+    echo "== $src sm_$arch"
+    "$py" - "$log" <<'PY' || status=1
+import re
+import subprocess
+import sys
+
+entry = re.compile(r"Compiling entry function '([^']+)' for 'sm_(\w+)'")
+frame = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+used = re.compile(r"Used (\d+) registers")
+smem_re = re.compile(r"(\d+) bytes smem")
+rows, name, stack = [], None, None
+for line in open(sys.argv[1]):
+    if m := entry.search(line):
+        name, stack = m.group(1), None
+    elif name and (m := frame.search(line)):
+        stack = tuple(int(v) for v in m.groups())
+    elif name and (m := used.search(line)):
+        regs, sm = int(m.group(1)), smem_re.search(line)
+        smem = int(sm.group(1)) if sm else 0
+        rows.append((name, regs, smem, *(stack or (0, 0, 0))))
+        name = None
+if not rows:
+    sys.exit("ptxas_report: no kernels found in the ptxas output")
+filt = next((t for t in ("cu++filt", "c++filt") if subprocess.run(
+    ["which", t], capture_output=True).returncode == 0), None)
+names = [r[0] for r in rows]
+if filt:
+    out = subprocess.run([filt], input="\n".join(names), capture_output=True, text=True).stdout
+    names = out.splitlines() if out.count("\n") + 1 >= len(names) else names
+spills = 0
+print(f"{'regs':>5} {'smem':>6} {'stack':>6} {'spill_st':>8} {'spill_ld':>8}  kernel")
+for (_, regs, smem, stk, st, ld), nm in zip(rows, names):
+    nm = re.sub(r"fp8jax::(plan::)?(\(anonymous namespace\)::)?", "", nm).removeprefix("void ")
+    nm = nm.split(">(")[0] + ">" if ">(" in nm else nm.split("(")[0]  # drop the parameters
+    for i, kind in enumerate(("f32", "bf16", "f16")):
+        nm = nm.replace(f"(WideKind){i}", kind)
+    flag = "  <-- SPILL" if st or ld else ""
+    spills += bool(st or ld)
+    print(f"{regs:>5} {smem:>6} {stk:>6} {st:>8} {ld:>8}  {nm}{flag}")
+if spills:
+    sys.exit(f"ptxas_report: FAIL: {spills} kernel(s) spill registers to local memory")
+PY
+  done
+done
+if [[ $status -ne 0 ]]; then
+  echo "ptxas_report: FAIL" >&2
+  exit "$status"
+fi
+echo "ptxas_report: ok, no spills (archs: $archs)"
