@@ -138,11 +138,11 @@ def _cases(full: bool) -> list[dict[str, Any]]:
 
 
 def _time(fn: Callable[[], Any], inner: int) -> float:
+    """Seconds per call, each call waited for: XLA:CPU may run independent dispatches at once,
+    so waiting only for the last would let calls overlap (and compete for the cores)."""
     t0 = time.perf_counter()
-    out = None
     for _ in range(inner):
-        out = fn()
-    jax.block_until_ready(out)
+        jax.block_until_ready(fn())
     return (time.perf_counter() - t0) / inner
 
 
@@ -202,7 +202,7 @@ def print_table(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--full", action="store_true", help="the whole table (default: a quick run)")
-    add_timing_args(p, iters=5, inner=3, what="calls")
+    add_timing_args(p, iters=5, inner=3, what="calls (each waited for)")
     args = p.parse_args(argv)
     check_timing_args(p, args)
     # On a GPU machine too, the CPU kernels are what is timed: everything runs on the host.
