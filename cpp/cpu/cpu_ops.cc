@@ -4,12 +4,17 @@
 // the runtime dtypes that returns ffi::Error for anything unexpected, and the
 // XLA_FFI_DEFINE_HANDLER_SYMBOL binding at the bottom.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
+#include "cpu/cpu_loops.h"
+#include "cpu/cpu_parallel.h"
+#include "cpu/cpu_transpose.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -38,27 +43,51 @@ inline void StoreWide(void* p, int64_t i, float v) {
   }
 }
 
-// ---------------------------------------------------------------- quantize
+// Elements per chunk of work handed to a thread: large enough that the
+// scheduling cost (microseconds) is small against it, small enough that a
+// 2048 x 2048 tensor is split over every thread.
+constexpr int64_t kGrain = int64_t{1} << 16;
 
-template <WideKind W, typename F>
-void QuantizeCompute(const void* x, const float* scale, uint8_t* q, float* scale_inv, float* amax,
-                     GroupShape s) {
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const float sc = scale[g];
-    uint32_t amax_bits = 0;
-    const int64_t base = g * s.per_group;
-    for (int64_t i = base; i < base + s.per_group; ++i) {
-      const float v = LoadWide<W>(x, i);
-      amax_bits = std::max(amax_bits, AbsBits(v));
-      q[i] = QuantizeValue<F>(v, sc);
-    }
-    amax[g] = BitsToFloat(amax_bits);
-    scale_inv[g] = 1.0f / sc;
+// Lock-free max of amax bits shared by the chunks of one group.
+inline void AtomicMaxBits(std::atomic<uint32_t>& a, uint32_t v) {
+  uint32_t cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
   }
 }
 
-ffi::Error QuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::AnyBuffer> q,
-                        ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+// Calls seg(g, begin, end) for each run of [begin, end) that lies in one group
+// of `per_group` consecutive elements.
+template <typename Seg>
+inline void ForEachGroupSegment(int64_t begin, int64_t end, int64_t per_group, const Seg& seg) {
+  while (begin < end) {
+    const int64_t g = begin / per_group;
+    const int64_t stop = std::min(end, (g + 1) * per_group);
+    seg(g, begin, stop);
+    begin = stop;
+  }
+}
+
+// ---------------------------------------------------------------- quantize
+
+template <WideKind W, typename F>
+void QuantizeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, uint8_t* q,
+                     float* scale_inv, float* amax, GroupShape s) {
+  std::unique_ptr<std::atomic<uint32_t>[]> amax_bits(new std::atomic<uint32_t>[s.groups]());
+  ParallelFor(pool, s.groups * s.per_group, kGrain, [&](int64_t begin, int64_t end) {
+    ForEachGroupSegment(begin, end, s.per_group, [&](int64_t g, int64_t b, int64_t e) {
+      uint32_t local = 0;
+      loops::QuantizeRange<W, F>(x, scale[g], q, b, e, &local);
+      AtomicMaxBits(amax_bits[g], local);
+    });
+  });
+  for (int64_t g = 0; g < s.groups; ++g) {
+    amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
+    scale_inv[g] = 1.0f / scale[g];
+  }
+}
+
+ffi::Error QuantizeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+                        ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
                         ffi::Result<ffi::Buffer<ffi::F32>> amax) {
   GroupShape s;
   if (auto err = GroupShapeOf("quantize", x.element_count(), scale.element_count(), &s);
@@ -68,7 +97,7 @@ ffi::Error QuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale, ffi::Resu
   if (q->element_count() != x.element_count()) return BadArg("quantize", "output size mismatch");
   return DispatchWideFp8("quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
-                           QuantizeCompute<W, F>(x.untyped_data(), scale.typed_data(),
+                           QuantizeCompute<W, F>(&pool, x.untyped_data(), scale.typed_data(),
                                                  static_cast<uint8_t*>(q->untyped_data()),
                                                  scale_inv->typed_data(), amax->typed_data(), s);
                            return ffi::Error::Success();
@@ -77,18 +106,42 @@ ffi::Error QuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale, ffi::Resu
 
 // -------------------------------------------------------------- dequantize
 
+// Below this many elements of one group a 256-entry table costs more than it saves.
+constexpr int64_t kMinTableRun = 1024;
+
+// The output-dtype bits of DequantizeValue<F>(code, si) for every code.
 template <WideKind W, typename F>
-void DequantizeCompute(const uint8_t* q, const float* scale_inv, void* out, GroupShape s) {
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const float si = scale_inv[g];
-    const int64_t base = g * s.per_group;
-    for (int64_t i = base; i < base + s.per_group; ++i) {
-      StoreWide<W>(out, i, DequantizeValue<F>(q[i], si));
+void DequantizeTable(float si, uint32_t* table) {
+  for (int c = 0; c < 256; ++c) {
+    const float v = DequantizeValue<F>(static_cast<uint8_t>(c), si);
+    if constexpr (W == WideKind::kF32) {
+      table[c] = FloatBits(v);
+    } else if constexpr (W == WideKind::kBF16) {
+      table[c] = FloatToBf16Bits(v);
+    } else {
+      table[c] = FloatToF16Bits(v);
     }
   }
 }
 
-ffi::Error DequantizeImpl(ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale_inv,
+template <WideKind W, typename F>
+void DequantizeCompute(ffi::ThreadPool* pool, const uint8_t* q, const float* scale_inv, void* out,
+                       GroupShape s) {
+  ParallelFor(pool, s.groups * s.per_group, kGrain, [&](int64_t begin, int64_t end) {
+    ForEachGroupSegment(begin, end, s.per_group, [&](int64_t g, int64_t b, int64_t e) {
+      const float si = scale_inv[g];
+      if (e - b < kMinTableRun) {
+        for (int64_t i = b; i < e; ++i) StoreWide<W>(out, i, DequantizeValue<F>(q[i], si));
+        return;
+      }
+      uint32_t table[256];
+      DequantizeTable<W, F>(si, table);
+      loops::TableRange<W>(q, table, out, b, e);
+    });
+  });
+}
+
+ffi::Error DequantizeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale_inv,
                           ffi::Result<ffi::AnyBuffer> out) {
   GroupShape s;
   if (auto err = GroupShapeOf("dequantize", q.element_count(), scale_inv.element_count(), &s);
@@ -100,7 +153,8 @@ ffi::Error DequantizeImpl(ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale_inv,
   }
   return DispatchWideFp8("dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
                          [&]<WideKind W, typename F>() {
-                           DequantizeCompute<W, F>(static_cast<const uint8_t*>(q.untyped_data()),
+                           DequantizeCompute<W, F>(&pool,
+                                                   static_cast<const uint8_t*>(q.untyped_data()),
                                                    scale_inv.typed_data(), out->untyped_data(), s);
                            return ffi::Error::Success();
                          });
@@ -108,32 +162,39 @@ ffi::Error DequantizeImpl(ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale_inv,
 
 // ---------------------------------------------------------- cast_transpose
 
+// Rows per strip: a strip is quantized row by row into q (long vectorised
+// runs), then transposed from q, still in cache, into qt, where each of its
+// columns becomes one 64-byte run of a qt row.
+constexpr int64_t kStripRows = 64;
+
 template <WideKind W, typename F>
-void CastTransposeCompute(const void* x, const float* scale, uint8_t* q, uint8_t* qt,
-                          float* scale_inv, float* amax, MatrixShape s) {
+void CastTransposeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, uint8_t* q,
+                          uint8_t* qt, float* scale_inv, float* amax, MatrixShape s) {
   const int64_t per_group = s.matrices / s.groups;
   const int64_t mat_size = s.rows * s.cols;
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const float sc = scale[g];
-    uint32_t amax_bits = 0;
-    for (int64_t m = g * per_group; m < (g + 1) * per_group; ++m) {
+  const int64_t strips = (s.rows + kStripRows - 1) / kStripRows;
+  std::unique_ptr<std::atomic<uint32_t>[]> amax_bits(new std::atomic<uint32_t>[s.groups]());
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, kStripRows * s.cols));
+  ParallelFor(pool, s.matrices * strips, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t m = item / strips;
+      const int64_t g = m / per_group;
+      const int64_t r0 = (item % strips) * kStripRows;
+      const int64_t r1 = std::min(s.rows, r0 + kStripRows);
       const int64_t base = m * mat_size;
-      for (int64_t r = 0; r < s.rows; ++r) {
-        for (int64_t c = 0; c < s.cols; ++c) {
-          const float v = LoadWide<W>(x, base + r * s.cols + c);
-          amax_bits = std::max(amax_bits, AbsBits(v));
-          const uint8_t code = QuantizeValue<F>(v, sc);
-          q[base + r * s.cols + c] = code;
-          qt[base + c * s.rows + r] = code;
-        }
-      }
+      uint32_t local = 0;
+      loops::QuantizeRange<W, F>(x, scale[g], q, base + r0 * s.cols, base + r1 * s.cols, &local);
+      TransposeRows(q + base, qt + base, s.rows, s.cols, r0, r1);
+      AtomicMaxBits(amax_bits[g], local);
     }
-    amax[g] = BitsToFloat(amax_bits);
-    scale_inv[g] = 1.0f / sc;
+  });
+  for (int64_t g = 0; g < s.groups; ++g) {
+    amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
+    scale_inv[g] = 1.0f / scale[g];
   }
 }
 
-ffi::Error CastTransposeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+ffi::Error CastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
                              ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
                              ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
                              ffi::Result<ffi::Buffer<ffi::F32>> amax) {
@@ -146,15 +207,15 @@ ffi::Error CastTransposeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
       qt->element_count() != x.element_count()) {
     return BadArg("cast_transpose", "outputs must match the input size and share an FP8 dtype");
   }
-  return DispatchWideFp8(
-      "cast_transpose", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
-      [&]<WideKind W, typename F>() {
-        CastTransposeCompute<W, F>(x.untyped_data(), scale.typed_data(),
-                                   static_cast<uint8_t*>(q->untyped_data()),
-                                   static_cast<uint8_t*>(qt->untyped_data()),
-                                   scale_inv->typed_data(), amax->typed_data(), s);
-        return ffi::Error::Success();
-      });
+  return DispatchWideFp8("cast_transpose", WideKindOf(x.element_type()),
+                         Fp8KindOf(q->element_type()), [&]<WideKind W, typename F>() {
+                           CastTransposeCompute<W, F>(&pool, x.untyped_data(), scale.typed_data(),
+                                                      static_cast<uint8_t*>(q->untyped_data()),
+                                                      static_cast<uint8_t*>(qt->untyped_data()),
+                                                      scale_inv->typed_data(), amax->typed_data(),
+                                                      s);
+                           return ffi::Error::Success();
+                         });
 }
 
 // -------------------------------------------------------- update_fp8_state
@@ -165,9 +226,9 @@ ffi::Error UpdateFp8StateImpl(ffi::Buffer<ffi::F32> history, ffi::Buffer<ffi::F3
                               ffi::Result<ffi::Buffer<ffi::F32>> new_history,
                               ffi::Result<ffi::Buffer<ffi::F32>> new_scale) {
   HistoryShape s;
-  if (auto err = HistoryShapeOf(history.dimensions(), history.element_count(),
-                                scale.element_count(), amax.element_count(),
-                                fp8_max.element_count(), &s);
+  if (auto err =
+          HistoryShapeOf(history.dimensions(), history.element_count(), scale.element_count(),
+                         amax.element_count(), fp8_max.element_count(), &s);
       !err.success()) {
     return err;
   }
@@ -203,6 +264,7 @@ namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxQuantizeCpu, fp8jax::QuantizeImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
@@ -211,12 +273,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxQuantizeCpu, fp8jax::QuantizeImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDequantizeCpu, fp8jax::DequantizeImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCpu, fp8jax::CastTransposeImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()

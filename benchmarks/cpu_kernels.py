@@ -1,0 +1,221 @@
+"""fp8jax's CPU kernels against XLA:CPU's compilation of their own jnp references, in one run.
+
+Every fp8jax op has a pure-jnp reference (``*_reference`` in ``fp8jax/ops``) that defines its
+numerics bit for bit. On a machine without a GPU the choice is between the FFI kernel and
+``jax.jit`` of that reference, so the reference is the yardstick: each case below times both, on
+the same inputs, interleaved (kernel, reference, kernel, ...) so that a change in the machine's
+load hits both alike, and reports the ratio of the medians, kernel / XLA (below 1: the kernel is
+faster). The outputs of the two are compared bit for bit before timing.
+
+  quantize         q, scale_inv, amax of x (f32 or bf16) with E4M3 or E5M2
+  dequantize       float(q) * scale_inv rounded to f32 or bf16
+  cast_transpose   q and its transpose (last two dims), scale_inv, amax
+  update_fp8_states  the delayed-scaling update of n [n, L] histories ("max")
+
+The default is a quick run on small shapes (seconds; what CI runs); ``--full`` times the whole
+table, bf16[2048, 2048] and odd shapes included. On a shared machine run it at a quiet moment and
+repeat: the JSON records the load average before and after.
+
+  python benchmarks/cpu_kernels.py --full --json out/cpu_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _common import add_timing_args, check_timing_args, environment, write_json
+
+import fp8jax
+from fp8jax.ops.cast_transpose import cast_transpose_reference
+from fp8jax.ops.quantize import dequantize_reference, quantize_reference
+from fp8jax.ops.scaling import update_fp8_states_reference
+from fp8jax.recipe import DelayedScaling
+
+FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
+WIDE = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+# (shape) per op; the quick set keeps CI in seconds, the full set is the table of the docs.
+QUICK_SHAPES = [(256, 256), (67, 129)]
+FULL_SHAPES = [(512, 512), (2048, 2048), (1023, 2049), (4, 3, 127, 65)]
+QUICK_HISTORIES = [(64, 16)]
+FULL_HISTORIES = [(64, 16), (256, 1024), (4096, 16)]
+
+
+def _input(shape: tuple[int, ...], dtype: Any, seed: int) -> jax.Array:
+    x = jax.random.normal(jax.random.key(seed), shape, jnp.float32) * 4.0
+    return jax.block_until_ready(x.astype(dtype))
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    if len(la) != len(lb):
+        return False
+    for u, v in zip(la, lb, strict=True):
+        u, v = np.asarray(u), np.asarray(v)
+        if u.shape != v.shape or u.dtype != v.dtype:
+            return False
+        if u.tobytes() != v.tobytes():
+            return False
+    return True
+
+
+def _cases(full: bool) -> list[dict[str, Any]]:
+    """(name, description, kernel thunk, reference thunk) for every case of the table."""
+    shapes = FULL_SHAPES if full else QUICK_SHAPES
+    fp8s = ("e4m3", "e5m2") if full else ("e4m3",)
+    cases = []
+    for shape in shapes:
+        for wide in ("f32", "bf16"):
+            x = _input(shape, WIDE[wide], seed=len(cases))
+            amax = float(jnp.max(jnp.abs(x.astype(jnp.float32))))
+            for f in fp8s:
+                dt = FP8[f]
+                scale = jnp.full((1,), float(fp8jax.recipe.fp8_max(dt)) / amax, jnp.float32)
+                q, s_inv, _ = quantize_reference(x, scale, dt)
+                ops: list[tuple[str, Callable, Callable, tuple]] = [
+                    (
+                        "quantize",
+                        jax.jit(lambda v, s, dt=dt: fp8jax.ops.quantize(v, s, dt)),
+                        jax.jit(lambda v, s, dt=dt: quantize_reference(v, s, dt)),
+                        (x, scale),
+                    ),
+                    (
+                        "dequantize",
+                        jax.jit(lambda v, s, w=WIDE[wide]: fp8jax.ops.dequantize(v, s, w)),
+                        jax.jit(lambda v, s, w=WIDE[wide]: dequantize_reference(v, s, w)),
+                        (q, s_inv),
+                    ),
+                ]
+                if len(shape) >= 2:
+                    ops.append(
+                        (
+                            "cast_transpose",
+                            jax.jit(lambda v, s, dt=dt: fp8jax.ops.cast_transpose(v, s, dt)),
+                            jax.jit(lambda v, s, dt=dt: cast_transpose_reference(v, s, dt)),
+                            (x, scale),
+                        )
+                    )
+                for op, kern, ref, args in ops:
+                    cases.append(
+                        {
+                            "op": op,
+                            "wide": wide,
+                            "fp8": f,
+                            "shape": list(shape),
+                            "kernel": (lambda k=kern, a=args: k(*a)),
+                            "reference": (lambda r=ref, a=args: r(*a)),
+                        }
+                    )
+    for n, length in FULL_HISTORIES if full else QUICK_HISTORIES:
+        recipe = DelayedScaling(amax_history_len=length, amax_compute_algo="max")
+        key = jax.random.key(n + length)
+        hist = jnp.abs(jax.random.normal(key, (n, length), jnp.float32)) * 10.0
+        scales = jnp.ones((n,), jnp.float32)
+        amaxes = jnp.abs(jax.random.normal(jax.random.fold_in(key, 1), (n,), jnp.float32))
+        fp8_maxes = jnp.full((n,), recipe.fp8_max(backward=False), jnp.float32)
+        kern = jax.jit(lambda h, s, a, r=recipe: fp8jax.ops.update_fp8_states(h, s, a, r))
+        ref = jax.jit(lambda h, s, a, m, r=recipe: update_fp8_states_reference(h, s, a, m, r))
+        cases.append(
+            {
+                "op": "update_fp8_states",
+                "wide": "f32",
+                "fp8": "-",
+                "shape": [n, length],
+                "kernel": (lambda k=kern, a=(hist, scales, amaxes): k(*a)),
+                "reference": (lambda r=ref, a=(hist, scales, amaxes, fp8_maxes): r(*a)),
+            }
+        )
+    return cases
+
+
+def _time(fn: Callable[[], Any], inner: int) -> float:
+    """Seconds per call, each call waited for: XLA:CPU may run independent dispatches at once,
+    so waiting only for the last would let calls overlap (and compete for the cores)."""
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        jax.block_until_ready(fn())
+    return (time.perf_counter() - t0) / inner
+
+
+def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    results = []
+    for case in _cases(args.full):
+        kern, ref = case.pop("kernel"), case.pop("reference")
+        case["bit_identical"] = _same_bits(kern(), ref())
+        for _ in range(args.warmup):
+            jax.block_until_ready(kern())
+            jax.block_until_ready(ref())
+        tk, tr = [], []
+        for _ in range(args.iters):  # interleaved, so that load changes hit both
+            tk.append(_time(kern, args.inner))
+            tr.append(_time(ref, args.inner))
+        mk, mr = statistics.median(tk), statistics.median(tr)
+        case.update(
+            kernel_ms=mk * 1e3,
+            xla_ms=mr * 1e3,
+            ratio=mk / mr,
+            raw_kernel_s=tk,
+            raw_xla_s=tr,
+        )
+        results.append(case)
+    return {
+        "config": {
+            "full": args.full,
+            "iters": args.iters,
+            "inner": args.inner,
+            "warmup": args.warmup,
+            "cpu_count": os.cpu_count(),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "loadavg_before": list(load_before),
+            "loadavg_after": list(os.getloadavg()),
+        },
+        "results": results,
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    env, cfg = report["env"], report["config"]
+    print(f"{env['device']} ({env['platform']}), jax {env['jax']}, {cfg['cpu_count']} CPUs")
+    before = " ".join(f"{v:.2f}" for v in cfg["loadavg_before"])
+    after = " ".join(f"{v:.2f}" for v in cfg["loadavg_after"])
+    print(f"load average before {before}, after {after}")
+    print(f"{'op':<19}{'in':<5}{'fp8':<6}{'shape':<18}{'kernel ms':>10}{'XLA ms':>10}{'ratio':>7}")
+    for r in report["results"]:
+        shape = "x".join(str(d) for d in r["shape"])
+        flag = "" if r["bit_identical"] else "  NOT BIT-IDENTICAL"
+        print(
+            f"{r['op']:<19}{r['wide']:<5}{r['fp8']:<6}{shape:<18}"
+            f"{r['kernel_ms']:>10.3f}{r['xla_ms']:>10.3f}{r['ratio']:>7.2f}{flag}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--full", action="store_true", help="the whole table (default: a quick run)")
+    add_timing_args(p, iters=5, inner=3, what="calls (each waited for)")
+    args = p.parse_args(argv)
+    check_timing_args(p, args)
+    # On a GPU machine too, the CPU kernels are what is timed: everything runs on the host.
+    with jax.default_device(jax.devices("cpu")[0]):
+        report: dict[str, Any] = {"benchmark": "cpu_kernels", "skipped": False}
+        report["env"] = environment()
+        cpu = jax.devices("cpu")[0]
+        report["env"].update(device=cpu.device_kind, platform=cpu.platform)
+        report.update(benchmark(args))
+    print_table(report)
+    write_json(args.json, report)
+    return 0 if all(r["bit_identical"] for r in report["results"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
