@@ -234,6 +234,31 @@ ffi::Error PlanAndLaunch(const char* op, void (*kernel)(Params...), cudaStream_t
                 std::forward<Args>(args)...);
 }
 
+// The launch arguments of an elementwise kernel over `s.groups` groups of `s.per_group`
+// elements: `wide` is the float32/bf16/f16 side (`wide_bytes` per element), `narrow` the FP8
+// codes. The grid-dependent fields are filled by ElementwisePlanner once the occupancy is known.
+plan::ElementwiseArgs ElementwiseArgsOf(const GroupShape& s, const void* wide, int wide_bytes,
+                                        const void* narrow) {
+  plan::ElementwiseArgs a;
+  a.groups = s.groups;
+  a.per_group = s.per_group;
+  a.wide_addr = Addr(wide);
+  a.wide_bytes = wide_bytes;
+  a.narrow_addr = Addr(narrow);
+  return a;
+}
+
+// PlanAndLaunch's planner for an elementwise kernel: fills `a`'s tiling for `resident` blocks
+// and returns the grid.
+auto ElementwisePlanner(plan::ElementwiseArgs& a) {
+  return [&a](int64_t resident) {
+    const plan::ElementwisePlan p = plan::PlanElementwise(a.groups, a.per_group, resident);
+    a.tiles_per_group = p.tiles_per_group;
+    a.tiles = p.tiles;
+    return p.grid;
+  };
+}
+
 // ---------------------------------------------------------------- quantize
 
 // Each block walks its tiles (plan::WalkElementwise): per tile, each thread
@@ -269,8 +294,7 @@ __global__ void __launch_bounds__(plan::kThreads)
 }
 
 ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-                        ffi::Result<ffi::AnyBuffer> q,
-                        ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                        ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
                         ffi::Result<ffi::Buffer<ffi::F32>> amax) {
   GroupShape s;
   if (auto err = GroupShapeOf("quantize", x.element_count(), scale.element_count(), &s);
@@ -287,22 +311,10 @@ ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::
       "quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
       [&]<WideKind W, typename F>() {
         auto* qp = static_cast<uint8_t*>(q->untyped_data());
-        plan::ElementwiseArgs a;
-        a.groups = s.groups;
-        a.per_group = s.per_group;
-        a.wide_addr = Addr(x.untyped_data());
-        a.wide_bytes = kWideBytes<W>;
-        a.narrow_addr = Addr(qp);
-        return PlanAndLaunch(
-            "quantize", QuantizeKernel<W, F>, stream,
-            [&](int64_t resident) {
-              const plan::ElementwisePlan p =
-                  plan::PlanElementwise(s.groups, s.per_group, resident);
-              a.tiles_per_group = p.tiles_per_group;
-              a.tiles = p.tiles;
-              return p.grid;
-            },
-            x.untyped_data(), scale.typed_data(), qp, scale_inv->typed_data(), amax_bits, a);
+        plan::ElementwiseArgs a = ElementwiseArgsOf(s, x.untyped_data(), kWideBytes<W>, qp);
+        return PlanAndLaunch("quantize", QuantizeKernel<W, F>, stream, ElementwisePlanner(a),
+                             x.untyped_data(), scale.typed_data(), qp, scale_inv->typed_data(),
+                             amax_bits, a);
       });
 }
 
@@ -334,8 +346,8 @@ __global__ void __launch_bounds__(plan::kThreads)
       [](int64_t) {});
 }
 
-ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer q,
-                          ffi::Buffer<ffi::F32> scale_inv, ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale_inv,
+                          ffi::Result<ffi::AnyBuffer> out) {
   GroupShape s;
   if (auto err = GroupShapeOf("dequantize", q.element_count(), scale_inv.element_count(), &s);
       !err.success()) {
@@ -348,22 +360,9 @@ ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer q,
       "dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
       [&]<WideKind W, typename F>() {
         const auto* qp = static_cast<const uint8_t*>(q.untyped_data());
-        plan::ElementwiseArgs a;
-        a.groups = s.groups;
-        a.per_group = s.per_group;
-        a.wide_addr = Addr(out->untyped_data());
-        a.wide_bytes = kWideBytes<W>;
-        a.narrow_addr = Addr(qp);
-        return PlanAndLaunch(
-            "dequantize", DequantizeKernel<W, F>, stream,
-            [&](int64_t resident) {
-              const plan::ElementwisePlan p =
-                  plan::PlanElementwise(s.groups, s.per_group, resident);
-              a.tiles_per_group = p.tiles_per_group;
-              a.tiles = p.tiles;
-              return p.grid;
-            },
-            qp, scale_inv.typed_data(), out->untyped_data(), a);
+        plan::ElementwiseArgs a = ElementwiseArgsOf(s, out->untyped_data(), kWideBytes<W>, qp);
+        return PlanAndLaunch("dequantize", DequantizeKernel<W, F>, stream, ElementwisePlanner(a),
+                             qp, scale_inv.typed_data(), out->untyped_data(), a);
       });
 }
 
@@ -505,33 +504,33 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
   }
   // Always launched, even for an empty matrix: the kernel writes scale_inv
   // for every group before (and independently of) its tiles.
-  return DispatchWideFp8(
-      "cast_transpose", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
-      [&]<WideKind W, typename F>() {
-        auto* qp = static_cast<uint8_t*>(q->untyped_data());
-        auto* qtp = static_cast<uint8_t*>(qt->untyped_data());
-        plan::TransposeArgs a;
-        a.rows = s.rows;
-        a.cols = s.cols;
-        a.mats_per_group = s.matrices / s.groups;
-        a.x_addr = Addr(x.untyped_data());
-        a.wide_bytes = kWideBytes<W>;
-        a.q_addr = Addr(qp);
-        a.qt_addr = Addr(qtp);
-        a.fast = plan::FastEligible(s.rows, s.cols, a.x_addr, a.wide_bytes, a.q_addr, a.qt_addr);
-        return PlanAndLaunch(
-            "cast_transpose", CastTransposeKernel<W, F>, stream,
-            [&](int64_t resident) {
-              const plan::TransposePlan p =
-                  plan::PlanCastTranspose(s.matrices, s.rows, s.cols, resident);
-              a.row_tiles = p.row_tiles;
-              a.col_tiles = p.col_tiles;
-              a.tiles = p.tiles;
-              return p.grid;
-            },
-            x.untyped_data(), scale.typed_data(), qp, qtp, scale_inv->typed_data(), amax_bits,
-            s.groups, a);
-      });
+  return DispatchWideFp8("cast_transpose", WideKindOf(x.element_type()),
+                         Fp8KindOf(q->element_type()), [&]<WideKind W, typename F>() {
+                           auto* qp = static_cast<uint8_t*>(q->untyped_data());
+                           auto* qtp = static_cast<uint8_t*>(qt->untyped_data());
+                           plan::TransposeArgs a;
+                           a.rows = s.rows;
+                           a.cols = s.cols;
+                           a.mats_per_group = s.matrices / s.groups;
+                           a.x_addr = Addr(x.untyped_data());
+                           a.wide_bytes = kWideBytes<W>;
+                           a.q_addr = Addr(qp);
+                           a.qt_addr = Addr(qtp);
+                           a.fast = plan::FastEligible(s.rows, s.cols, a.x_addr, a.wide_bytes,
+                                                       a.q_addr, a.qt_addr);
+                           return PlanAndLaunch(
+                               "cast_transpose", CastTransposeKernel<W, F>, stream,
+                               [&](int64_t resident) {
+                                 const plan::TransposePlan p =
+                                     plan::PlanCastTranspose(s.matrices, s.rows, s.cols, resident);
+                                 a.row_tiles = p.row_tiles;
+                                 a.col_tiles = p.col_tiles;
+                                 a.tiles = p.tiles;
+                                 return p.grid;
+                               },
+                               x.untyped_data(), scale.typed_data(), qp, qtp,
+                               scale_inv->typed_data(), amax_bits, s.groups, a);
+                         });
 }
 
 // -------------------------------------------------------- update_fp8_state
@@ -579,9 +578,9 @@ ffi::Error UpdateFp8StateImpl(cudaStream_t stream, ffi::Buffer<ffi::F32> history
                               ffi::Result<ffi::Buffer<ffi::F32>> new_history,
                               ffi::Result<ffi::Buffer<ffi::F32>> new_scale) {
   HistoryShape s;
-  if (auto err = HistoryShapeOf(history.dimensions(), history.element_count(),
-                                scale.element_count(), amax.element_count(),
-                                fp8_max.element_count(), &s);
+  if (auto err =
+          HistoryShapeOf(history.dimensions(), history.element_count(), scale.element_count(),
+                         amax.element_count(), fp8_max.element_count(), &s);
       !err.success()) {
     return err;
   }
