@@ -35,6 +35,15 @@ requires_cuda = pytest.mark.skipif(
 )
 
 
+def needs_devices(n: int) -> pytest.MarkDecorator:
+    """Skip mark for a test that needs ``n`` devices, saying how to get them on a CPU."""
+    return pytest.mark.skipif(
+        jax.device_count() < n,
+        reason=f"needs {n} devices, found {jax.device_count()}; run with "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={n} JAX_PLATFORMS=cpu",
+    )
+
+
 @pytest.fixture
 def gspmd():
     """The GSPMD partitioner (the default before Shardy), where JAX still has it."""

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
+from conftest import needs_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -24,11 +25,7 @@ gemm_mod = importlib.import_module("fp8jax.ops.gemm")
 gemm_partition = importlib.import_module("fp8jax.ops._gemm_partition")
 
 N_DEVICES = 8
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < N_DEVICES,
-    reason=f"needs {N_DEVICES} devices, found {jax.device_count()}; run with "
-    f"XLA_FLAGS=--xla_force_host_platform_device_count={N_DEVICES} JAX_PLATFORMS=cpu",
-)
+pytestmark = needs_devices(N_DEVICES)
 
 M, K, N = 32, 64, 48
 

@@ -21,17 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
+from conftest import needs_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fp8jax import DelayedScaling, ops
 
 N_DEVICES = 8
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < N_DEVICES,
-    reason=f"needs {N_DEVICES} devices, found {jax.device_count()}; run with "
-    f"XLA_FLAGS=--xla_force_host_platform_device_count={N_DEVICES} JAX_PLATFORMS=cpu",
-)
+pytestmark = needs_devices(N_DEVICES)
 
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2

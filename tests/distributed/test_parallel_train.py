@@ -35,6 +35,7 @@ import numpy as np
 import optax
 import pytest
 from _hlo import count, group_size
+from conftest import needs_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -43,11 +44,7 @@ from fp8jax import DelayedScaling
 from fp8jax.flax import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8TrainState
 
 N_DEVICES = 8
-pytestmark = pytest.mark.skipif(
-    jax.device_count() < N_DEVICES,
-    reason=f"needs {N_DEVICES} devices, found {jax.device_count()}; run with "
-    f"XLA_FLAGS=--xla_force_host_platform_device_count={N_DEVICES} JAX_PLATFORMS=cpu",
-)
+pytestmark = needs_devices(N_DEVICES)
 
 RECIPE = DelayedScaling(amax_history_len=4)
 BATCH, LENGTH, EMBED, MLP = 16, 4, 32, 64
