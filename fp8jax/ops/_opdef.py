@@ -104,6 +104,10 @@ class OpDef:
       max_over: ``{output index: operand index}``: that output is a max over the whole operand
         (an amax), all-reduced with ``pmax`` over the mesh axes that split the operand (or the
         whole mesh, when called with ``amax_reduction="mesh"``).
+      sum_over: ``{output index: operand index}``: that output is a sum of the operand over
+        the operand's factors that the output does not have (e.g. a bias gradient ``"n"`` of a
+        gradient ``"m n"``), all-reduced with ``psum`` over the mesh axes that split those
+        factors (never over replicas, whatever ``amax_reduction`` says).
       need_replication: factors that are never split (their dims are gathered first).
     """
 
@@ -115,6 +119,7 @@ class OpDef:
     factors: Callable[..., tuple[Sequence[Factors], Sequence[Factors]]]
     attrs: Callable[..., Mapping[str, Any]] | None = None
     max_over: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    sum_over: Mapping[int, int] = dataclasses.field(default_factory=dict)
     need_replication: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -211,7 +216,13 @@ def _partitioned(
         for o, i in op.max_over.items():
             tensor = tuple(axes.get(f, ()) for f in ins[i] if f not in batch)
             pmax[o] = _partition.amax_axes(mesh, tensor, reduction)
-        local = _partition.pmax_outputs(kernel, pmax) if op.max_over else kernel
+        psum = [()] * len(outs)
+        for o, i in op.sum_over.items():
+            summed = tuple(axes.get(f, ()) for f in ins[i] if f not in outs[o])
+            psum[o] = _partition.splitting_axes(mesh, summed)
+        local = kernel
+        if op.max_over or op.sum_over:
+            local = _partition.reduce_outputs(kernel, pmax, psum)
         return [split(s) for s in ins], [split(s) for s in outs], local
 
     rule = op.rule(n_batch, *ndims)

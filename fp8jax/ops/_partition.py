@@ -54,8 +54,8 @@ __all__ = [
     "factors",
     "named",
     "partitioned",
-    "pmax_outputs",
     "pmax_over",
+    "reduce_outputs",
     "result",
     "spec",
     "splitting_axes",
@@ -66,7 +66,7 @@ DimAxes = tuple[tuple[str, ...], ...]
 
 Plan = tuple[Sequence[NamedSharding], Sequence[NamedSharding], Callable[..., tuple[jax.Array, ...]]]
 """What a ``plan`` returns: the operand shardings the kernel runs with, the output shardings,
-and the per-device function of the local blocks (the kernel, then e.g. :func:`pmax_outputs`)."""
+and the per-device function of the local blocks (the kernel, then e.g. :func:`reduce_outputs`)."""
 
 
 def entry_axes(entry: Any) -> tuple[str, ...]:
@@ -136,15 +136,19 @@ def pmax_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return jax.lax.pmax(x, axes) if axes else x
 
 
-def pmax_outputs(
-    kernel: Callable[..., tuple[jax.Array, ...]], axes: Sequence[tuple[str, ...]]
+def reduce_outputs(
+    kernel: Callable[..., tuple[jax.Array, ...]],
+    pmax: Sequence[tuple[str, ...]],
+    psum: Sequence[tuple[str, ...]],
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """The per-device function: ``kernel`` on the local blocks, then output ``i`` max-reduced
-    over ``axes[i]`` (an amax made global; ``()``: left as it is)."""
+    over ``pmax[i]`` (an amax made global) and sum-reduced over ``psum[i]`` (a partial sum over
+    the local rows made global); ``()``: left as it is."""
 
     def local(*args):
         outs = kernel(*args)
-        return tuple(pmax_over(o, a) for o, a in zip(outs, axes, strict=True))
+        outs = [pmax_over(o, a) for o, a in zip(outs, pmax, strict=True)]
+        return tuple(jax.lax.psum(o, a) if a else o for o, a in zip(outs, psum, strict=True))
 
     return local
 
