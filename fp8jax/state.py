@@ -1,11 +1,17 @@
 """The delayed-scaling state of a layer's FP8 tensors, and its functional per-step update.
 
-A layer with ``n`` quantized tensor roles (a dense layer has three: input, kernel, output-grad)
-keeps one :class:`Fp8Meta`: an amax history and a scale per role. Each step the layer quantizes
-with ``scale`` and reports what it saw, one amax per role, through the cotangent of a *probe*: a
-zero float32 vector that the layer takes as an input and whose gradient is the observation. The
-backward pass is the only place the output-grad amax exists, so this is how it leaves; the
-forward amaxes ride along so that one mechanism carries all three.
+A layer with ``n`` quantized tensor roles keeps one :class:`Fp8Meta`: an amax history and a scale
+per role. Roles come in GEMM triples: every FP8 GEMM of a layer has three, its input, its kernel
+and its output gradient (:data:`GEMM_ROLES`), so a dense layer has 3 roles and a layer with ``G``
+GEMMs (``LayerNormMLP``: ``fc1`` and ``fc2``) has ``3 G``, named by :func:`gemm_roles`; the
+output gradient of each GEMM is the backward role, which uses the recipe's backward format
+(:func:`backward_roles`). A state's row count therefore says everything the update needs.
+
+Each step the layer quantizes with ``scale`` and reports what it saw, one amax per role,
+through the cotangent of a *probe*: a zero float32 vector that the layer takes as an input and
+whose gradient is the observation. The backward pass is the only place the output-grad amaxes
+exist, so this is how they leave; the forward amaxes ride along so that one mechanism carries
+all of them.
 
 Observations from several calls of the same layer (a layer applied twice, micro-batches of a
 gradient accumulation) are merged by **max** (:func:`merge_observations`), never summed, and then
@@ -27,17 +33,53 @@ from fp8jax.recipe import DelayedScaling
 __all__ = [
     "DENSE_BACKWARD",
     "DENSE_ROLES",
+    "GEMM_ROLES",
     "Fp8Meta",
+    "backward_roles",
+    "gemm_roles",
     "init_fp8_meta",
     "merge_observations",
     "update_fp8_meta",
     "update_fp8_metas",
 ]
 
-#: Tensor roles of a dense layer, in row order of its :class:`Fp8Meta`.
-DENSE_ROLES: tuple[str, ...] = ("input", "kernel", "grad_output")
+#: The three tensor roles of one FP8 GEMM, in row order of its :class:`Fp8Meta` rows.
+GEMM_ROLES: tuple[str, ...] = ("input", "kernel", "grad_output")
+#: Tensor roles of a dense layer (one GEMM), in row order of its :class:`Fp8Meta`.
+DENSE_ROLES: tuple[str, ...] = GEMM_ROLES
 #: Which of those roles are backward (gradient) tensors: they use the recipe's backward format.
 DENSE_BACKWARD: tuple[bool, ...] = (False, False, True)
+
+
+def gemm_roles(*gemms: str) -> tuple[str, ...]:
+    """The role names of a layer whose FP8 GEMMs are named ``gemms``, in row order.
+
+    >>> from fp8jax.state import gemm_roles
+    >>> gemm_roles("fc1", "fc2")[:4]
+    ('fc1/input', 'fc1/kernel', 'fc1/grad_output', 'fc2/input')
+    >>> gemm_roles()  # one unnamed GEMM: the dense layer
+    ('input', 'kernel', 'grad_output')
+    """
+    if not gemms:
+        return GEMM_ROLES
+    if len(set(gemms)) != len(gemms) or not all(isinstance(g, str) and g for g in gemms):
+        raise ValueError(f"gemm_roles: GEMM names must be distinct non-empty strings: {gemms!r}")
+    return tuple(f"{g}/{r}" for g in gemms for r in GEMM_ROLES)
+
+
+def backward_roles(n_roles: int) -> tuple[bool, ...]:
+    """Per row of a state with ``n_roles`` rows (GEMM triples), whether it is a backward role.
+
+    >>> from fp8jax.state import backward_roles
+    >>> backward_roles(6)
+    (False, False, True, False, False, True)
+    """
+    if not isinstance(n_roles, (int, np.integer)) or n_roles < 1 or n_roles % len(GEMM_ROLES):
+        raise ValueError(
+            f"backward_roles: a state's rows are GEMM triples (input, kernel, grad_output), so "
+            f"n_roles must be a positive multiple of 3, got {n_roles!r}"
+        )
+    return DENSE_BACKWARD * (int(n_roles) // len(GEMM_ROLES))
 
 
 class Fp8Meta(NamedTuple):
@@ -87,9 +129,11 @@ def update_fp8_meta(
     meta: Fp8Meta,
     observed_amax: jax.Array,
     recipe: DelayedScaling,
-    backward: tuple[bool, ...] = DENSE_BACKWARD,
+    backward: tuple[bool, ...] | None = None,
 ) -> Fp8Meta:
-    """Folds one step's observed amaxes (``float32[n_roles]``) into ``meta``; returns it new."""
+    """Folds one step's observed amaxes (``float32[n_roles]``) into ``meta``; returns it new.
+
+    ``backward`` flags the gradient roles; default: :func:`backward_roles` of the row count."""
     return update_fp8_metas([meta], [observed_amax], recipe, [backward])[0]
 
 
@@ -106,8 +150,8 @@ def update_fp8_metas(
       observed: per layer, ``float32[n_roles]``: this step's amax per role (already merged by
         max over the layer's calls).
       recipe: the :class:`~fp8jax.recipe.DelayedScaling` in force.
-      backward: per layer, which roles are gradients; default: the dense layout
-        (:data:`DENSE_BACKWARD`) for every layer.
+      backward: per layer, which roles are gradients (``None`` for a layer, or for all:
+        :func:`backward_roles` of its row count, i.e. GEMM triples).
     """
     op = "update_fp8_metas"
     if len(metas) != len(observed):
@@ -115,11 +159,13 @@ def update_fp8_metas(
     if not metas:
         return []
     if backward is None:
-        backward = [DENSE_BACKWARD] * len(metas)
+        backward = [None] * len(metas)
     rows, flags = [], []
     for m, obs, bw in zip(metas, observed, backward, strict=True):
         m = _check_meta(op, m, recipe)
         n = m.scale.shape[0]
+        if bw is None:
+            bw = backward_roles(n)
         if jnp.shape(obs) != (n,) or len(bw) != n:
             raise ValueError(
                 f"{op}: a state with {n} roles needs observed amax of shape ({n},) and {n} "

@@ -65,3 +65,29 @@ def test_bad_input():
         fp8jax.update_fp8_meta({"scale": 1}, jnp.ones(3), r)
     with pytest.raises(ValueError, match="2 states but 1"):
         fp8jax.update_fp8_metas([m, m], [jnp.ones(3)], r)
+
+
+def test_multi_gemm_roles_use_the_backward_format_per_triple():
+    from fp8jax.state import backward_roles, gemm_roles
+
+    assert gemm_roles("fc1", "fc2") == (
+        "fc1/input", "fc1/kernel", "fc1/grad_output",
+        "fc2/input", "fc2/kernel", "fc2/grad_output",
+    )  # fmt: skip
+    assert backward_roles(6) == (False, False, True) * 2
+    r = DelayedScaling(amax_history_len=2, fp8_format=Format.HYBRID)
+    m = fp8jax.init_fp8_meta(r, n_roles=6)
+    m = fp8jax.update_fp8_meta(m, jnp.full((6,), 8.0), r)
+    # rows 2 and 5 (each GEMM's output gradient) use E5M2 (57344), the others E4M3 (448)
+    assert m.scale.tolist() == [56.0, 56.0, 7168.0, 56.0, 56.0, 7168.0]
+    for bad in (0, 4, -3):
+        with pytest.raises(ValueError, match="multiple of 3"):
+            backward_roles(bad)
+    with pytest.raises(ValueError, match="distinct"):
+        gemm_roles("fc1", "fc1")
+    # an explicit layout still works for any row count
+    m5 = fp8jax.init_fp8_meta(r, n_roles=5)
+    out = fp8jax.update_fp8_meta(m5, jnp.full((5,), 8.0), r, backward=(True,) + (False,) * 4)
+    assert out.scale.tolist() == [7168.0, 56.0, 56.0, 56.0, 56.0]
+    with pytest.raises(ValueError, match="multiple of 3"):
+        fp8jax.update_fp8_meta(m5, jnp.full((5,), 8.0), r)

@@ -2,11 +2,13 @@
 
 A module that runs an FP8 GEMM with :class:`~fp8jax.recipe.DelayedScaling` owns, in its own scope:
 
-- collection ``"fp8_meta"``: ``amax_history`` float32[3, L] (zeros) and ``scale`` float32[3]
-  (ones), rows (input, kernel, grad_output): the delayed-scaling state (:class:`Fp8Meta`);
-- collection ``"fp8_probe"``: ``call_0``, ``call_1``, ... float32[3] zeros, one per call of the
+- collection ``"fp8_meta"``: ``amax_history`` float32[R, L] (zeros) and ``scale`` float32[R]
+  (ones): the delayed-scaling state (:class:`Fp8Meta`), one row per tensor role. Rows come in
+  GEMM triples (input, kernel, grad_output; :func:`fp8jax.state.gemm_roles`): R = 3 for a dense
+  layer, 6 for ``LayerNormMLP`` (fc1 then fc2);
+- collection ``"fp8_probe"``: ``call_0``, ``call_1``, ... float32[R] zeros, one per call of the
   module in a forward pass. The gradient of the loss with respect to ``call_i`` is what call ``i``
-  observed: its amax of (input, kernel, grad_output). Because every call has its own probe, the
+  observed: its amax per role. Because every call has its own probe, the
   observations of a module used several times are never summed by autodiff; the train step merges
   them by max (:func:`fp8jax.flax.update_fp8_variables`).
 
@@ -54,7 +56,7 @@ from flax.linen import module as _flax_module
 
 from fp8jax.autocast import get_recipe, is_fp8_enabled
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Recipe
-from fp8jax.state import DENSE_ROLES, Fp8Meta
+from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles
 
 __all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "check_float_array", "fp8_call", "next_call_index"]
 
@@ -74,7 +76,7 @@ class Fp8Call(NamedTuple):
     enabled: bool  # FP8 on for this call
     recipe: Recipe | None  # the autocast recipe (None outside autocast)
     meta: Fp8Meta | None  # DelayedScaling state; None otherwise
-    probe: jax.Array | None  # float32[3] whose gradient is this call's observation, or None
+    probe: jax.Array | None  # float32[R] whose gradient is this call's observation, or None
     where: str = ""  # "DenseGeneral at 'Dense_0'", for error messages
     record: Any = None  # calibration: call with the forward observations to store them
 
@@ -137,7 +139,7 @@ def next_call_index(module: nn.Module) -> int:
     return index
 
 
-def _meta(module: nn.Module, recipe: DelayedScaling) -> Fp8Meta:
+def _meta(module: nn.Module, recipe: DelayedScaling, n_roles: int) -> Fp8Meta:
     length = recipe.amax_history_len
     if module.is_mutable_collection(FP8_META) and not module.is_initializing():
         raise ValueError(
@@ -161,31 +163,31 @@ def _meta(module: nn.Module, recipe: DelayedScaling) -> Fp8Meta:
             f"and pass the {FP8_META!r} collection to apply."
         )
     hist = module.variable(
-        FP8_META, "amax_history", jnp.zeros, (_N_ROLES, length), jnp.float32
+        FP8_META, "amax_history", jnp.zeros, (n_roles, length), jnp.float32
     ).value
-    scale = module.variable(FP8_META, "scale", jnp.ones, (_N_ROLES,), jnp.float32).value
-    if jnp.shape(hist) != (_N_ROLES, length) or jnp.shape(scale) != (_N_ROLES,):
+    scale = module.variable(FP8_META, "scale", jnp.ones, (n_roles,), jnp.float32).value
+    if jnp.shape(hist) != (n_roles, length) or jnp.shape(scale) != (n_roles,):
         raise ValueError(
             f"{_where(module)}: {FP8_META!r} has amax_history {jnp.shape(hist)} and scale "
             f"{jnp.shape(scale)}; the recipe (amax_history_len={length}) wants "
-            f"({_N_ROLES}, {length}) and ({_N_ROLES},). Was the model initialised under another "
+            f"({n_roles}, {length}) and ({n_roles},). Was the model initialised under another "
             "recipe? (Under nn.scan, give fp8_meta a variable axis.)"
         )
     return Fp8Meta(amax_history=hist, scale=scale)
 
 
-def _probe(module: nn.Module) -> tuple[jax.Array | None, Any]:
+def _probe(module: nn.Module, n_roles: int) -> tuple[jax.Array | None, Any]:
     """This call's probe (or None: no probes given), and the calibration recorder (or None)."""
     index = next_call_index(module)
     name = f"call_{index}"
     if _lifted_away(module, FP8_PROBE):
         raise ValueError(f"{_where(module)}: {_variable_axes_hint(FP8_PROBE)}")
     if module.has_variable(FP8_PROBE, name) or module.is_mutable_collection(FP8_PROBE):
-        var = module.variable(FP8_PROBE, name, jnp.zeros, (_N_ROLES,), jnp.float32)
+        var = module.variable(FP8_PROBE, name, jnp.zeros, (n_roles,), jnp.float32)
         probe = var.value
-        if jnp.shape(probe) != (_N_ROLES,):
+        if jnp.shape(probe) != (n_roles,):
             raise ValueError(
-                f"{_where(module)}: probe {FP8_PROBE}/{name} must be float32[{_N_ROLES}], got "
+                f"{_where(module)}: probe {FP8_PROBE}/{name} must be float32[{n_roles}], got "
                 f"shape {jnp.shape(probe)} (under nn.scan, give fp8_probe a variable axis)"
             )
         record = None
@@ -193,7 +195,7 @@ def _probe(module: nn.Module) -> tuple[jax.Array | None, Any]:
             # Calibration (fp8jax.flax.calibrate): apply with fp8_probe mutable stores each
             # call's forward observations in its probe, shaped like a probe gradient.
             def record(seen: jax.Array) -> None:
-                var.value = jnp.asarray(seen, jnp.float32).reshape(_N_ROLES)
+                var.value = jnp.asarray(seen, jnp.float32).reshape(n_roles)
 
         return probe, record
     existing = [
@@ -214,8 +216,10 @@ def _probe(module: nn.Module) -> tuple[jax.Array | None, Any]:
     )
 
 
-def fp8_call(module: nn.Module) -> Fp8Call:
+def fp8_call(module: nn.Module, n_roles: int = _N_ROLES) -> Fp8Call:
     """Reads the autocast state and, for DelayedScaling, this call's state and probe.
+
+    ``n_roles``: the module's tensor roles, 3 per FP8 GEMM (:func:`fp8jax.state.gemm_roles`).
 
     Must be called from inside a bound module's method (``nn.compact`` or ``setup``-style).
     Outside autocast or with FP8 disabled no variable is read or created; with
@@ -231,8 +235,9 @@ def fp8_call(module: nn.Module) -> Fp8Call:
             f"{_where(module)}: the autocast recipe must be DelayedScaling or "
             f"Float8CurrentScaling, got {recipe!r}"
         )
-    meta = _meta(module, recipe)
-    probe, record = _probe(module)
+    backward_roles(n_roles)  # validates: GEMM triples
+    meta = _meta(module, recipe, n_roles)
+    probe, record = _probe(module, n_roles)
     return Fp8Call(
         enabled=True, recipe=recipe, meta=meta, probe=probe, where=_where(module), record=record
     )

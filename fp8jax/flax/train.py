@@ -2,9 +2,10 @@
 
 A model built from fp8jax modules has three variable collections: ``params`` (trained by the
 optimizer), ``fp8_meta`` (the delayed-scaling state: never seen by the optimizer, clipping,
-weight decay or EMA) and ``fp8_probe`` (zeros; one ``float32[3]`` per call of each FP8 module).
-The train step differentiates the loss with respect to ``params`` *and* ``fp8_probe``: the probe
-gradients are the amaxes each call observed (input, kernel, output-grad). They are merged by
+weight decay or EMA) and ``fp8_probe`` (zeros; one ``float32[R]`` per call of each FP8 module,
+R = 3 per FP8 GEMM). The train step differentiates the loss with respect to ``params`` *and*
+``fp8_probe``: the probe gradients are the amaxes each call observed (per GEMM: input, kernel,
+output-grad). They are merged by
 **max** per module and folded into ``fp8_meta`` with one kernel launch for the whole model
 (:func:`update_fp8_variables`). Nothing is mutated and nothing syncs with the host.
 
@@ -64,7 +65,7 @@ from flax.training import train_state
 from fp8jax.autocast import _DEFAULT_STATE, _current_state, autocast
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
 from fp8jax.recipe import DelayedScaling, Recipe
-from fp8jax.state import DENSE_BACKWARD, Fp8Meta, merge_observations, update_fp8_metas
+from fp8jax.state import Fp8Meta, backward_roles, merge_observations, update_fp8_metas
 
 __all__ = [
     "Fp8TrainState",
@@ -75,7 +76,6 @@ __all__ = [
 ]
 
 _CALL_RE = re.compile(r"call_\d+")
-_N_ROLES = len(DENSE_BACKWARD)
 Path = tuple[str, ...]
 
 
@@ -105,7 +105,7 @@ def _subtree(tree: Any, path: Path) -> Any:
     return tree
 
 
-def _observation(path: Path, probes: Any, lead: tuple[int, ...]) -> jax.Array:
+def _observation(path: Path, probes: Any, lead: tuple[int, ...], n_roles: int) -> jax.Array:
     """Max over a module's ``call_*`` probe gradients, extra leading dims max-reduced too."""
     where = "/".join(path) or "<root>"
     calls = (
@@ -120,7 +120,7 @@ def _observation(path: Path, probes: Any, lead: tuple[int, ...]) -> jax.Array:
             f"{FP8_PROBE!r} collection"
         )
     obs = merge_observations(*[jnp.asarray(c, jnp.float32) for c in calls])
-    want = (*lead, _N_ROLES)
+    want = (*lead, n_roles)
     extra = obs.ndim - len(want)
     if extra < 0 or obs.shape[extra:] != want:
         raise ValueError(
@@ -153,9 +153,9 @@ def update_fp8_variables(fp8_meta: Any, probe_grads: Any, recipe: Recipe) -> Any
 
     Args:
       fp8_meta: the ``"fp8_meta"`` collection (nested mappings; each module's node holds
-        ``amax_history`` float32[..., 3, L] and ``scale`` float32[..., 3]).
+        ``amax_history`` float32[..., R, L] and ``scale`` float32[..., R], R = 3 per GEMM).
       probe_grads: the gradient of the loss with respect to the ``"fp8_probe"`` collection, the
-        same module paths, each holding ``call_i`` float32[..., 3].
+        same module paths, each holding ``call_i`` float32[..., R].
       recipe: the :class:`~fp8jax.recipe.DelayedScaling` the step ran under. With any other
         recipe the model has no state and an empty ``fp8_meta`` is returned unchanged.
 
@@ -175,16 +175,18 @@ def update_fp8_variables(fp8_meta: Any, probe_grads: Any, recipe: Recipe) -> Any
         hist = jnp.asarray(node["amax_history"])
         scale = jnp.asarray(node["scale"])
         lead = tuple(scale.shape[:-1])
-        if scale.shape[-1:] != (_N_ROLES,) or hist.shape != (*lead, _N_ROLES, hist.shape[-1]):
+        n = scale.shape[-1] if scale.ndim else 0
+        if n % 3 or not n or hist.shape != (*lead, n, hist.shape[-1]):
             raise ValueError(
                 f"update_fp8_variables: the state at {'/'.join(path)!r} has amax_history "
-                f"{hist.shape} and scale {scale.shape}; expected [..., 3, L] and [..., 3]"
+                f"{hist.shape} and scale {scale.shape}; expected [..., R, L] and [..., R] with "
+                "R a multiple of 3 (input, kernel, grad_output per GEMM)"
             )
-        rows = int(np.prod(lead, dtype=np.int64)) * _N_ROLES
-        obs = _observation(path, _subtree(probe_grads, path), lead)
+        rows = int(np.prod(lead, dtype=np.int64)) * n
+        obs = _observation(path, _subtree(probe_grads, path), lead, n)
         metas.append(Fp8Meta(hist.reshape(rows, hist.shape[-1]), scale.reshape(rows)))
         observed.append(obs.reshape(rows))
-        flags.append(DENSE_BACKWARD * (rows // _N_ROLES))
+        flags.append(backward_roles(rows))
         shapes.append((hist.shape, scale.shape))
     updated = update_fp8_metas(metas, observed, recipe, flags)
     new = {
