@@ -1,0 +1,108 @@
+"""The normalisation step of fp8jax's layers: argument checks, the high-precision form (Flax's
+own formula, so that FP8-off layers equal their Flax twins bit for bit) and the FP8 form (one
+fused kernel: norm, FP8 cast, transposed copy for the next GEMM's wgrad)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax._fp8_gemm import Fp8Setup, cast_t
+from fp8jax.ops.norm import norm_forward, norm_forward_fp8
+
+NORM_TYPES = ("layernorm", "rmsnorm")
+
+
+def check_norm_args(where: str, norm_type: Any, epsilon: Any, zero_centered_gamma: Any) -> None:
+    """ValueError/TypeError naming the argument that is wrong."""
+    if norm_type not in NORM_TYPES:
+        raise ValueError(
+            f"{where}: layernorm_type must be one of {NORM_TYPES}, got {norm_type!r}"
+        )
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating)):
+        raise TypeError(f"{where}: epsilon must be a float, got {epsilon!r}")
+    if not epsilon > 0:
+        raise ValueError(f"{where}: epsilon must be > 0, got {epsilon!r}")
+    if not isinstance(zero_centered_gamma, (bool, np.bool_)):
+        raise TypeError(f"{where}: zero_centered_gamma must be a bool, got {zero_centered_gamma!r}")
+
+
+def check_norm_params(where: str, norm_type: str, hidden: int, gamma: Any, beta: Any) -> None:
+    """Shapes of the norm's scale (``gamma``) and bias (``beta``; none for RMSNorm)."""
+    for name, v in (("gamma", gamma), ("beta", beta)):
+        if v is None:
+            continue
+        if not hasattr(v, "dtype") or not jnp.issubdtype(v.dtype, jnp.floating):
+            raise TypeError(f"{where}: {name} must be a floating-point array, got {v!r:.60}")
+        if tuple(v.shape) != (hidden,):
+            raise ValueError(
+                f"{where}: {name} must have shape ({hidden},) (the input's last dim), got "
+                f"{tuple(v.shape)}"
+            )
+    if gamma is None:
+        raise ValueError(f"{where}: gamma (the norm's scale) is required")
+    if norm_type == "layernorm" and beta is None:
+        raise ValueError(f"{where}: layernorm_type='layernorm' needs beta (the norm's bias)")
+    if norm_type == "rmsnorm" and beta is not None:
+        raise ValueError(f"{where}: layernorm_type='rmsnorm' has no bias; pass beta=None")
+
+
+def flax_norm(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool,
+    dtype: Any,
+) -> jax.Array:
+    """The norm over the last axis exactly as ``flax.linen.LayerNorm``/``RMSNorm`` compute it
+    (statistics in float32 with ``E[x^2] - E[x]^2``, clipped at 0), in ``dtype``. With
+    ``zero_centered_gamma`` the scale applied is ``1 + gamma``."""
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    if norm_type == "layernorm":
+        mu = jnp.mean(xf, axis=-1)
+        mu2 = jnp.mean(jnp.square(xf), axis=-1)
+        var = jnp.maximum(0.0, mu2 - jnp.square(mu))
+    else:
+        var = jnp.mean(jnp.square(xf), axis=-1)
+        mu = jnp.zeros_like(var)
+    y = x - mu[..., None]
+    mul = jax.lax.rsqrt(var + epsilon)[..., None]
+    g = gamma + 1 if zero_centered_gamma else gamma
+    mul = mul * g
+    y = y * mul
+    if beta is not None:
+        y = y + beta
+    return jnp.asarray(y, dtype)
+
+
+def norm_fp8(
+    setup: Fp8Setup,
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    scale: jax.Array,
+    norm: tuple[str, float, bool],
+    keep_output: bool = False,
+):
+    """The norm of ``x`` [M, H] cast to the forward FP8 format: ``(q, q_t, scale_inv, amax, mu,
+    rsigma, y)`` where ``y`` (the norm in ``x.dtype``) is ``None`` unless ``keep_output``.
+
+    Delayed scaling runs the fused kernel; current scaling (which needs the output's amax
+    before the cast) and ``keep_output`` run the norm, then ``cast_transpose``: the same
+    values either way, since the fused kernel quantizes the norm as rounded to ``x.dtype``."""
+    norm_type, epsilon, zero_centered = norm
+    kw = dict(norm_type=norm_type, epsilon=epsilon, zero_centered_gamma=zero_centered)
+    impl = setup.implementation("norm")
+    if setup.current_scaling or keep_output:
+        y, mu, rsigma = norm_forward(x, gamma, beta, implementation=impl, **kw)
+        q, q_t, sinv, amax = cast_t(setup, y, scale, setup.fwd_dtype)
+        return q, q_t, sinv, amax, mu, rsigma, (y if keep_output else None)
+    q, q_t, sinv, amax, mu, rsigma = norm_forward_fp8(
+        x, gamma, beta, scale, setup.fwd_dtype, amax_reduction="mesh", implementation=impl, **kw
+    )
+    return q, q_t, sinv, amax, mu, rsigma, None

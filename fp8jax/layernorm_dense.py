@@ -1,0 +1,209 @@
+"""``fp8jax.layernorm_dense``: a norm followed by an FP8 dense layer, as one ``jax.custom_vjp``.
+
+The norm is fused with the FP8 cast of its output (and the transposed copy the wgrad GEMM
+reads), so the normalised activations never exist in high precision in memory unless asked for
+(``return_layernorm_output``, e.g. for a residual taken after the norm). The state has the three
+roles of :func:`fp8jax.dense` (input = the norm's output, kernel, output-grad); the backward is
+the output gradient's cast (fused with the bias gradient), dgrad and wgrad in FP8, and the
+norm's backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax import _fp8_gemm as g8
+from fp8jax._norm_layer import check_norm_args, check_norm_params, flax_norm, norm_fp8
+from fp8jax.layernorm_mlp import cast_dbias
+from fp8jax.ops.norm import norm_backward
+from fp8jax.recipe import Recipe
+from fp8jax.state import DENSE_ROLES, Fp8Meta
+
+__all__ = ["layernorm_dense"]
+
+_N = len(DENSE_ROLES)
+
+
+class _Config(NamedTuple):
+    setup: g8.Fp8Setup
+    norm: tuple[str, float, bool]
+    has_bias: bool
+    keep_ln: bool  # also return the norm's output (return_layernorm_output)
+    dtype: Any
+    dtypes: tuple[Any, ...]  # x, gamma, beta, kernel, bias
+
+
+def _forward(cfg: _Config, x, gamma, beta, w, b, scale):
+    s = cfg.setup
+    ln_q, ln_t, ln_sinv, ln_amax, mu, rsigma, ln = norm_fp8(
+        s, x, gamma, beta, scale[0], cfg.norm, keep_output=cfg.keep_ln
+    )
+    ln_q, ln_t = g8.named(g8.codes(ln_q), 2), g8.named(g8.codes(ln_t), 0)
+    ln_sinv, ln_amax = g8.named(ln_sinv, 4), g8.named(ln_amax, 5)
+    y, w_amax, r = g8.gemm_forward(s, ln_q, ln_sinv, w, scale[1], b, cfg.dtype)
+    seen = jnp.stack([ln_amax, w_amax, jnp.float32(jnp.nan)]).reshape(_N)
+    res = (x, gamma, mu, rsigma, ln_t, ln_sinv, r, scale[2], ln_amax, w_amax)
+    return (y, ln, seen), res
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ln_dense2d(cfg: _Config, x, gamma, beta, w, b, scale, probe):
+    del probe
+    out, _ = _forward(cfg, x, gamma, beta, w, b, scale)
+    return out
+
+
+def _ln_dense2d_fwd(cfg: _Config, x, gamma, beta, w, b, scale, probe):
+    params = (x, gamma, beta, w, b)
+    if not cfg.setup.current_scaling and not probe.perturbed and g8.perturbed(params):
+        raise g8.probe_error(cfg.setup.where)
+    args = jax.tree.map(lambda p: p.value, (*params, scale))
+    return _forward(cfg, *args)
+
+
+def _ln_dense2d_bwd(cfg: _Config, res, cts):
+    s = cfg.setup
+    x, gamma, mu, rsigma, ln_t, ln_sinv, r, g_scale, ln_amax, w_amax = res
+    x_dt, gamma_dt, beta_dt, w_dt, b_dt = cfg.dtypes
+    dy = g8.zeros_if_symbolic(cts[0])
+    g_q, g_t, g_sinv, g_amax, db = cast_dbias(s, dy, g_scale, cfg.has_bias)
+    g_q, g_t = g8.codes(g_q), g8.codes(g_t)
+    dln, dw = g8.gemm_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
+    if cfg.keep_ln:
+        d_out = cts[1]
+        if not isinstance(d_out, jax.custom_derivatives.SymbolicZero):
+            dln = (dln.astype(jnp.float32) + d_out.astype(jnp.float32)).astype(x_dt)
+    norm_type, _, zero_centered = cfg.norm
+    dx, dgamma, dbeta = norm_backward(
+        dln, x, mu, rsigma, gamma, norm_type=norm_type, zero_centered_gamma=zero_centered,
+        implementation=s.implementation("norm"),
+    )  # fmt: skip
+    observed = jnp.stack([ln_amax, w_amax, g_amax]).reshape(_N)
+    return (
+        dx.astype(x_dt),
+        dgamma.astype(gamma_dt),
+        None if beta_dt is None else dbeta.astype(beta_dt),
+        dw,
+        db.astype(b_dt) if cfg.has_bias else None,
+        jnp.zeros((_N,), jnp.float32),
+        observed,
+    )
+
+
+_ln_dense2d.defvjp(_ln_dense2d_fwd, _ln_dense2d_bwd, symbolic_zeros=True)
+
+
+def layernorm_dense(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    kernel: jax.Array,
+    bias: jax.Array | None = None,
+    fp8_meta: Fp8Meta | None = None,
+    recipe: Recipe | None = None,
+    *,
+    probe: jax.Array | None = None,
+    layernorm_type: str = "layernorm",
+    epsilon: float = 1e-6,
+    zero_centered_gamma: bool = False,
+    return_layernorm_output: bool = False,
+    dtype: Any = None,
+    enabled: bool | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """``norm(x) @ kernel (+ bias)`` with the norm fused into the GEMM's FP8 input cast.
+
+    The norm is over the last axis of ``x``, which is also the contracted axis; ``kernel`` is
+    ``(hidden, *features)``. FP8 on/off and the recipe are decided as for
+    :func:`fp8jax.dense`; with FP8 off this is the plain high-precision computation (the norm
+    as ``flax.linen.LayerNorm``/``RMSNorm`` compute it).
+
+    Args:
+      x: ``[..., hidden]``; gamma, beta: ``(hidden,)`` (``beta=None`` for RMSNorm).
+      kernel: ``(hidden, *features)``; bias: ``features``.
+      fp8_meta: 3-role :class:`~fp8jax.state.Fp8Meta` (input = the norm's output, kernel,
+        output-grad), for delayed scaling. probe: zero ``float32[3]`` (see :func:`fp8jax.dense`).
+      layernorm_type: ``"layernorm"`` or ``"rmsnorm"``; epsilon; zero_centered_gamma: scale by
+        ``1 + gamma``.
+      return_layernorm_output: also return the norm's output (in ``x``'s dtype), e.g. for a
+        residual connection after the norm; it is then differentiated too.
+      dtype: the GEMM's output dtype (default: promoted from ``x`` and ``kernel``).
+
+    Returns:
+      ``[..., *features]``, and the norm's output when ``return_layernorm_output``.
+
+    >>> import jax.numpy as jnp, fp8jax
+    >>> x, w = jnp.arange(32.0).reshape(4, 8), jnp.full((8, 2), 0.25)
+    >>> y = fp8jax.layernorm_dense(x, jnp.ones(8), jnp.zeros(8), w,
+    ...                            recipe=fp8jax.Float8CurrentScaling())
+    >>> y.shape
+    (4, 2)
+    """
+    y, ln, _ = _layernorm_dense(
+        x, gamma, beta, kernel, bias, fp8_meta, recipe, probe=probe,
+        layernorm_type=layernorm_type, epsilon=epsilon, zero_centered_gamma=zero_centered_gamma,
+        return_layernorm_output=return_layernorm_output, dtype=dtype, enabled=enabled,
+    )  # fmt: skip
+    return (y, ln) if return_layernorm_output else y
+
+
+def _check(x, gamma, beta, kernel, bias, norm, dtype):
+    where = "layernorm_dense"
+    for name, v in (("x", x), ("kernel", kernel)):
+        if not hasattr(v, "dtype") or not jnp.issubdtype(v.dtype, jnp.floating):
+            raise TypeError(f"{where}: {name} must be a floating-point array, got {v!r:.60}")
+    if x.ndim < 1 or kernel.ndim < 2 or kernel.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"{where}: kernel must have shape (hidden, *features) with hidden = x.shape[-1] = "
+            f"{x.shape[-1] if x.ndim else None}, got {kernel.shape}"
+        )
+    check_norm_args(where, *norm)
+    check_norm_params(where, norm[0], x.shape[-1], gamma, beta)
+    if bias is not None and tuple(bias.shape) != tuple(kernel.shape[1:]):
+        raise ValueError(f"{where}: bias must have shape {kernel.shape[1:]}, got {bias.shape}")
+    if jnp.dtype(dtype) not in g8.WIDE:
+        raise TypeError(f"{where}: dtype must be float32, bfloat16 or float16, got {dtype!r}")
+
+
+def _layernorm_dense(
+    x, gamma, beta, kernel, bias, fp8_meta, recipe, *, probe, layernorm_type, epsilon,
+    zero_centered_gamma, return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_dense",
+):  # fmt: skip
+    """:func:`layernorm_dense` -> ``(y, norm output or None, forward observations or None)``."""
+    norm = (layernorm_type, epsilon, zero_centered_gamma)
+    if dtype is None and hasattr(x, "dtype") and hasattr(kernel, "dtype"):
+        dtype = jnp.result_type(x, kernel)
+    _check(x, gamma, beta, kernel, bias, norm, dtype)
+    dtype = jnp.dtype(dtype)
+    lead, hidden, features = x.shape[:-1], x.shape[-1], kernel.shape[1:]
+    setup, scale, probe = g8.resolve(where, recipe, enabled, fp8_meta, probe, _N, ("norm",))
+    if setup is None:
+        ln = flax_norm(x, gamma, beta, *norm, dtype=dtype)
+        y = jax.lax.dot_general(ln, kernel.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
+        if bias is not None:
+            y = y + bias.astype(dtype)
+        return y, (ln.astype(x.dtype) if return_layernorm_output else None), None
+    if jnp.dtype(x.dtype) not in g8.WIDE:
+        x = x.astype(dtype)
+    m = int(np.prod(lead, dtype=np.int64))
+    n = int(np.prod(features, dtype=np.int64))
+    w = kernel if jnp.dtype(kernel.dtype) in g8.WIDE else kernel.astype(dtype)
+    b = None if bias is None else bias.astype(dtype).reshape(n)
+    cfg = _Config(
+        setup=setup,
+        norm=norm,
+        has_bias=b is not None,
+        keep_ln=bool(return_layernorm_output),
+        dtype=dtype,
+        dtypes=(x.dtype, gamma.dtype, None if beta is None else beta.dtype, w.dtype,
+                None if bias is None else bias.dtype),  # fmt: skip
+    )
+    y2, ln2, seen = _ln_dense2d(
+        cfg, x.reshape(m, hidden), gamma, beta, w.reshape(hidden, n), b, scale, probe
+    )
+    ln = None if ln2 is None else ln2.reshape(*lead, hidden)
+    return y2.reshape(*lead, *features), ln, seen
