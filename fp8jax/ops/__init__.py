@@ -6,6 +6,16 @@
 from fp8jax.ops._implementation import get_implementation, implementation
 from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_reference
 from fp8jax.ops.gemm import gemm, gemm_reference
+from fp8jax.ops.norm import (
+    layernorm,
+    norm_backward,
+    norm_backward_reference,
+    norm_forward,
+    norm_forward_fp8,
+    norm_forward_fp8_reference,
+    norm_forward_reference,
+    rmsnorm,
+)
 from fp8jax.ops.quantize import (
     cast_to_representable,
     dequantize,
@@ -25,8 +35,16 @@ __all__ = [
     "gemm_reference",
     "get_implementation",
     "implementation",
+    "layernorm",
+    "norm_backward",
+    "norm_backward_reference",
+    "norm_forward",
+    "norm_forward_fp8",
+    "norm_forward_fp8_reference",
+    "norm_forward_reference",
     "quantize",
     "quantize_reference",
+    "rmsnorm",
     "update_fp8_state",
     "update_fp8_states",
     "update_fp8_states_reference",

@@ -9,7 +9,8 @@ the delayed-scaling state update; ``"gemm"``: the FP8 GEMM). For each family a p
 * ``"xla"``: the op's ``*_reference`` function, compiled by XLA like any other ``jnp`` code. XLA
   fuses it with its neighbours and partitions it itself; no fp8jax extension is loaded for it.
   Numerics are those of the reference, which the kernels match bit for bit (the GEMM within its
-  stated tolerance on a GPU; on CPU the GEMM is the reference either way).
+  stated tolerance on a GPU; on CPU the GEMM is the reference either way; the norms within
+  their stated tolerance, their reductions summing in another order).
 
 The choice is made in code with :func:`implementation` (a context manager, reusable and usable
 as a decorator), or per call with the ``implementation=`` keyword of each op, which wins. It is
@@ -123,7 +124,8 @@ def implementation(
       default: the choice for every op family (``None``: keep the enclosing block's choices for
         the families not named).
       **families: the choice for one family, overriding ``default``: ``cast`` (quantize,
-        dequantize, cast_transpose), ``scaling`` (update_fp8_state(s)), ``gemm``.
+        dequantize, cast_transpose), ``scaling`` (update_fp8_state(s)), ``gemm``, ``norm``
+        (norm_forward(_fp8), norm_backward, layernorm, rmsnorm).
 
     Returns:
       A context manager (also a decorator, reusable); the arguments are checked here.

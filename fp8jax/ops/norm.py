@@ -1,0 +1,585 @@
+"""LayerNorm and RMSNorm over the last axis, with an FP8 form that also casts the output.
+
+Numerics (docs/numerics.md, "Norms"), per row ``x`` of ``h`` values, all in float32::
+
+    layernorm: mu = mean(x), var = mean((x - mu)**2), rsigma = 1 / sqrt(var + epsilon),
+               y = ((x - mu) * rsigma) * g + beta
+    rmsnorm:   mu = 0,       rsigma = 1 / sqrt(mean(x**2) + epsilon),
+               y = (x * rsigma) * g
+
+where ``g = gamma`` or, with ``zero_centered_gamma``, ``g = 1 + gamma`` (a weight decayed towards
+zero then means a scale near one). Means are two-pass: the sum of the row divided by ``h``, the
+centred squares summed in a second pass (never ``E[x^2] - E[x]^2``, which cancels badly). ``y`` is
+rounded once to ``x.dtype``. The kernels sum in another order than XLA does, so the ops match
+their references within a tolerance of a few float32 ulps of the row's sums (stated in
+tests/ops/test_norm.py), not bit for bit.
+
+:func:`norm_forward_fp8` is exactly :func:`fp8jax.ops.quantize` of :func:`norm_forward`'s ``y``
+(rounded to ``x.dtype`` first) under the same implementation, bit for bit, plus ``q``'s transpose
+(what the next GEMM's weight gradient reads, K-major); one kernel writes both without ``y``
+touching memory.
+
+:func:`layernorm` and :func:`rmsnorm` are differentiable (:func:`jax.custom_vjp`: forward
+:func:`norm_forward`, backward :func:`norm_backward`). :func:`norm_backward`'s ``dgamma`` and
+``dbeta`` are column sums over the rows, computed in a fixed order (per-block partial sums, then
+the blocks in order), so they are the same bits on every run whatever the thread count.
+
+Sharding: rows (``m``) may be split any way (sequence parallelism splits tokens); the hidden
+dimension ``h`` is never split (an operand split along it is gathered first). ``mu`` and
+``rsigma`` follow the rows, ``amax`` is made global with one ``pmax`` over the axes that split
+``x``, and ``dgamma``/``dbeta`` with one ``psum`` over the axes that split the rows.
+
+Ranks: the ops take ``x`` of rank >= 2 and flatten the leading dimensions into rows (``y``, ``mu``
+and ``rsigma`` come back in ``x``'s leading shape; ``q_t`` is ``[h, rows]`` of the flattened
+rows). :func:`jax.vmap` adds batch dimensions of its own, each batch element its own tensor
+(own ``gamma``, own ``scale`` and ``amax``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax.ops import _checks, _implementation, _opdef
+from fp8jax.ops.quantize import quantize_reference
+
+__all__ = [
+    "NORM_TYPES",
+    "layernorm",
+    "norm_backward",
+    "norm_backward_reference",
+    "norm_forward",
+    "norm_forward_fp8",
+    "norm_forward_fp8_reference",
+    "norm_forward_reference",
+    "rmsnorm",
+]
+
+NORM_TYPES: tuple[str, ...] = ("layernorm", "rmsnorm")
+_NORM_CODES = {"layernorm": 0, "rmsnorm": 1}  # the kernels' norm_type attribute
+
+# ------------------------------------------------------------------------------- references
+
+
+def _scale_of(gamma: jax.Array, zero_centered_gamma: bool) -> jax.Array:
+    g = gamma.astype(jnp.float32)
+    return g + 1.0 if zero_centered_gamma else g
+
+
+def norm_forward_reference(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    *,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Pure-jnp reference of :func:`norm_forward` over the last axis (any leading dims):
+    ``(y in x.dtype, mu f32, rsigma f32)``, ``mu`` and ``rsigma`` of shape ``x.shape[:-1]``."""
+    xf = x.astype(jnp.float32)
+    h = x.shape[-1]
+    if norm_type == "layernorm":
+        mu = jnp.sum(xf, axis=-1) / np.float32(h)
+        xc = xf - mu[..., None]
+    else:
+        mu = jnp.zeros(x.shape[:-1], jnp.float32)
+        xc = xf
+    var = jnp.sum(xc * xc, axis=-1) / np.float32(h)
+    rsigma = 1.0 / jnp.sqrt(var + np.float32(epsilon))
+    y = (xc * rsigma[..., None]) * _scale_of(gamma, zero_centered_gamma)
+    if beta is not None:
+        y = y + beta.astype(jnp.float32)
+    return y.astype(x.dtype), mu, rsigma
+
+
+def norm_forward_fp8_reference(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    scale: jax.Array,
+    fp8_dtype: Any,
+    *,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+) -> tuple[jax.Array, ...]:
+    """Pure-jnp reference of :func:`norm_forward_fp8` for ``x`` ``[..., m, h]``:
+    :func:`fp8jax.ops.quantize_reference` of :func:`norm_forward_reference`'s ``y``, and the
+    transpose of ``q`` (last two dims)."""
+    y, mu, rsigma = norm_forward_reference(
+        x,
+        gamma,
+        beta,
+        norm_type=norm_type,
+        epsilon=epsilon,
+        zero_centered_gamma=zero_centered_gamma,
+    )
+    q, scale_inv, amax = quantize_reference(y, scale, fp8_dtype)
+    return q, jnp.swapaxes(q, -1, -2), scale_inv, amax, mu, rsigma
+
+
+def norm_backward_reference(
+    dy: jax.Array,
+    x: jax.Array,
+    mu: jax.Array,
+    rsigma: jax.Array,
+    gamma: jax.Array,
+    *,
+    norm_type: str,
+    zero_centered_gamma: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Pure-jnp reference of :func:`norm_backward` (the closed form of the forward's
+    derivative), for ``dy``, ``x`` ``[..., m, h]``, ``mu``, ``rsigma`` ``[..., m]``, ``gamma``
+    ``[..., h]``: ``(dx in dy.dtype, dgamma f32, dbeta f32)``, the sums over the rows ``m``.
+
+    With ``xhat = (x - mu) * rsigma`` and ``dz = dy * g``::
+
+        layernorm: dx = rsigma * (dz - mean(dz) - xhat * mean(dz * xhat))
+        rmsnorm:   dx = rsigma * (dz - xhat * mean(dz * xhat))
+        dgamma = sum_rows(dy * xhat), dbeta = sum_rows(dy) (zeros for rmsnorm)
+    """
+    h = x.shape[-1]
+    dyf = dy.astype(jnp.float32)
+    xf = x.astype(jnp.float32)
+    rs = rsigma[..., None]
+    xhat = (xf - mu[..., None]) * rs if norm_type == "layernorm" else xf * rs
+    dz = dyf * _scale_of(gamma, zero_centered_gamma)[..., None, :]
+    c2 = jnp.sum(dz * xhat, axis=-1, keepdims=True) / np.float32(h)
+    if norm_type == "layernorm":
+        c1 = jnp.sum(dz, axis=-1, keepdims=True) / np.float32(h)
+        dx = rs * ((dz - c1) - xhat * c2)
+        dbeta = jnp.sum(dyf, axis=-2)
+    else:
+        dx = rs * (dz - xhat * c2)
+        dbeta = jnp.zeros(gamma.shape, jnp.float32)
+    dgamma = jnp.sum(dyf * xhat, axis=-2)
+    return dx.astype(dy.dtype), dgamma, dbeta
+
+
+# ------------------------------------------------------------------------------- op definitions
+
+
+def _attrs(*, epsilon: float, zero_centered_gamma: bool, **_: Any) -> dict[str, Any]:
+    return {"epsilon": np.float32(epsilon), "zero_centered_gamma": np.int64(zero_centered_gamma)}
+
+
+def _per_row(x: jax.Array) -> jax.ShapeDtypeStruct:
+    """The type of a float32 ``[..., m]`` output (``mu``, ``rsigma``) of ``x`` ``[..., m, h]``;
+    under explicit sharding it carries ``x``'s sharding without the last dim."""
+    sharding = jax.typeof(x).sharding
+    axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+    if not any(t == jax.sharding.AxisType.Explicit for t in axis_types):
+        return jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32)
+    spec = (*sharding.spec, *(None,) * (x.ndim - len(sharding.spec)))
+    rows = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[:-1]))
+    return jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32, sharding=rows)
+
+
+def _forward_outputs(x, gamma, *rest, **_):
+    return _opdef.like(x, x.dtype), _per_row(x), _per_row(x)
+
+
+def _fp8_outputs(x, gamma, *rest, fp8_dtype, **_):
+    scale = rest[-1]
+    return (
+        _opdef.like(x, fp8_dtype),
+        _opdef.like(x, fp8_dtype, transpose=True),
+        _opdef.like(scale, jnp.float32),
+        _opdef.like(scale, jnp.float32),
+        _per_row(x),
+        _per_row(x),
+    )
+
+
+def _make_forward(norm_type: str) -> _opdef.OpDef:
+    with_beta = norm_type == "layernorm"
+    params = ["m h", "h", "h"] if with_beta else ["m h", "h"]
+
+    def reference(x, gamma, *beta, epsilon, zero_centered_gamma):
+        return norm_forward_reference(
+            x,
+            gamma,
+            beta[0] if beta else None,
+            norm_type=norm_type,
+            epsilon=epsilon,
+            zero_centered_gamma=zero_centered_gamma,
+        )
+
+    return _opdef.OpDef(
+        name=f"{norm_type}_forward",
+        family="norm",
+        target=f"fp8jax_{norm_type}_forward",
+        reference=reference,
+        outputs=_forward_outputs,
+        factors=lambda *ndims: (params, ["m h", "m", "m"]),
+        attrs=_attrs,
+        need_replication=("h",),
+    )
+
+
+def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
+    with_beta = norm_type == "layernorm"
+    params = ["m h", "h", "h"] if with_beta else ["m h", "h"]
+
+    def reference(x, gamma, *rest, fp8_dtype, epsilon, zero_centered_gamma):
+        beta = rest[0] if with_beta else None
+        return norm_forward_fp8_reference(
+            x,
+            gamma,
+            beta,
+            rest[-1],
+            fp8_dtype,
+            norm_type=norm_type,
+            epsilon=epsilon,
+            zero_centered_gamma=zero_centered_gamma,
+        )
+
+    def factors(*ndims):
+        s = "s" * ndims[-1]
+        return [*params, s], ["m h", "h m", s, s, "m", "m"]
+
+    return _opdef.OpDef(
+        name=f"{norm_type}_forward_fp8",
+        family="norm",
+        target=f"fp8jax_{norm_type}_forward_fp8",
+        reference=reference,
+        outputs=_fp8_outputs,
+        factors=factors,
+        attrs=_attrs,
+        max_over={3: 0},  # amax: the max over all of y, split like x
+        need_replication=("h",),
+    )
+
+
+def _backward_reference(dy, x, mu, rsigma, gamma, *, norm_type, zero_centered_gamma):
+    return norm_backward_reference(
+        dy, x, mu, rsigma, gamma, norm_type=norm_type, zero_centered_gamma=zero_centered_gamma
+    )
+
+
+_FORWARD = {t: _make_forward(t) for t in NORM_TYPES}
+_FORWARD_FP8 = {t: _make_forward_fp8(t) for t in NORM_TYPES}
+_BACKWARD = _opdef.OpDef(
+    name="norm_backward",
+    family="norm",
+    target="fp8jax_norm_backward",
+    reference=_backward_reference,
+    outputs=lambda dy, x, mu, rsigma, gamma, **_: (
+        _opdef.like(dy, dy.dtype),
+        _opdef.like(gamma, jnp.float32),
+        _opdef.like(gamma, jnp.float32),
+    ),
+    factors=lambda *ndims: (["m h", "m h", "m", "m", "h"], ["m h", "h", "h"]),
+    attrs=lambda *, norm_type, zero_centered_gamma: {
+        "norm_type": np.int64(_NORM_CODES[norm_type]),
+        "zero_centered_gamma": np.int64(zero_centered_gamma),
+    },
+    sum_over={1: 0, 2: 0},  # dgamma, dbeta: sums of dy's rows, psum-ed over the row split
+    need_replication=("h",),
+)
+
+# ------------------------------------------------------------------------------- validation
+
+
+def _norm_type_arg(op: str, norm_type: Any) -> str:
+    if not isinstance(norm_type, str) or norm_type not in NORM_TYPES:
+        raise ValueError(f"{op}: norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
+    return norm_type
+
+
+def _epsilon_arg(op: str, epsilon: Any) -> float:
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{op}: epsilon must be a float, got {epsilon!r}") from e
+    if isinstance(epsilon, bool) or not math.isfinite(eps) or eps <= 0.0:
+        raise ValueError(f"{op}: epsilon must be a finite float > 0, got {epsilon!r}")
+    return eps
+
+
+def _matrix_arg(op: str, name: str, x: Any) -> jax.Array:
+    x = _checks.wide_array(op, name, x)
+    if x.ndim < 2:
+        raise ValueError(f"{op}: {name} must have rank >= 2 ([rows, hidden]), got {x.shape}")
+    if x.shape[-1] < 1:
+        raise ValueError(f"{op}: {name} must have a non-empty last (hidden) dim, got {x.shape}")
+    return x
+
+
+def _vector_arg(op: str, name: str, v: Any, h: int) -> jax.Array:
+    v = _checks.wide_array(op, name, v)
+    if v.shape != (h,):
+        raise ValueError(f"{op}: {name} must have shape ({h},) (x's last dim), got {v.shape}")
+    return v
+
+
+def _params_args(
+    op: str, norm_type: str, x: jax.Array, gamma: Any, beta: Any
+) -> tuple[jax.Array, jax.Array | None]:
+    h = x.shape[-1]
+    gamma = _vector_arg(op, "gamma", gamma, h)
+    if norm_type == "rmsnorm":
+        if beta is not None:
+            raise ValueError(f"{op}: beta must be None for norm_type='rmsnorm' (it has no bias)")
+        return gamma, None
+    if beta is None:
+        raise ValueError(f"{op}: beta is required for norm_type='layernorm'")
+    return gamma, _vector_arg(op, "beta", beta, h)
+
+
+def _rows(x: jax.Array) -> jax.Array:
+    return x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
+
+
+# ------------------------------------------------------------------------------- public ops
+
+
+def norm_forward(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    *,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Normalises ``x`` over its last axis; returns ``(y, mu, rsigma)``.
+
+    Args:
+      x: float32, bfloat16 or float16 ``[m, h]`` (rank > 2: the leading dims are rows).
+      gamma: ``[h]``, any of those dtypes (used in float32).
+      beta: ``[h]`` for ``"layernorm"``; must be ``None`` for ``"rmsnorm"``.
+      norm_type: ``"layernorm"`` or ``"rmsnorm"``.
+      epsilon: float > 0, added to the variance (mean square for rmsnorm).
+      zero_centered_gamma: scale by ``1 + gamma`` instead of ``gamma``.
+      implementation: ``"kernel"`` or ``"xla"`` (:func:`norm_forward_reference` compiled by
+        XLA); default: the enclosing :func:`fp8jax.ops.implementation` choice for ``"norm"``.
+
+    Returns:
+      ``y`` (``x.shape``, ``x.dtype``), float32 ``mu`` (zeros for rmsnorm) and ``rsigma``, both
+      ``x.shape[:-1]``.
+
+    >>> import jax.numpy as jnp, fp8jax
+    >>> y, mu, rs = fp8jax.ops.norm_forward(jnp.array([[1.0, 3.0]]), jnp.ones(2), jnp.zeros(2),
+    ...                                     norm_type="layernorm", epsilon=1e-6)
+    >>> y.round(3).tolist(), mu.tolist()
+    ([[-1.0, 1.0]], [2.0])
+    """
+    op = "norm_forward"
+    norm_type = _norm_type_arg(op, norm_type)
+    x = _matrix_arg(op, "x", x)
+    gamma, beta = _params_args(op, norm_type, x, gamma, beta)
+    eps = _epsilon_arg(op, epsilon)
+    params = (gamma,) if beta is None else (gamma, beta)
+    y, mu, rs = _FORWARD[norm_type](
+        _rows(x),
+        *params,
+        epsilon=eps,
+        zero_centered_gamma=bool(zero_centered_gamma),
+        implementation=implementation,
+    )
+    return y.reshape(x.shape), mu.reshape(x.shape[:-1]), rs.reshape(x.shape[:-1])
+
+
+def norm_forward_fp8(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    scale: jax.Array,
+    fp8_dtype: Any,
+    *,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+    amax_reduction: str = "split",
+    implementation: str | None = None,
+) -> tuple[jax.Array, ...]:
+    """:func:`norm_forward` fused with the FP8 cast of ``y`` and its transpose.
+
+    Returns ``(q, q_t, scale_inv, amax, mu, rsigma)``: ``q, scale_inv, amax`` are exactly
+    ``fp8jax.ops.quantize(norm_forward(x, ...)[0], scale, fp8_dtype)`` of the same
+    implementation (``y`` rounded to ``x.dtype`` first; ``amax`` of that rounded ``y``), ``q_t``
+    is ``q``'s transpose ``[h, m]`` (the flattened rows, for rank > 2), ``mu`` and ``rsigma`` as
+    :func:`norm_forward`'s. ``y`` itself is never written.
+
+    Args:
+      x, gamma, beta, norm_type, epsilon, zero_centered_gamma: as for :func:`norm_forward`.
+      scale: float32, shape ``()`` or ``(1,)``.
+      fp8_dtype: ``jnp.float8_e4m3fn`` or ``jnp.float8_e5m2``.
+      amax_reduction: ``"split"`` or ``"mesh"``, as for :func:`fp8jax.ops.quantize`.
+      implementation: ``"kernel"`` or ``"xla"``, as for :func:`norm_forward`.
+    """
+    op = "norm_forward_fp8"
+    norm_type = _norm_type_arg(op, norm_type)
+    x = _matrix_arg(op, "x", x)
+    gamma, beta = _params_args(op, norm_type, x, gamma, beta)
+    eps = _epsilon_arg(op, epsilon)
+    scale = _checks.scalar_f32(op, "scale", scale)
+    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    params = (gamma,) if beta is None else (gamma, beta)
+    q, q_t, scale_inv, amax, mu, rs = _FORWARD_FP8[norm_type](
+        _rows(x),
+        *params,
+        scale,
+        fp8_dtype=dt,
+        epsilon=eps,
+        zero_centered_gamma=bool(zero_centered_gamma),
+        amax_reduction=reduction,
+        implementation=implementation,
+    )
+    lead = x.shape[:-1]
+    return q.reshape(x.shape), q_t, scale_inv, amax, mu.reshape(lead), rs.reshape(lead)
+
+
+def norm_backward(
+    dy: jax.Array,
+    x: jax.Array,
+    mu: jax.Array,
+    rsigma: jax.Array,
+    gamma: jax.Array,
+    *,
+    norm_type: str,
+    zero_centered_gamma: bool = False,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The backward pass of :func:`norm_forward`; returns ``(dx, dgamma, dbeta)``.
+
+    Args:
+      dy: the gradient of ``y``, ``x.shape``, float32, bfloat16 or float16.
+      x: the forward's input (rank > 2: the leading dims are rows).
+      mu, rsigma: :func:`norm_forward`'s outputs, float32 ``x.shape[:-1]``.
+      gamma: ``[h]``, as given to the forward.
+      norm_type, zero_centered_gamma, implementation: as for :func:`norm_forward`.
+
+    Returns:
+      ``dx`` (``x.shape``, ``dy.dtype``), float32 ``dgamma`` and ``dbeta`` ``[h]`` (``dbeta``
+      zeros for rmsnorm): sums over all rows, in a fixed order (the same bits every run).
+    """
+    op = "norm_backward"
+    norm_type = _norm_type_arg(op, norm_type)
+    x = _matrix_arg(op, "x", x)
+    dy = _matrix_arg(op, "dy", dy)
+    if dy.shape != x.shape:
+        raise ValueError(f"{op}: dy must have x's shape {x.shape}, got {dy.shape}")
+    lead = x.shape[:-1]
+    for name, v in (("mu", mu), ("rsigma", rsigma)):
+        v = _checks.array_arg(op, name, v)
+        if v.dtype != jnp.float32 or v.shape != lead:
+            raise ValueError(
+                f"{op}: {name} must be float32 of shape {lead}, got {v.dtype}{list(v.shape)}"
+            )
+    gamma = _vector_arg(op, "gamma", gamma, x.shape[-1])
+    m = math.prod(lead)
+    dx, dgamma, dbeta = _BACKWARD(
+        _rows(dy),
+        _rows(x),
+        jnp.reshape(mu, (m,)),
+        jnp.reshape(rsigma, (m,)),
+        gamma,
+        norm_type=norm_type,
+        zero_centered_gamma=bool(zero_centered_gamma),
+        implementation=implementation,
+    )
+    return dx.reshape(x.shape), dgamma, dbeta
+
+
+# ------------------------------------------------------------------------------- differentiable
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _norm(x, gamma, beta, cfg):
+    return _norm_fwd(x, gamma, beta, cfg)[0]
+
+
+def _norm_fwd(x, gamma, beta, cfg):
+    norm_type, epsilon, zero_centered_gamma, impl = cfg
+    y, mu, rsigma = norm_forward(
+        x,
+        gamma,
+        beta,
+        norm_type=norm_type,
+        epsilon=epsilon,
+        zero_centered_gamma=zero_centered_gamma,
+        implementation=impl,
+    )
+    return y, (x, mu, rsigma, gamma, beta is None)
+
+
+def _norm_bwd(cfg, residuals, dy):
+    norm_type, _, zero_centered_gamma, impl = cfg
+    x, mu, rsigma, gamma, no_beta = residuals
+    dx, dgamma, dbeta = norm_backward(
+        dy,
+        x,
+        mu,
+        rsigma,
+        gamma,
+        norm_type=norm_type,
+        zero_centered_gamma=zero_centered_gamma,
+        implementation=impl,
+    )
+    dbeta = None if no_beta else dbeta.astype(gamma.dtype)  # beta's dtype: checked equal below
+    return dx.astype(x.dtype), dgamma.astype(gamma.dtype), dbeta
+
+
+_norm.defvjp(_norm_fwd, _norm_bwd)
+
+
+def _differentiable(op, norm_type, x, gamma, beta, epsilon, zero_centered_gamma, implementation):
+    norm_type = _norm_type_arg(op, norm_type)
+    x = _matrix_arg(op, "x", x)
+    gamma, beta = _params_args(op, norm_type, x, gamma, beta)
+    if beta is not None and beta.dtype != gamma.dtype:
+        raise TypeError(
+            f"{op}: beta must have gamma's dtype {gamma.dtype} (its gradient comes back in "
+            f"it), got {beta.dtype}"
+        )
+    eps = _epsilon_arg(op, epsilon)
+    impl = _implementation.choose(op, "norm", implementation)
+    return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl))
+
+
+def layernorm(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array,
+    *,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Differentiable LayerNorm over the last axis of ``x`` (rank >= 2); returns ``y``.
+
+    The forward is :func:`norm_forward` (``norm_type="layernorm"``), the backward
+    :func:`norm_backward`; the gradients of ``x``, ``gamma`` and ``beta`` come back in their
+    dtypes (``beta`` must have ``gamma``'s). ``implementation`` (``"kernel"``/``"xla"``) is
+    resolved when this is called and used by both passes.
+    """
+    return _differentiable(
+        "layernorm", "layernorm", x, gamma, beta, epsilon, zero_centered_gamma, implementation
+    )
+
+
+def rmsnorm(
+    x: jax.Array,
+    gamma: jax.Array,
+    *,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Differentiable RMSNorm over the last axis of ``x`` (rank >= 2); returns ``y``.
+
+    As :func:`layernorm`, with ``norm_type="rmsnorm"`` (no bias).
+    """
+    return _differentiable(
+        "rmsnorm", "rmsnorm", x, gamma, None, epsilon, zero_centered_gamma, implementation
+    )
