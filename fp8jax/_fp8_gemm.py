@@ -18,7 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 from fp8jax.autocast import _current_state
 from fp8jax.dense import CHECKPOINT_NAMES, _current_scale
 from fp8jax.ops._implementation import get_implementation
-from fp8jax.ops.cast_transpose import cast_transpose
+from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_dbias
 from fp8jax.ops.gemm import gemm_codes
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from fp8jax.state import Fp8Meta
@@ -123,6 +123,18 @@ def scale_for(setup: Fp8Setup, value: jax.Array, scale: jax.Array, fp8_dtype: An
     """The scale to quantize ``value`` with: the delayed one, or under current scaling the one
     from ``value``'s own amax."""
     return _current_scale(value, fp8_dtype, setup.margin) if setup.current_scaling else scale
+
+
+def cast_dbias(setup: Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool):
+    """An output gradient cast to the backward format, with its column sums when the layer has
+    a bias: ``(q, q_t, scale_inv, amax, dbias or None)`` (one pass over ``g``)."""
+    bwd = setup.bwd_dtype
+    if not with_bias:
+        return (*cast_t(setup, g, scale, bwd), None)
+    scale = scale_for(setup, g, scale, bwd)
+    return cast_transpose_dbias(
+        g, scale, bwd, amax_reduction="mesh", implementation=setup.implementation("cast")
+    )
 
 
 class GemmResiduals(NamedTuple):

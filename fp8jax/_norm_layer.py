@@ -4,14 +4,14 @@ fused kernel: norm, FP8 cast, transposed copy for the next GEMM's wgrad)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax._fp8_gemm import Fp8Setup, cast_t
-from fp8jax.ops.norm import norm_forward, norm_forward_fp8
+from fp8jax._fp8_gemm import Fp8Setup, cast_t, codes, named
+from fp8jax.ops.norm import norm_backward, norm_forward, norm_forward_fp8
 
 NORM_TYPES = ("layernorm", "rmsnorm")
 
@@ -19,9 +19,7 @@ NORM_TYPES = ("layernorm", "rmsnorm")
 def check_norm_args(where: str, norm_type: Any, epsilon: Any, zero_centered_gamma: Any) -> None:
     """ValueError/TypeError naming the argument that is wrong."""
     if norm_type not in NORM_TYPES:
-        raise ValueError(
-            f"{where}: layernorm_type must be one of {NORM_TYPES}, got {norm_type!r}"
-        )
+        raise ValueError(f"{where}: layernorm_type must be one of {NORM_TYPES}, got {norm_type!r}")
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating)):
         raise TypeError(f"{where}: epsilon must be a float, got {epsilon!r}")
     if not epsilon > 0:
@@ -106,3 +104,58 @@ def norm_fp8(
         x, gamma, beta, scale, setup.fwd_dtype, amax_reduction="mesh", implementation=impl, **kw
     )
     return q, q_t, sinv, amax, mu, rsigma, None
+
+
+class NormResiduals(NamedTuple):
+    """What the norm's backward reads: its input and statistics, and its scale."""
+
+    x: jax.Array
+    gamma: jax.Array
+    mu: jax.Array
+    rsigma: jax.Array
+
+
+def input_forward(
+    setup: Fp8Setup,
+    x: jax.Array,
+    gamma: jax.Array | None,
+    beta: jax.Array | None,
+    scale: jax.Array,
+    norm: tuple[str, float, bool] | None,
+    keep_output: bool,
+):
+    """A layer's first GEMM input: ``x`` [M, H] normalised (``norm``; ``None``: as it is) and
+    cast to FP8 -> ``(q, q_t, scale_inv, amax, output or None, NormResiduals or None)``, the
+    FP8 tensors as checkpoint-named codes (:data:`fp8jax.dense.CHECKPOINT_NAMES`). ``output``
+    (the norm's output in ``x.dtype``, or ``x``) is kept when ``keep_output``."""
+    if norm is None:
+        q, q_t, sinv, amax = cast_t(setup, x, scale, setup.fwd_dtype)
+        out, res = (x if keep_output else None), None
+    else:
+        q, q_t, sinv, amax, mu, rsigma, out = norm_fp8(
+            setup, x, gamma, beta, scale, norm, keep_output=keep_output
+        )
+        res = NormResiduals(x, gamma, mu, rsigma)
+    q, q_t = named(codes(q), 2), named(codes(q_t), 0)
+    return q, q_t, named(sinv, 4), named(amax, 5), out, res
+
+
+def input_backward(
+    setup: Fp8Setup,
+    norm: tuple[str, float, bool] | None,
+    res: NormResiduals | None,
+    d_in: jax.Array,
+    d_out: Any,
+) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+    """The gradient of :func:`input_forward`'s input and norm params from the gradient
+    ``d_in`` of the GEMM input (plus ``d_out``, the kept output's cotangent, if any):
+    ``(dx, dgamma, dbeta)`` (float32 ``dgamma``/``dbeta``; ``None`` without a norm)."""
+    if d_out is not None and not isinstance(d_out, jax.custom_derivatives.SymbolicZero):
+        d_in = (d_in.astype(jnp.float32) + d_out.astype(jnp.float32)).astype(d_in.dtype)
+    if norm is None:
+        return d_in, None, None
+    norm_type, _, zero_centered = norm
+    return norm_backward(
+        d_in, res.x, res.mu, res.rsigma, res.gamma, norm_type=norm_type,
+        zero_centered_gamma=zero_centered, implementation=setup.implementation("norm"),
+    )  # fmt: skip

@@ -18,9 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import _fp8_gemm as g8
-from fp8jax._norm_layer import check_norm_args, check_norm_params, flax_norm, norm_fp8
-from fp8jax.layernorm_mlp import cast_dbias
-from fp8jax.ops.norm import norm_backward
+from fp8jax._norm_layer import (
+    check_norm_args,
+    check_norm_params,
+    flax_norm,
+    input_backward,
+    input_forward,
+)
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -31,7 +35,7 @@ _N = len(DENSE_ROLES)
 
 class _Config(NamedTuple):
     setup: g8.Fp8Setup
-    norm: tuple[str, float, bool]
+    norm: tuple[str, float, bool] | None  # None: no norm
     has_bias: bool
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
     dtype: Any
@@ -40,14 +44,12 @@ class _Config(NamedTuple):
 
 def _forward(cfg: _Config, x, gamma, beta, w, b, scale):
     s = cfg.setup
-    ln_q, ln_t, ln_sinv, ln_amax, mu, rsigma, ln = norm_fp8(
-        s, x, gamma, beta, scale[0], cfg.norm, keep_output=cfg.keep_ln
+    ln_q, ln_t, ln_sinv, ln_amax, ln, norm_res = input_forward(
+        s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
-    ln_q, ln_t = g8.named(g8.codes(ln_q), 2), g8.named(g8.codes(ln_t), 0)
-    ln_sinv, ln_amax = g8.named(ln_sinv, 4), g8.named(ln_amax, 5)
     y, w_amax, r = g8.gemm_forward(s, ln_q, ln_sinv, w, scale[1], b, cfg.dtype)
     seen = jnp.stack([ln_amax, w_amax, jnp.float32(jnp.nan)]).reshape(_N)
-    res = (x, gamma, mu, rsigma, ln_t, ln_sinv, r, scale[2], ln_amax, w_amax)
+    res = (norm_res, ln_t, ln_sinv, r, scale[2], ln_amax, w_amax)
     return (y, ln, seen), res
 
 
@@ -68,28 +70,20 @@ def _ln_dense2d_fwd(cfg: _Config, x, gamma, beta, w, b, scale, probe):
 
 def _ln_dense2d_bwd(cfg: _Config, res, cts):
     s = cfg.setup
-    x, gamma, mu, rsigma, ln_t, ln_sinv, r, g_scale, ln_amax, w_amax = res
+    norm_res, ln_t, ln_sinv, r, g_scale, ln_amax, w_amax = res
     x_dt, gamma_dt, beta_dt, w_dt, b_dt = cfg.dtypes
     dy = g8.zeros_if_symbolic(cts[0])
-    g_q, g_t, g_sinv, g_amax, db = cast_dbias(s, dy, g_scale, cfg.has_bias)
+    g_q, g_t, g_sinv, g_amax, db = g8.cast_dbias(s, dy, g_scale, cfg.has_bias)
     g_q, g_t = g8.codes(g_q), g8.codes(g_t)
     dln, dw = g8.gemm_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
-    if cfg.keep_ln:
-        d_out = cts[1]
-        if not isinstance(d_out, jax.custom_derivatives.SymbolicZero):
-            dln = (dln.astype(jnp.float32) + d_out.astype(jnp.float32)).astype(x_dt)
-    norm_type, _, zero_centered = cfg.norm
-    dx, dgamma, dbeta = norm_backward(
-        dln, x, mu, rsigma, gamma, norm_type=norm_type, zero_centered_gamma=zero_centered,
-        implementation=s.implementation("norm"),
-    )  # fmt: skip
+    dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)
     observed = jnp.stack([ln_amax, w_amax, g_amax]).reshape(_N)
     return (
         dx.astype(x_dt),
-        dgamma.astype(gamma_dt),
+        None if gamma_dt is None else dgamma.astype(gamma_dt),
         None if beta_dt is None else dbeta.astype(beta_dt),
         dw,
-        db.astype(b_dt) if cfg.has_bias else None,
+        None if b_dt is None else db.astype(b_dt),
         jnp.zeros((_N,), jnp.float32),
         observed,
     )
@@ -100,7 +94,7 @@ _ln_dense2d.defvjp(_ln_dense2d_fwd, _ln_dense2d_bwd, symbolic_zeros=True)
 
 def layernorm_dense(
     x: jax.Array,
-    gamma: jax.Array,
+    gamma: jax.Array | None,
     beta: jax.Array | None,
     kernel: jax.Array,
     bias: jax.Array | None = None,
@@ -108,7 +102,7 @@ def layernorm_dense(
     recipe: Recipe | None = None,
     *,
     probe: jax.Array | None = None,
-    layernorm_type: str = "layernorm",
+    layernorm_type: str | None = "layernorm",
     epsilon: float = 1e-6,
     zero_centered_gamma: bool = False,
     return_layernorm_output: bool = False,
@@ -123,12 +117,13 @@ def layernorm_dense(
     as ``flax.linen.LayerNorm``/``RMSNorm`` compute it).
 
     Args:
-      x: ``[..., hidden]``; gamma, beta: ``(hidden,)`` (``beta=None`` for RMSNorm).
+      x: ``[..., hidden]``; gamma, beta: ``(hidden,)`` (``beta=None`` for RMSNorm; both
+        ``None`` with ``layernorm_type=None``, which casts ``x`` as it is: an FP8 dense).
       kernel: ``(hidden, *features)``; bias: ``features``.
       fp8_meta: 3-role :class:`~fp8jax.state.Fp8Meta` (input = the norm's output, kernel,
         output-grad), for delayed scaling. probe: zero ``float32[3]`` (see :func:`fp8jax.dense`).
-      layernorm_type: ``"layernorm"`` or ``"rmsnorm"``; epsilon; zero_centered_gamma: scale by
-        ``1 + gamma``.
+      layernorm_type: ``"layernorm"``, ``"rmsnorm"`` or ``None``; epsilon;
+        zero_centered_gamma: scale by ``1 + gamma``.
       return_layernorm_output: also return the norm's output (in ``x``'s dtype), e.g. for a
         residual connection after the norm; it is then differentiated too.
       dtype: the GEMM's output dtype (default: promoted from ``x`` and ``kernel``).
@@ -161,8 +156,12 @@ def _check(x, gamma, beta, kernel, bias, norm, dtype):
             f"{where}: kernel must have shape (hidden, *features) with hidden = x.shape[-1] = "
             f"{x.shape[-1] if x.ndim else None}, got {kernel.shape}"
         )
-    check_norm_args(where, *norm)
-    check_norm_params(where, norm[0], x.shape[-1], gamma, beta)
+    if norm is None:
+        if gamma is not None or beta is not None:
+            raise ValueError(f"{where}: layernorm_type=None (no norm) takes no gamma or beta")
+    else:
+        check_norm_args(where, *norm)
+        check_norm_params(where, norm[0], x.shape[-1], gamma, beta)
     if bias is not None and tuple(bias.shape) != tuple(kernel.shape[1:]):
         raise ValueError(f"{where}: bias must have shape {kernel.shape[1:]}, got {bias.shape}")
     if jnp.dtype(dtype) not in g8.WIDE:
@@ -174,7 +173,7 @@ def _layernorm_dense(
     zero_centered_gamma, return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_dense",
 ):  # fmt: skip
     """:func:`layernorm_dense` -> ``(y, norm output or None, forward observations or None)``."""
-    norm = (layernorm_type, epsilon, zero_centered_gamma)
+    norm = None if layernorm_type is None else (layernorm_type, epsilon, zero_centered_gamma)
     if dtype is None and hasattr(x, "dtype") and hasattr(kernel, "dtype"):
         dtype = jnp.result_type(x, kernel)
     _check(x, gamma, beta, kernel, bias, norm, dtype)
@@ -182,7 +181,7 @@ def _layernorm_dense(
     lead, hidden, features = x.shape[:-1], x.shape[-1], kernel.shape[1:]
     setup, scale, probe = g8.resolve(where, recipe, enabled, fp8_meta, probe, _N, ("norm",))
     if setup is None:
-        ln = flax_norm(x, gamma, beta, *norm, dtype=dtype)
+        ln = x.astype(dtype) if norm is None else flax_norm(x, gamma, beta, *norm, dtype=dtype)
         y = jax.lax.dot_general(ln, kernel.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
         if bias is not None:
             y = y + bias.astype(dtype)
@@ -199,8 +198,7 @@ def _layernorm_dense(
         has_bias=b is not None,
         keep_ln=bool(return_layernorm_output),
         dtype=dtype,
-        dtypes=(x.dtype, gamma.dtype, None if beta is None else beta.dtype, w.dtype,
-                None if bias is None else bias.dtype),  # fmt: skip
+        dtypes=tuple(None if v is None else v.dtype for v in (x, gamma, beta, w, bias)),
     )
     y2, ln2, seen = _ln_dense2d(
         cfg, x.reshape(m, hidden), gamma, beta, w.reshape(hidden, n), b, scale, probe

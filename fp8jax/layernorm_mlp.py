@@ -22,17 +22,22 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp8jax import _fp8_gemm as g8
-from fp8jax._norm_layer import check_norm_args, check_norm_params, flax_norm, norm_fp8
+from fp8jax._norm_layer import (
+    check_norm_args,
+    check_norm_params,
+    flax_norm,
+    input_backward,
+    input_forward,
+)
 from fp8jax.ops.activation import (
     activation,
     activation_cast_transpose,
     dactivation,
     dactivation_cast_transpose_dbias,
 )
-from fp8jax.ops.cast_transpose import cast_transpose_dbias
-from fp8jax.ops.norm import norm_backward
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
 
@@ -45,29 +50,19 @@ _N = len(MLP_ROLES)
 
 class _Config(NamedTuple):
     setup: g8.Fp8Setup
-    norm: tuple[str, float, bool]  # norm_type, epsilon, zero_centered_gamma
+    norm: tuple[str, float, bool] | None  # norm_type, epsilon, zero_centered_gamma; None: no norm
     activations: tuple[str, ...]
     has_bias: tuple[bool, bool]
+    keep_ln: bool  # also return the norm's output (return_layernorm_output)
     dtype: Any  # dtype of the GEMMs' outputs (the activation's input and the result)
     # dtypes of (x, gamma, beta, w1, b1, w2, b2): each gradient is returned in its primal's
     dtypes: tuple[Any, ...]
-    has_mask: bool
-
-
-def cast_dbias(setup: g8.Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool):
-    """An output gradient cast to the backward format, with its column sums when the layer has
-    a bias: ``(q, q_t, scale_inv, amax, dbias or None)`` (one pass over ``g``)."""
-    bwd = setup.bwd_dtype
-    if not with_bias:
-        return (*g8.cast_t(setup, g, scale, bwd), None)
-    scale = g8.scale_for(setup, g, scale, bwd)
-    return cast_transpose_dbias(
-        g, scale, bwd, amax_reduction="mesh", implementation=setup.implementation("cast")
-    )
 
 
 def _activation_fp8(cfg: _Config, h: jax.Array, scale: jax.Array, mask: jax.Array | None):
-    """The activation of ``h`` [M, k, I] cast to FP8: ``(q [M, I], q_t [I, M], sinv, amax)``."""
+    """The activation of ``h`` [M, k, I] cast to FP8: ``(q [M, I], q_t [I, M], sinv, amax)``.
+    One fused kernel, unless current scaling (the scale needs the output's amax first) or a
+    dropout mask (applied between the activation and the cast) split it in two."""
     s = cfg.setup
     impl = s.implementation("activation")
     if s.current_scaling or mask is not None:
@@ -88,7 +83,7 @@ def _dactivation_fp8(cfg: _Config, da: jax.Array, h: jax.Array, scale: jax.Array
     impl = s.implementation("activation")
     if s.current_scaling:
         dh = dactivation(da, h, cfg.activations, implementation=impl).reshape(m, k * i)
-        return cast_dbias(s, dh, scale, True)
+        return g8.cast_dbias(s, dh, scale, True)
     q, q_t, sinv, amax, dbias = dactivation_cast_transpose_dbias(
         da, h, scale, s.bwd_dtype, cfg.activations, amax_reduction="mesh", implementation=impl
     )
@@ -97,13 +92,11 @@ def _dactivation_fp8(cfg: _Config, da: jax.Array, h: jax.Array, scale: jax.Array
 
 def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     s = cfg.setup
-    m = x.shape[0]
-    k = len(cfg.activations)
-    ln_q, ln_t, ln_sinv, ln_amax, mu, rsigma, _ = norm_fp8(s, x, gamma, beta, scale[0], cfg.norm)
-    ln_q, ln_t = g8.named(g8.codes(ln_q), 2), g8.named(g8.codes(ln_t), 0)
-    ln_sinv, ln_amax = g8.named(ln_sinv, 4), g8.named(ln_amax, 5)
+    ln_q, ln_t, ln_sinv, ln_amax, ln, norm_res = input_forward(
+        s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
+    )
     h, w1_amax, r1 = g8.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
-    h = h.reshape(m, k, -1)
+    h = h.reshape(x.shape[0], len(cfg.activations), -1)
     a_q, a_t, a_sinv, a_amax = _activation_fp8(cfg, h, scale[3], mask)
     a_q, a_t = g8.named(g8.codes(a_q), 2), g8.named(g8.codes(a_t), 0)
     a_sinv, a_amax = g8.named(a_sinv, 4), g8.named(a_amax, 5)
@@ -111,8 +104,8 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     nan = jnp.float32(jnp.nan)  # the output-grad roles: not observed by the forward
     seen = jnp.stack([ln_amax, w1_amax, nan, a_amax, w2_amax, nan]).reshape(_N)
     fwd_seen = jnp.stack([ln_amax, w1_amax, a_amax, w2_amax]).reshape(4)
-    res = (x, gamma, mu, rsigma, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask)
-    return (y, seen), res
+    res = (norm_res, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask)
+    return (y, ln, seen), res
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -132,10 +125,10 @@ def _mlp2d_fwd(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, probe, mask)
 
 def _mlp2d_bwd(cfg: _Config, res, cts):
     s = cfg.setup
-    x, gamma, mu, rsigma, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask = res
+    norm_res, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask = res
     x_dt, gamma_dt, beta_dt, w1_dt, b1_dt, w2_dt, b2_dt = cfg.dtypes
     dy = g8.zeros_if_symbolic(cts[0])
-    dy_q, dy_t, dy_sinv, dy_amax, db2 = cast_dbias(s, dy, scale[5], cfg.has_bias[1])
+    dy_q, dy_t, dy_sinv, dy_amax, db2 = g8.cast_dbias(s, dy, scale[5], cfg.has_bias[1])
     dy_q, dy_t = g8.codes(dy_q), g8.codes(dy_t)
     da, dw2 = g8.gemm_backward(s, dy_q, dy_t, dy_sinv, a_t, a_sinv, r2, cfg.dtype, w2_dt)
     if mask is not None:
@@ -143,21 +136,17 @@ def _mlp2d_bwd(cfg: _Config, res, cts):
     dh_q, dh_t, dh_sinv, dh_amax, db1 = _dactivation_fp8(cfg, da, h, scale[2])
     dh_q, dh_t = g8.codes(dh_q), g8.codes(dh_t)
     dln, dw1 = g8.gemm_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
-    norm_type, _, zero_centered = cfg.norm
-    dx, dgamma, dbeta = norm_backward(
-        dln, x, mu, rsigma, gamma, norm_type=norm_type, zero_centered_gamma=zero_centered,
-        implementation=s.implementation("norm"),
-    )  # fmt: skip
+    dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)
     ln_amax, w1_amax, a_amax, w2_amax = (fwd_seen[i] for i in range(4))
     observed = jnp.stack([ln_amax, w1_amax, dh_amax, a_amax, w2_amax, dy_amax]).reshape(_N)
     grads = (
         dx.astype(x_dt),
-        dgamma.astype(gamma_dt),
+        None if gamma_dt is None else dgamma.astype(gamma_dt),
         None if beta_dt is None else dbeta.astype(beta_dt),
         dw1,
-        db1.astype(b1_dt) if cfg.has_bias[0] else None,
+        None if b1_dt is None else db1.astype(b1_dt),
         dw2,
-        db2.astype(b2_dt) if cfg.has_bias[1] else None,
+        None if b2_dt is None else db2.astype(b2_dt),
     )
     dmask = None if mask is None else jnp.zeros_like(mask)
     return (*grads, jnp.zeros((_N,), jnp.float32), observed, dmask)
@@ -173,8 +162,12 @@ def _check(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, activations
             raise TypeError(f"{where}: {name} must be a floating-point array, got {v!r:.60}")
     if x.ndim < 1:
         raise ValueError(f"{where}: x must have a hidden (last) dim, got shape {x.shape}")
-    check_norm_args(where, *norm)
-    check_norm_params(where, norm[0], x.shape[-1], gamma, beta)
+    if norm is None:
+        if gamma is not None or beta is not None:
+            raise ValueError(f"{where}: layernorm_type=None (no norm) takes no gamma or beta")
+    else:
+        check_norm_args(where, *norm)
+        check_norm_params(where, norm[0], x.shape[-1], gamma, beta)
     acts = check_activations(where, activations)
     hidden, k = x.shape[-1], len(acts)
     if kernel_1.ndim != 3 or kernel_1.shape[:2] != (hidden, k):
@@ -198,7 +191,7 @@ def _check(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, activations
 
 def layernorm_mlp(
     x: jax.Array,
-    gamma: jax.Array,
+    gamma: jax.Array | None,
     beta: jax.Array | None,
     kernel_1: jax.Array,
     kernel_2: jax.Array,
@@ -208,25 +201,28 @@ def layernorm_mlp(
     recipe: Recipe | None = None,
     *,
     probe: jax.Array | None = None,
-    layernorm_type: str = "layernorm",
+    layernorm_type: str | None = "layernorm",
     epsilon: float = 1e-6,
     zero_centered_gamma: bool = False,
     activations: Sequence[str] = ("gelu",),
     dropout_mask: jax.Array | None = None,
+    return_layernorm_output: bool = False,
     dtype: Any = None,
     enabled: bool | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``norm(x) -> GEMM1 (+bias_1) -> activation -> GEMM2 (+bias_2)``, in FP8.
 
     The norm is over the last axis of ``x``; ``kernel_1`` is ``(hidden, len(activations),
-    intermediate)`` as in TransformerEngine's ``LayerNormMLP`` (gated pairs such as
-    ``("silu", "linear")`` multiply ``act(x @ kernel_1[:, 0]) * (x @ kernel_1[:, 1])``).
+    intermediate)`` as in TransformerEngine's ``LayerNormMLP`` (a gated pair such as
+    ``("silu", "linear")`` computes ``act(x @ kernel_1[:, 0]) * (x @ kernel_1[:, 1])``).
     FP8 on/off and the recipe are decided as for :func:`fp8jax.dense`. With FP8 off this is the
-    plain high-precision block (the norm computed as ``flax.linen.LayerNorm`` does).
+    plain high-precision block, computed as a Flax ``LayerNorm -> DenseGeneral -> activation
+    -> Dense`` block computes it.
 
     Args:
       x: input ``[..., hidden]``, float32/bfloat16/float16.
-      gamma, beta: the norm's scale and bias, ``(hidden,)``; ``beta`` is ``None`` for RMSNorm.
+      gamma, beta: the norm's scale and bias, ``(hidden,)``; ``beta`` is ``None`` for RMSNorm,
+        both ``None`` without a norm.
       kernel_1: ``(hidden, len(activations), intermediate)``; kernel_2: ``(intermediate,
         out_features)``; bias_1: ``(len(activations), intermediate)``; bias_2:
         ``(out_features,)``.
@@ -234,17 +230,19 @@ def layernorm_mlp(
         (``fp8jax.init_fp8_meta(recipe, n_roles=6)``); needed for delayed scaling.
       recipe: as for :func:`fp8jax.dense`.
       probe: zero ``float32[6]``; its cotangent is this call's amax per role.
-      layernorm_type: ``"layernorm"`` or ``"rmsnorm"``.
+      layernorm_type: ``"layernorm"``, ``"rmsnorm"`` or ``None`` (no norm: ``x`` is cast as
+        it is).
       epsilon: the norm's epsilon. zero_centered_gamma: scale by ``1 + gamma``.
       activations: one of ``"gelu"`` (tanh approximation), ``"gelu_exact"``, ``"relu"``,
         ``"silu"``/``"swish"``, ``"linear"``, or a gated pair ending in ``"linear"``.
-      dropout_mask: optional ``[..., intermediate]`` factor applied to the activation's output
-        (dropout's mask already divided by the keep rate); its gradient is not computed.
+      dropout_mask: optional factor broadcastable to ``[..., intermediate]``, applied to the
+        activation's output (dropout's keep mask divided by the keep rate).
+      return_layernorm_output: also return the norm's output (``x.dtype``), differentiated too.
       dtype: dtype of the GEMMs' outputs (default: promoted from ``x`` and the kernels).
       enabled: FP8 on/off (see :func:`fp8jax.dense`).
 
     Returns:
-      ``[..., out_features]`` in ``dtype``.
+      ``[..., out_features]`` in ``dtype`` (and the norm's output if asked for).
 
     >>> import jax, jax.numpy as jnp, fp8jax
     >>> x = jax.random.normal(jax.random.key(0), (8, 16))
@@ -256,22 +254,24 @@ def layernorm_mlp(
     >>> y.shape
     (8, 16)
     """
-    y, _ = _layernorm_mlp(
+    y, ln, _ = _layernorm_mlp(
         x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, fp8_meta, recipe, probe=probe,
         layernorm_type=layernorm_type, epsilon=epsilon, zero_centered_gamma=zero_centered_gamma,
-        activations=activations, dropout_mask=dropout_mask, dtype=dtype, enabled=enabled,
+        activations=activations, dropout_mask=dropout_mask,
+        return_layernorm_output=return_layernorm_output, dtype=dtype, enabled=enabled,
     )  # fmt: skip
-    return y
+    return (y, ln) if return_layernorm_output else y
 
 
 def _layernorm_mlp(
     x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, fp8_meta, recipe, *, probe,
-    layernorm_type, epsilon, zero_centered_gamma, activations, dropout_mask, dtype, enabled,
-    where="fp8jax.layernorm_mlp",
-) -> tuple[jax.Array, jax.Array | None]:  # fmt: skip
-    """:func:`layernorm_mlp`, also returning the forward observations (``float32[6]``, NaN for
-    the output-grad roles) or ``None`` with FP8 off."""
-    norm = (layernorm_type, epsilon, zero_centered_gamma)
+    layernorm_type, epsilon, zero_centered_gamma, activations, dropout_mask,
+    return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_mlp",
+):  # fmt: skip
+    """:func:`layernorm_mlp` -> ``(y, norm output or None, forward observations or None)``;
+    the observations are ``float32[6]`` (NaN for the output-grad roles), ``None`` with FP8
+    off."""
+    norm = None if layernorm_type is None else (layernorm_type, epsilon, zero_centered_gamma)
     if dtype is None and hasattr(x, "dtype") and hasattr(kernel_1, "dtype"):
         dtype = jnp.result_type(x, kernel_1, kernel_2)
     acts = _check(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, activations, dtype)
@@ -283,17 +283,16 @@ def _layernorm_mlp(
     setup, scale, probe = g8.resolve(
         where, recipe, enabled, fp8_meta, probe, _N, families=("norm", "activation")
     )
+    keep = bool(return_layernorm_output)
     if setup is None:
-        y = _reference(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, acts,
-                       dropout_mask, dtype)  # fmt: skip
-        return y, None
+        y, ln = _reference(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, acts,
+                           dropout_mask, dtype)  # fmt: skip
+        return y, (ln.astype(x.dtype) if keep else None), None
     if jnp.dtype(x.dtype) not in g8.WIDE:
         x = x.astype(dtype)
-    m = int(jnp.size(x) // hidden) if hidden else 0
-    x2 = x.reshape(m, hidden)
+    m = int(np.prod(lead, dtype=np.int64))
     w1 = kernel_1 if jnp.dtype(kernel_1.dtype) in g8.WIDE else kernel_1.astype(dtype)
     w2 = kernel_2 if jnp.dtype(kernel_2.dtype) in g8.WIDE else kernel_2.astype(dtype)
-    w1 = w1.reshape(hidden, -1)
     b1 = None if bias_1 is None else bias_1.astype(dtype).reshape(-1)
     b2 = None if bias_2 is None else bias_2.astype(dtype)
     mask2 = None if dropout_mask is None else dropout_mask.astype(dtype).reshape(m, inter)
@@ -302,16 +301,18 @@ def _layernorm_mlp(
         norm=norm,
         activations=acts,
         has_bias=(b1 is not None, b2 is not None),
+        keep_ln=keep,
         dtype=dtype,
-        dtypes=(
-            x2.dtype, gamma.dtype, None if beta is None else beta.dtype, w1.dtype,
-            None if bias_1 is None else bias_1.dtype, w2.dtype,
-            None if bias_2 is None else bias_2.dtype,
+        dtypes=tuple(
+            None if v is None else v.dtype for v in (x, gamma, beta, w1, bias_1, w2, bias_2)
         ),
-        has_mask=mask2 is not None,
+    )
+    y2, ln2, seen = _mlp2d(
+        cfg, x.reshape(m, hidden), gamma, beta, w1.reshape(hidden, -1), b1, w2, b2, scale, probe,
+        mask2,
     )  # fmt: skip
-    y2, seen = _mlp2d(cfg, x2, gamma, beta, w1, b1, w2, b2, scale, probe, mask2)
-    return y2.reshape(*lead, out), seen
+    ln = None if ln2 is None else ln2.reshape(*lead, hidden)
+    return y2.reshape(*lead, out), ln, seen
 
 
 _PLAIN = {
@@ -332,8 +333,9 @@ def plain_activation(h: jax.Array, acts: tuple[str, ...]) -> jax.Array:
 
 
 def _reference(x, gamma, beta, w1, b1, w2, b2, norm, acts, mask, dtype):
-    """The high-precision block (FP8 off), computed as its plain-Flax twin computes it."""
-    ln = flax_norm(x, gamma, beta, *norm, dtype=dtype)
+    """The high-precision block (FP8 off), computed as its plain-Flax twin computes it;
+    ``(y, the norm's output)``."""
+    ln = x.astype(dtype) if norm is None else flax_norm(x, gamma, beta, *norm, dtype=dtype)
     h = jax.lax.dot_general(ln, w1.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
     if b1 is not None:
         h = h + b1.astype(dtype)
@@ -343,7 +345,7 @@ def _reference(x, gamma, beta, w1, b1, w2, b2, norm, acts, mask, dtype):
     y = jax.lax.dot_general(a, w2.astype(dtype), (((a.ndim - 1,), (0,)), ((), ())))
     if b2 is not None:
         y = y + b2.astype(dtype)
-    return y
+    return y, ln
 
 
 def check_activations(where: str, activations: Any) -> tuple[str, ...]:
