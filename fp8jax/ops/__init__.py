@@ -4,7 +4,22 @@
 """
 
 from fp8jax.ops._implementation import get_implementation, implementation
-from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_reference
+from fp8jax.ops.activation import (
+    activation,
+    activation_cast_transpose,
+    activation_cast_transpose_reference,
+    activation_reference,
+    dactivation,
+    dactivation_cast_transpose_dbias,
+    dactivation_cast_transpose_dbias_reference,
+    dactivation_reference,
+)
+from fp8jax.ops.cast_transpose import (
+    cast_transpose,
+    cast_transpose_dbias,
+    cast_transpose_dbias_reference,
+    cast_transpose_reference,
+)
 from fp8jax.ops.gemm import gemm, gemm_reference
 from fp8jax.ops.norm import (
     layernorm,
@@ -26,9 +41,19 @@ from fp8jax.ops.quantize import (
 from fp8jax.ops.scaling import update_fp8_state, update_fp8_states, update_fp8_states_reference
 
 __all__ = [
+    "activation",
+    "activation_cast_transpose",
+    "activation_cast_transpose_reference",
+    "activation_reference",
     "cast_to_representable",
     "cast_transpose",
+    "cast_transpose_dbias",
+    "cast_transpose_dbias_reference",
     "cast_transpose_reference",
+    "dactivation",
+    "dactivation_cast_transpose_dbias",
+    "dactivation_cast_transpose_dbias_reference",
+    "dactivation_reference",
     "dequantize",
     "dequantize_reference",
     "gemm",

@@ -63,15 +63,25 @@ def like(
     *,
     shape: Sequence[int] | None = None,
     transpose: bool = False,
+    dims: Sequence[int] | None = None,
+    core: int | None = None,
 ) -> jax.ShapeDtypeStruct:
     """The type of an output laid out like ``operand``: its shape (last two dims swapped when
     ``transpose``; or ``shape``) with ``dtype``; under explicit sharding it carries
-    ``operand``'s sharding, swapped likewise (see :func:`fp8jax.ops._partition.result`)."""
-    if shape is None:
+    ``operand``'s sharding, swapped likewise (see :func:`fp8jax.ops._partition.result`).
+
+    ``dims``: the output is made of some of ``operand``'s dims: its trailing dims are
+    ``operand``'s dims ``dims`` (negative indices, e.g. ``(-3, -1)`` for ``[m, k, n] ->
+    [m, n]``), its leading dims are ``operand``'s dims before its last ``core`` (default: the
+    most negative of ``dims``), vmap's batch dims; shape and sharding follow."""
+    if dims is not None:
+        n_lead = operand.ndim - (core if core is not None else max(-d for d in dims))
+        shape = (*operand.shape[:n_lead], *(operand.shape[d] for d in dims))
+    elif shape is None:
         shape = operand.shape
         if transpose:
             shape = (*shape[:-2], shape[-1], shape[-2])
-    return _partition.result(tuple(shape), dtype, operand, transpose=transpose)
+    return _partition.result(tuple(shape), dtype, operand, transpose=transpose, dims=dims)
 
 
 def lead(ndim: int, prefix: str = "d") -> str:

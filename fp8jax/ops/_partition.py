@@ -159,20 +159,31 @@ def factors(prefix: str, n: int) -> list[str]:
 
 
 def result(
-    shape: Sequence[int], dtype: Any, like: jax.Array, *, transpose: bool = False
+    shape: Sequence[int],
+    dtype: Any,
+    like: jax.Array,
+    *,
+    transpose: bool = False,
+    dims: Sequence[int] | None = None,
 ) -> jax.ShapeDtypeStruct:
     """The ``ffi_call`` result type for an output laid out like operand ``like``.
 
     Under explicit sharding (``jax.sharding.AxisType.Explicit``, where shardings are part of
     the type) the result carries ``like``'s sharding, its last two dims swapped when
-    ``transpose``; otherwise no sharding (the partitioning rule decides).
+    ``transpose``; otherwise no sharding (the partitioning rule decides). ``dims``, when
+    given, names for each trailing output dim the (negative) dim of ``like`` whose sharding it
+    takes; the output's leading dims before them take ``like``'s leading dims in order.
     """
     sharding = jax.typeof(like).sharding
     axis_types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
     if not any(t == jax.sharding.AxisType.Explicit for t in axis_types):
         return jax.ShapeDtypeStruct(shape, dtype)
-    if transpose:
-        spec = (*sharding.spec, *(None,) * (len(shape) - len(sharding.spec)))
+    spec = (*sharding.spec, *(None,) * (like.ndim - len(sharding.spec)))
+    if dims is not None:
+        n_lead = len(shape) - len(dims)
+        spec = (*spec[:n_lead], *(spec[d] for d in dims))
+        sharding = NamedSharding(sharding.mesh, PartitionSpec(*spec))
+    elif transpose:
         sharding = NamedSharding(sharding.mesh, PartitionSpec(*spec[:-2], spec[-1], spec[-2]))
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 

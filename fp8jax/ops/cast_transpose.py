@@ -21,7 +21,12 @@ import jax.numpy as jnp
 from fp8jax.ops import _checks, _opdef
 from fp8jax.ops.quantize import quantize_reference
 
-__all__ = ["cast_transpose", "cast_transpose_reference"]
+__all__ = [
+    "cast_transpose",
+    "cast_transpose_dbias",
+    "cast_transpose_dbias_reference",
+    "cast_transpose_reference",
+]
 
 
 def cast_transpose_reference(
@@ -90,3 +95,72 @@ def cast_transpose(
         x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
     )
     return q, q_t, scale_inv, amax
+
+
+# ------------------------------------------------------------------ cast_transpose_dbias
+
+
+def cast_transpose_dbias_reference(
+    g: jax.Array, scale: jax.Array, fp8_dtype: Any
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Pure-jnp reference of :func:`cast_transpose_dbias`: :func:`cast_transpose_reference`
+    and the float32 column sums of ``g``."""
+    q, q_t, scale_inv, amax = cast_transpose_reference(g, scale, fp8_dtype)
+    return q, q_t, scale_inv, amax, jnp.sum(g.astype(jnp.float32), axis=-2)
+
+
+_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+    name="cast_transpose_dbias",
+    family="cast",
+    target="fp8jax_cast_transpose_dbias",
+    reference=cast_transpose_dbias_reference,
+    outputs=lambda g, scale, *, fp8_dtype: (
+        _opdef.like(g, fp8_dtype),
+        _opdef.like(g, fp8_dtype, transpose=True),
+        _opdef.like(scale, jnp.float32),
+        _opdef.like(scale, jnp.float32),
+        _opdef.like(g, jnp.float32, dims=(-1,), core=2),
+    ),
+    factors=lambda g_ndim, scale_ndim: (
+        ["m n", "s" * scale_ndim],
+        ["m n", "n m", "s" * scale_ndim, "s" * scale_ndim, "n"],
+    ),
+    max_over={3: 0},  # amax: the max over all of g
+    sum_over={4: 0},  # dbias: the sum over g's rows, psum-ed over the axes that split them
+)
+
+
+def cast_transpose_dbias(
+    g: jax.Array,
+    scale: jax.Array,
+    fp8_dtype: Any,
+    *,
+    amax_reduction: str = "split",
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`cast_transpose` of a gradient ``g[m, n]`` plus its bias gradient, in one pass.
+
+    Returns ``(q, q_t, scale_inv, amax, dbias)``: the first four exactly as
+    :func:`cast_transpose` returns them (bit for bit), and ``dbias``, float32 ``[n]``, the
+    column sums of ``g`` (each element converted to float32 first). The kernels add in a fixed
+    order that does not depend on the number of threads or blocks (docs/numerics.md), so
+    repeated runs give the same bits; the ``"xla"`` implementation's order is XLA's.
+
+    Args:
+      g: float32, bfloat16 or float16, shape ``[m, n]`` (:func:`jax.vmap` adds leading dims).
+      scale, fp8_dtype, amax_reduction, implementation: as for :func:`cast_transpose`.
+
+    Under :func:`jax.jit` on a mesh ``dbias`` is split like ``g``'s columns and summed with
+    one ``psum`` over the mesh axes that split ``g``'s rows.
+    """
+    op = "cast_transpose_dbias"
+    g = _checks.wide_array(op, "g", g)
+    if g.ndim != 2:
+        raise ValueError(f"{op}: g must have rank 2 ([m, n]), got shape {g.shape}")
+    scale = _checks.scalar_f32(op, "scale", scale)
+    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    q, q_t, scale_inv, amax, dbias = _CAST_TRANSPOSE_DBIAS(
+        g, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
+    )
+    return q, q_t, scale_inv, amax, dbias
