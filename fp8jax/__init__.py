@@ -13,10 +13,13 @@ from fp8jax import ops
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
 from fp8jax.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
+from fp8jax.layernorm_dense import layernorm_dense
+from fp8jax.layernorm_mlp import MLP_ROLES, layernorm_mlp
 from fp8jax.ops.quantize import cast_to_representable
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from fp8jax.state import (
     Fp8Meta,
+    gemm_roles,
     init_fp8_meta,
     merge_observations,
     update_fp8_meta,
@@ -27,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CHECKPOINT_NAMES",
+    "MLP_ROLES",
     "DelayedScaling",
     "Float8CurrentScaling",
     "Format",
@@ -37,9 +41,12 @@ __all__ = [
     "dense",
     "fp8_autocast",
     "fp8_support",
+    "gemm_roles",
     "get_recipe",
     "init_fp8_meta",
     "is_fp8_enabled",
+    "layernorm_dense",
+    "layernorm_mlp",
     "merge_observations",
     "ops",
     "save_fp8_operands",

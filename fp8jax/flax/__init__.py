@@ -5,6 +5,8 @@
   :data:`DEFAULT_RULES` for :func:`flax.linen.logical_axis_rules`.
 - :class:`Fp8DotGeneral`: FP8 ``dot_general`` for ``nn.Dense(dot_general_cls=Fp8DotGeneral)``.
 - :class:`Fp8Einsum`: FP8 two-operand ``jnp.einsum`` with a weight.
+- :class:`LayerNorm`, :class:`LayerNormDenseGeneral`, :class:`LayerNormMLP`: norms and the norm
+  fused into FP8 dense layers and a whole MLP block, with TransformerEngine's argument names.
 - :class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`zero_probes`,
   :func:`accumulate_gradients`, :func:`all_finite`: the train step (see
   :mod:`fp8jax.flax.train`).
@@ -17,6 +19,8 @@ FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
 from fp8jax.flax.calibration import calibrate
 from fp8jax.flax.dense import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8Einsum
+from fp8jax.flax.layernorm import LayerNorm, LayerNormDenseGeneral
+from fp8jax.flax.mlp import LayerNormMLP
 from fp8jax.flax.train import (
     Fp8TrainState,
     accumulate_gradients,
@@ -33,6 +37,9 @@ __all__ = [
     "Fp8DotGeneral",
     "Fp8Einsum",
     "Fp8TrainState",
+    "LayerNorm",
+    "LayerNormDenseGeneral",
+    "LayerNormMLP",
     "accumulate_gradients",
     "all_finite",
     "calibrate",
