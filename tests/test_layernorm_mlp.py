@@ -1,0 +1,308 @@
+"""fp8jax.layernorm_mlp and fp8jax.layernorm_dense: exactness where it is exact, accuracy bounds
+against float32 where it is not, the observations of every role, and bad input.
+
+Every test runs under both implementations of the fused ops (``"kernel"`` and ``"xla"``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax import DelayedScaling, Float8CurrentScaling, ops
+from fp8jax.layernorm_mlp import _layernorm_mlp
+
+RECIPE = DelayedScaling(amax_history_len=4)
+CURRENT = Float8CurrentScaling()
+H, INTER = 32, 48
+
+
+@pytest.fixture(params=["kernel", "xla"], autouse=True)
+def implementation(request):
+    with ops.implementation(request.param):
+        yield request.param
+
+
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+    with jax.default_matmul_precision("float32"):
+        yield
+
+
+def _rand(shape, seed, scale=1.0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
+
+
+def _mlp_args(acts=("gelu",), bias=True, norm="layernorm", lead=(3, 5), seed=0):
+    k = len(acts)
+    x = _rand((*lead, H), seed, 2.0) + 0.5
+    gamma = 1.0 + _rand((H,), seed + 1, 0.1) if norm else None
+    beta = _rand((H,), seed + 2, 0.1) if norm == "layernorm" else None
+    w1 = _rand((H, k, INTER), seed + 3, H**-0.5)
+    w2 = _rand((INTER, H), seed + 4, INTER**-0.5)
+    b1 = _rand((k, INTER), seed + 5, 0.1) if bias else None
+    b2 = _rand((H,), seed + 6, 0.1) if bias else None
+    return x, gamma, beta, w1, w2, b1, b2
+
+
+def _grads(f, args, n_probe):
+    """Gradients of ``sum(f(*args, probe) * c)`` w.r.t. every array argument and the probe."""
+    idx = tuple(i for i, a in enumerate(args) if a is not None)
+
+    def loss(*xs):
+        full = list(args)
+        for i, v in zip(idx, xs[:-1], strict=True):
+            full[i] = v
+        y = f(*full, xs[-1])
+        return jnp.sum(y * jnp.cos(jnp.arange(y.size, dtype=y.dtype).reshape(y.shape)))
+
+    out = jax.jit(jax.grad(loss, argnums=tuple(range(len(idx) + 1))))(
+        *(args[i] for i in idx), jnp.zeros((n_probe,), jnp.float32)
+    )
+    return out[:-1], out[-1]
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _mlp(recipe, **kw):
+    meta = fp8jax.init_fp8_meta(recipe, n_roles=6) if isinstance(recipe, DelayedScaling) else None
+
+    def f(x, gamma, beta, w1, w2, b1, b2, probe=None):
+        return fp8jax.layernorm_mlp(x, gamma, beta, w1, w2, b1, b2, meta, recipe, probe=probe, **kw)
+
+    return f
+
+
+@pytest.mark.parametrize("acts", [("gelu",), ("relu",), ("silu", "linear"), ("gelu", "linear")])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_mlp_forward_and_gradients_within_fp8_bounds(acts, norm):
+    """Current scaling (each tensor at its own amax) against the float32 block, in the
+    Frobenius norm: forward within 10% (two GEMMs with both inputs rounded to E4M3: about 3.5%
+    RMS per GEMM; measured 5-7%), every gradient within 20% (E5M2 gradients, twice E4M3's
+    rounding; measured 6-13%); the last bias gradient is a plain sum (no FP8), exact."""
+    args = _mlp_args(acts, norm=norm)
+    fp8 = _mlp(CURRENT, activations=acts, layernorm_type=norm)
+    ref = _mlp(CURRENT, activations=acts, layernorm_type=norm, enabled=False)
+    assert _rel(fp8(*args), ref(*args)) < 0.1
+    g8, _ = _grads(fp8, args, 6)
+    gr, _ = _grads(lambda *a: ref(*a[:-1]), args, 6)
+    for got, want in zip(g8, gr, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert _rel(got, want) < 0.2
+    np.testing.assert_allclose(np.asarray(g8[-1]), np.asarray(gr[-1]), rtol=1e-5, atol=1e-5)
+
+
+def _qdq(v, scale, dtype):
+    q, scale_inv, _ = fp8jax.ops.quantize_reference(v, jnp.float32(scale), dtype)
+    return q.astype(jnp.float32) * scale_inv
+
+
+@pytest.mark.parametrize("acts", [("gelu",), ("silu", "linear")])
+def test_mlp_forward_is_an_emulation_of_its_casts(acts):
+    """Delayed scaling with given scales: the forward equals the float32 block with each GEMM
+    operand rounded to E4M3 at its scale (norm output and activation output as the layer rounds
+    them), to float32 summation order."""
+    x, gamma, beta, w1, w2, b1, b2 = args = _mlp_args(acts)
+    scale = jnp.array([64.0, 512.0, 1.0, 128.0, 256.0, 1.0])
+    meta = fp8jax.init_fp8_meta(RECIPE, n_roles=6)._replace(scale=scale)
+    y = fp8jax.layernorm_mlp(*args, meta, RECIPE, activations=acts)
+    e4 = jnp.float8_e4m3fn
+    ln = fp8jax.ops.norm_forward(x.reshape(-1, H), gamma, beta, norm_type="layernorm",
+                                 epsilon=1e-6)[0]  # fmt: skip
+    h = _qdq(ln, 64.0, e4) @ _qdq(w1, 512.0, e4).reshape(H, -1) + b1.reshape(-1)
+    a = fp8jax.ops.activation(h.reshape(-1, len(acts), INTER), acts)
+    want = _qdq(a, 128.0, e4) @ _qdq(w2, 256.0, e4) + b2
+    np.testing.assert_allclose(np.asarray(y).reshape(-1, H), np.asarray(want), rtol=2e-5,
+                               atol=2e-5)  # fmt: skip
+
+
+def test_mlp_delayed_scaling_observations_are_the_tensors_amaxes():
+    x, gamma, beta, w1, w2, b1, b2 = args = _mlp_args(("gelu",))
+    f = _mlp(RECIPE, activations=("gelu",))
+    c = _rand((3, 5, H), 9)
+
+    def loss(x, w1, w2, probe):
+        return jnp.sum(f(x, gamma, beta, w1, w2, b1, b2, probe) * c)
+
+    (dx, dw1, dw2, seen) = jax.grad(loss, argnums=(0, 1, 2, 3))(x, w1, w2, jnp.zeros(6))
+    ln = fp8jax.ops.norm_forward(
+        x.reshape(-1, H), gamma, beta, norm_type="layernorm", epsilon=1e-6
+    )[0]
+    h = ln @ w1.reshape(H, INTER) + b1.reshape(-1)
+    a = jax.nn.gelu(h, approximate=True)
+    dh = (c.reshape(-1, H) @ w2.T) * jax.grad(lambda v: jnp.sum(jax.nn.gelu(v)))(h)
+    seen = np.asarray(seen)
+    # the tensors the layer quantizes exactly as given: exact amaxes
+    np.testing.assert_array_equal(seen[[1, 4, 5]], [jnp.max(jnp.abs(w1)), jnp.max(jnp.abs(w2)),
+                                                    jnp.max(jnp.abs(c))])  # fmt: skip
+    np.testing.assert_allclose(seen[0], jnp.max(jnp.abs(ln)), rtol=1e-6)
+    # computed from FP8 GEMMs (scale 1 at the first step): within FP8 accuracy
+    np.testing.assert_allclose(seen[3], jnp.max(jnp.abs(a)), rtol=0.1)
+    np.testing.assert_allclose(seen[2], jnp.max(jnp.abs(dh)), rtol=0.25)
+    # the forward observations, taken without differentiating
+    _, _, fwd = _layernorm_mlp(
+        *args, fp8jax.init_fp8_meta(RECIPE, n_roles=6), RECIPE, probe=None,
+        layernorm_type="layernorm", epsilon=1e-6, zero_centered_gamma=False,
+        activations=("gelu",), dropout_mask=None, return_layernorm_output=False, dtype=None,
+        enabled=True,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(fwd)[[0, 1, 3, 4]], seen[[0, 1, 3, 4]])
+    assert np.isnan(np.asarray(fwd)[[2, 5]]).all()
+
+
+def test_mlp_without_norm_equals_two_dense_layers_with_relu():
+    """No norm, relu: the block is ``dense(relu(dense(x)))`` with the same FP8 state, value for
+    value (the same casts of the same tensors, relu exact), gradients to summation order."""
+    x, _, _, w1, w2, b1, b2 = _mlp_args(("relu",), norm=None)
+    meta = fp8jax.init_fp8_meta(RECIPE, n_roles=6)
+    meta = meta._replace(scale=jnp.array([2.0, 8.0, 4096.0, 4.0, 16.0, 1024.0]))
+    m1 = fp8jax.Fp8Meta(meta.amax_history[:3], meta.scale[:3])
+    m2 = fp8jax.Fp8Meta(meta.amax_history[3:], meta.scale[3:])
+
+    def block(x, w1, w2, b1, b2, p):
+        return fp8jax.layernorm_mlp(x, None, None, w1, w2, b1, b2, meta, RECIPE, probe=p,
+                                    layernorm_type=None, activations=("relu",))  # fmt: skip
+
+    def chain(x, w1, w2, b1, b2, p):
+        h = fp8jax.dense(x, w1[:, 0], b1[0], m1, RECIPE, probe=p[:3])
+        return fp8jax.dense(jax.nn.relu(h), w2, b2, m2, RECIPE, probe=p[3:])
+
+    args = (x, w1, w2, b1, b2, jnp.zeros(6))
+    np.testing.assert_array_equal(np.asarray(block(*args)), np.asarray(chain(*args)))
+    c = _rand((3, 5, H), 11)
+    gb = jax.grad(lambda *a: jnp.sum(block(*a) * c), argnums=tuple(range(6)))(*args)
+    gc = jax.grad(lambda *a: jnp.sum(chain(*a) * c), argnums=tuple(range(6)))(*args)
+    for got, want in zip(gb, gc, strict=True):
+        np.testing.assert_allclose(
+            np.asarray(got).reshape(-1), np.asarray(want).reshape(-1), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_layernorm_dense_without_norm_is_dense():
+    x, w, b = _rand((4, 6, H), 1), _rand((H, 8), 2, 0.2), _rand((8,), 3)
+    meta = fp8jax.init_fp8_meta(RECIPE)._replace(scale=jnp.array([4.0, 16.0, 2048.0]))
+    p = jnp.zeros(3)
+    y = fp8jax.layernorm_dense(x, None, None, w, b, meta, RECIPE, probe=p, layernorm_type=None)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(fp8jax.dense(x, w, b, meta, RECIPE)))
+    c = _rand((4, 6, 8), 4)
+
+    def lnd(x, w, b, p):
+        return jnp.sum(fp8jax.layernorm_dense(x, None, None, w, b, meta, RECIPE, probe=p,
+                                              layernorm_type=None) * c)  # fmt: skip
+
+    def dense(x, w, b, p):
+        return jnp.sum(fp8jax.dense(x, w, b, meta, RECIPE, probe=p) * c)
+
+    g1 = jax.grad(lnd, argnums=(0, 1, 2, 3))(x, w, b, p)
+    g2 = jax.grad(dense, argnums=(0, 1, 2, 3))(x, w, b, p)
+    for got, want in zip(g1, g2, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_layernorm_dense_within_fp8_bounds_and_returns_the_norm(norm, zero_centered):
+    x = _rand((4, 6, H), 1, 3.0) - 1.0
+    gamma = _rand((H,), 2, 0.1) + (0.0 if zero_centered else 1.0)
+    beta = _rand((H,), 3, 0.1) if norm == "layernorm" else None
+    w, b = _rand((H, 2, 8), 4, 0.2), _rand((2, 8), 5)
+    kw = dict(layernorm_type=norm, zero_centered_gamma=zero_centered, epsilon=1e-5,
+              return_layernorm_output=True)  # fmt: skip
+    c, d = _rand((4, 6, 2, 8), 6), _rand((4, 6, H), 7)
+
+    def loss(x, gamma, w, b, enabled):
+        y, ln = fp8jax.layernorm_dense(x, gamma, beta, w, b, recipe=CURRENT, enabled=enabled,
+                                       **kw)  # fmt: skip
+        return jnp.sum(y * c) + jnp.sum(ln * d), (y, ln)
+
+    (_, (y8, ln8)), g8 = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
+        x, gamma, w, b, True
+    )
+    (_, (yr, lnr)), gr = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
+        x, gamma, w, b, False
+    )
+    np.testing.assert_allclose(np.asarray(ln8), np.asarray(lnr), rtol=1e-5, atol=1e-5)
+    assert _rel(y8, yr) < 0.06
+    for got, want in zip(g8, gr, strict=True):
+        assert _rel(got, want) < 0.15
+
+
+def test_dtypes_follow_the_inputs():
+    x, gamma, beta, w1, w2, b1, b2 = _mlp_args(("silu", "linear"))
+    xb = x.astype(jnp.bfloat16)
+    f = _mlp(CURRENT, activations=("silu", "linear"))
+    y = f(xb, gamma, beta, w1, w2, b1, b2)
+    assert y.dtype == jnp.float32  # promoted with the float32 kernels, as Flax would
+    y16 = fp8jax.layernorm_mlp(xb, gamma, beta, w1, w2, b1, b2, recipe=CURRENT,
+                               activations=("silu", "linear"), dtype=jnp.bfloat16)  # fmt: skip
+    assert y16.dtype == jnp.bfloat16
+    g, _ = _grads(f, (xb, gamma, beta, w1, w2, b1, b2), 6)
+    assert [v.dtype for v in g] == [jnp.bfloat16] + [jnp.float32] * 6
+
+
+def test_dropout_mask():
+    args = _mlp_args(("gelu",))
+    f = _mlp(RECIPE, activations=("gelu",))
+    ones = _mlp(RECIPE, activations=("gelu",), dropout_mask=jnp.ones((INTER,)))
+    # a mask of ones takes the unfused path (activation, then cast): the same values
+    np.testing.assert_array_equal(np.asarray(f(*args)), np.asarray(ones(*args)))
+    keep = jnp.asarray(np.random.default_rng(0).random((3, 1, INTER)) < 0.5, jnp.float32) * 2.0
+    masked = _mlp(CURRENT, activations=("gelu",), dropout_mask=keep)
+    plain = _mlp(CURRENT, activations=("gelu",), dropout_mask=keep, enabled=False)
+    assert _rel(masked(*args), plain(*args)) < 0.1
+    g8, _ = _grads(masked, args, 6)
+    gr, _ = _grads(lambda *a: plain(*a[:-1]), args, 6)
+    for got, want in zip(g8, gr, strict=True):
+        assert _rel(got, want) < 0.2
+
+
+def test_differentiating_without_the_probe_is_an_error():
+    args = _mlp_args()
+    f = _mlp(RECIPE)
+    with pytest.raises(ValueError, match="probe"):
+        jax.grad(lambda x: jnp.sum(f(x, *args[1:])))(args[0])
+    # evaluation, and current scaling, need no probe
+    f(*args)
+    jax.grad(lambda x: jnp.sum(_mlp(CURRENT)(x, *args[1:])))(args[0])
+
+
+def test_bad_input_names_the_argument():
+    x, gamma, beta, w1, w2, b1, b2 = _mlp_args()
+    f = fp8jax.layernorm_mlp
+    cases = [
+        (ValueError, "activations", dict(activations=("tanh",))),
+        (ValueError, "activations", dict(activations=("linear", "gelu"))),
+        (ValueError, "layernorm_type", dict(layernorm_type="batchnorm")),
+        (ValueError, "epsilon", dict(epsilon=0.0)),
+    ]
+    for err, word, kw in cases:
+        with pytest.raises(err, match=word):
+            f(x, gamma, beta, w1, w2, b1, b2, recipe=CURRENT, **kw)
+    with pytest.raises(ValueError, match=re.escape("kernel_1 must have shape (hidden=16")):
+        f(x[..., :16], gamma[:16], beta[:16], w1, w2, recipe=CURRENT)
+    with pytest.raises(ValueError, match="len\\(activations\\)=2"):
+        f(x, gamma, beta, w1, w2, recipe=CURRENT, activations=("gelu", "linear"))
+    with pytest.raises(ValueError, match="kernel_2"):
+        f(x, gamma, beta, w1, w2[:5], recipe=CURRENT)
+    with pytest.raises(ValueError, match="bias_1"):
+        f(x, gamma, beta, w1, w2, b1[:, :3], b2, recipe=CURRENT)
+    with pytest.raises(ValueError, match="beta"):
+        f(x, gamma, beta, w1, w2, layernorm_type="rmsnorm", recipe=CURRENT)
+    with pytest.raises(ValueError, match="gamma"):
+        f(x, gamma[:4], beta, w1, w2, recipe=CURRENT)
+    with pytest.raises(TypeError, match="x must be a floating-point"):
+        f(x.astype(jnp.int32), gamma, beta, w1, w2, recipe=CURRENT)
+    with pytest.raises(ValueError, match="6 roles"):
+        f(x, gamma, beta, w1, w2, fp8_meta=fp8jax.init_fp8_meta(RECIPE), recipe=RECIPE)
+    with pytest.raises(ValueError, match="no gamma"):
+        fp8jax.layernorm_dense(x, gamma, None, w2.T, layernorm_type=None, recipe=CURRENT)
+    with pytest.raises(ValueError, match="hidden = x.shape"):
+        fp8jax.layernorm_dense(x, gamma, beta, w2, recipe=CURRENT)
