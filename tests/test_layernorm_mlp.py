@@ -129,10 +129,10 @@ def test_mlp_delayed_scaling_observations_are_the_tensors_amaxes():
     f = _mlp(RECIPE, activations=("gelu",))
     c = _rand((3, 5, H), 9)
 
-    def loss(x, w1, w2, probe):
+    def loss(x, probe):
         return jnp.sum(f(x, gamma, beta, w1, w2, b1, b2, probe) * c)
 
-    (dx, dw1, dw2, seen) = jax.grad(loss, argnums=(0, 1, 2, 3))(x, w1, w2, jnp.zeros(6))
+    seen = jax.grad(loss, argnums=1)(x, jnp.zeros(6))
     ln = fp8jax.ops.norm_forward(
         x.reshape(-1, H), gamma, beta, norm_type="layernorm", epsilon=1e-6
     )[0]
@@ -304,5 +304,5 @@ def test_bad_input_names_the_argument():
         f(x, gamma, beta, w1, w2, fp8_meta=fp8jax.init_fp8_meta(RECIPE), recipe=RECIPE)
     with pytest.raises(ValueError, match="no gamma"):
         fp8jax.layernorm_dense(x, gamma, None, w2.T, layernorm_type=None, recipe=CURRENT)
-    with pytest.raises(ValueError, match="hidden = x.shape"):
+    with pytest.raises(ValueError, match=re.escape("hidden = x.shape")):
         fp8jax.layernorm_dense(x, gamma, beta, w2, recipe=CURRENT)
