@@ -60,21 +60,23 @@ def flax_norm(
     """The norm over the last axis exactly as ``flax.linen.LayerNorm``/``RMSNorm`` compute it
     (statistics in float32 with ``E[x^2] - E[x]^2``, clipped at 0), in ``dtype``. With
     ``zero_centered_gamma`` the scale applied is ``1 + gamma``."""
+    # Written op for op as Flax writes it (the square before the means, statistics expanded
+    # before rsqrt), so that autodiff accumulates the gradient in the same order too.
     xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     if norm_type == "layernorm":
-        mu = jnp.mean(xf, axis=-1)
-        mu2 = jnp.mean(jnp.square(xf), axis=-1)
-        var = jnp.maximum(0.0, mu2 - jnp.square(mu))
+        sq = jax.lax.square(xf)
+        mu, mu2 = jnp.mean(xf, axis=-1), jnp.mean(sq, axis=-1)
+        var = jnp.maximum(0.0, mu2 - jax.lax.square(mu))
     else:
-        var = jnp.mean(jnp.square(xf), axis=-1)
+        var = jnp.mean(jax.lax.square(xf), axis=-1)
         mu = jnp.zeros_like(var)
-    y = x - mu[..., None]
-    mul = jax.lax.rsqrt(var + epsilon)[..., None]
-    g = gamma + 1 if zero_centered_gamma else gamma
-    mul = mul * g
+    features = (1,) * (x.ndim - 1) + (x.shape[-1],)
+    y = x - jnp.expand_dims(mu, -1)
+    mul = jax.lax.rsqrt(jnp.expand_dims(var, -1) + epsilon)
+    mul = mul * (gamma + 1 if zero_centered_gamma else gamma).reshape(features)
     y = y * mul
     if beta is not None:
-        y = y + beta
+        y = y + beta.reshape(features)
     return jnp.asarray(y, dtype)
 
 

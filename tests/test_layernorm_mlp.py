@@ -306,3 +306,39 @@ def test_bad_input_names_the_argument():
         fp8jax.layernorm_dense(x, gamma, None, w2.T, layernorm_type=None, recipe=CURRENT)
     with pytest.raises(ValueError, match=re.escape("hidden = x.shape")):
         fp8jax.layernorm_dense(x, gamma, beta, w2, recipe=CURRENT)
+
+
+def _cur(v, fmt):
+    """Current scaling's quantize-dequantize of ``v`` (scale from its own amax)."""
+    amax = jnp.max(jnp.abs(v.astype(jnp.float32)))
+    return _qdq(v, jnp.float32(float(jnp.finfo(fmt).max)) / amax, fmt)
+
+
+@pytest.mark.parametrize(
+    ("acts", "norm"), [(("relu",), "rmsnorm"), (("silu", "linear"), "layernorm")]
+)
+def test_mlp_gradients_are_an_emulation_of_their_casts(acts, norm):
+    """Current scaling: every gradient equals the float32 backward with each GEMM operand
+    rounded as the layer rounds it (E4M3 forward tensors, E5M2 gradients), to summation order:
+    the gap to the float32 block in the bound test above is FP8 rounding, nothing else."""
+    x, gamma, beta, w1, w2, b1, b2 = args = _mlp_args(acts, norm=norm)
+    e4, e5 = jnp.float8_e4m3fn, jnp.float8_e5m2
+    (g8, _) = _grads(_mlp(CURRENT, activations=acts, layernorm_type=norm), args, 6)
+    c = jnp.cos(jnp.arange(x.size, dtype=jnp.float32)).reshape(-1, H)
+    x2 = x.reshape(-1, H)
+    ln, mu, rsigma = fp8jax.ops.norm_forward(x2, gamma, beta, norm_type=norm, epsilon=1e-6)
+    lnq, w1q, w2q = _cur(ln, e4), _cur(w1.reshape(H, -1), e4), _cur(w2, e4)
+    h = (lnq @ w1q + b1.reshape(-1)).reshape(-1, len(acts), INTER)
+    a = fp8jax.ops.activation(h, acts)
+    aq, dyq = _cur(a, e4), _cur(c, e5)
+    da = dyq @ w2q.T
+    dw2 = aq.T @ dyq
+    dh = fp8jax.ops.dactivation(da, h, acts).reshape(-1, len(acts) * INTER)
+    dhq = _cur(dh, e5)
+    dln = dhq @ w1q.T
+    dw1 = lnq.T @ dhq
+    dx, dgamma, dbeta = fp8jax.ops.norm_backward(dln, x2, mu, rsigma, gamma, norm_type=norm)
+    want = [dx.reshape(x.shape), dgamma] + ([dbeta] if beta is not None else [])
+    want += [dw1.reshape(w1.shape), dw2, jnp.sum(dh, 0).reshape(b1.shape), jnp.sum(c, 0)]
+    for got, w in zip(g8, want, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-4, atol=1e-4)
