@@ -321,7 +321,7 @@ def test_mlp_gradients_are_an_emulation_of_their_casts(acts, norm):
     """Current scaling: every gradient equals the float32 backward with each GEMM operand
     rounded as the layer rounds it (E4M3 forward tensors, E5M2 gradients), to summation order:
     the gap to the float32 block in the bound test above is FP8 rounding, nothing else."""
-    x, gamma, beta, w1, w2, b1, b2 = args = _mlp_args(acts, norm=norm)
+    x, gamma, beta, w1, w2, b1, _ = args = _mlp_args(acts, norm=norm)
     e4, e5 = jnp.float8_e4m3fn, jnp.float8_e5m2
     (g8, _) = _grads(_mlp(CURRENT, activations=acts, layernorm_type=norm), args, 6)
     c = jnp.cos(jnp.arange(x.size, dtype=jnp.float32)).reshape(-1, H)

@@ -10,7 +10,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax.linen import fp8_ops
 
@@ -162,20 +161,20 @@ def test_five_delayed_scaling_steps_match_flax_fp8_ops(acts, norm):
                                      x)  # fmt: skip
             return jnp.mean((out - y) ** 2)
 
-        l, (g, pg) = jax.value_and_grad(loss, argnums=(0, 1))(v["params"], v["fp8_probe"])
+        value, (g, pg) = jax.value_and_grad(loss, argnums=(0, 1))(v["params"], v["fp8_probe"])
         params = jax.tree.map(lambda p, g: p - lr * g, v["params"], g)
         meta = update_fp8_variables(v["fp8_meta"], pg, RECIPE)
-        return {"params": params, "fp8_meta": meta, "fp8_probe": v["fp8_probe"]}, l
+        return {"params": params, "fp8_meta": meta, "fp8_probe": v["fp8_probe"]}, value
 
     @jax.jit
     def tstep(tv):
         def loss(tv):
             return jnp.mean((twin.apply(tv, x) - y) ** 2)
 
-        l, g = jax.value_and_grad(loss)(tv)
+        value, g = jax.value_and_grad(loss)(tv)
         params = jax.tree.map(lambda p, g: p - lr * g, tv["params"], g["params"])
         return {"params": params, fp8_ops.OVERWRITE_WITH_GRADIENT:
-                g[fp8_ops.OVERWRITE_WITH_GRADIENT]}, l  # fmt: skip
+                g[fp8_ops.OVERWRITE_WITH_GRADIENT]}, value  # fmt: skip
 
     for _ in range(5):
         v, loss = step(v)
@@ -184,11 +183,15 @@ def test_five_delayed_scaling_steps_match_flax_fp8_ops(acts, norm):
     for a, b in zip(jax.tree.leaves(_twin_params(v["params"])), jax.tree.leaves(tv["params"]),
                     strict=True):  # fmt: skip
         assert _rel(a, b) < 2e-3
+    # Flax keeps the scale it used in the last step and derives the next one from its amax
+    # history when it next runs; fp8jax's state already holds the next step's scale. Compare
+    # that: the format's max over the max of the last four amaxes, per role.
     flax_state = tv[fp8_ops.OVERWRITE_WITH_GRADIENT]
     ops_state = [next(iter(flax_state[layer].values())) for layer in ("wi", "wo")]
+    fmax = {"input": 448.0, "kernel": 448.0, "output_grad": 57344.0}
     theirs = [
-        1.0 / float(op[name][0])
+        fmax[role] / float(jnp.max(op[f"{role}_amax_history"]))
         for op in ops_state
-        for name in ("input_scale", "kernel_scale", "output_grad_scale")
+        for role in ("input", "kernel", "output_grad")
     ]
-    np.testing.assert_allclose(np.asarray(v["fp8_meta"]["scale"]), theirs, rtol=2e-2)
+    np.testing.assert_allclose(np.asarray(v["fp8_meta"]["scale"]), theirs, rtol=2e-3)
