@@ -240,12 +240,6 @@ def test_matches_single_device(kind, mode):
 
 
 # Where the FP8 step communicates otherwise than the FP32 one (the results match in every case):
-_RESHAPE = (
-    "the gated kernel's (hidden, 2, inter) -> (hidden, 2 * inter) reshape (layernorm_mlp's 2-D "
-    "GEMM1): with inter split over model, the merged dim has no block sharding, so Shardy gathers "
-    "the kernel and its bias, and in the backward the activation gradient's FP8 codes "
-    "(both layouts) before reshaping them back; the FP32 block contracts the 3-D kernel directly"
-)
 _SP_ROWS = (
     "the (batch, length) -> rows reshape before the fused norm: Shardy keeps no split of "
     "length (model) through it, so the FP8 block gathers its input along the sequence before "
@@ -256,10 +250,7 @@ _SP_ROWS = (
 )
 COLLECTIVE_XFAILS = {
     ("gelu", "sp"): _SP_ROWS,
-    ("gated", "tp"): _RESHAPE,
-    ("gated", "dp_tp"): _RESHAPE,
-    ("gated", "fsdp_tp"): _RESHAPE,
-    ("gated", "sp"): f"{_SP_ROWS}; and {_RESHAPE}",
+    ("gated", "sp"): _SP_ROWS,
     ("ln_dense", "sp"): f"{_SP_ROWS}; here FP32 gathers the norm's output and all-reduces its "
     "gradient (f32, before slicing it back to the split sequence), which the FP8 layer, whose "
     "norm ran on the whole sequence, does not: one all-reduce fewer than FP32 + the amax one",
@@ -294,7 +285,7 @@ def test_collectives(kind, mode):
     assert len(reduces) == len(plain_reduces) + 1, (reduces, plain_reduces)
 
 
-@pytest.mark.parametrize("kind", ["gelu", "ln_dense"])
+@pytest.mark.parametrize("kind", ["gelu", "gated", "ln_dense"])
 def test_sp_gathers(kind):
     """What the FP8 layers communicate under SP (see ``_SP_ROWS``): the input, gathered along
     the sequence as f32 before the norm, and for the MLP block (whose output is split along the
@@ -302,16 +293,18 @@ def test_sp_gathers(kind):
     permute of its own, and one amax all-reduce over the whole mesh."""
     fp8, plain = _compiled(kind, "sp")[-1], _compiled(kind, "sp", enabled=False)[-1]
     half = (BATCH // 2, LENGTH, EMBED)
-    assert gathered_shapes(fp8) == [half] * (2 if kind == "gelu" else 1), gathered_shapes(fp8)
+    n = 1 if kind == "ln_dense" else 2
+    assert gathered_shapes(fp8) == [half] * n, gathered_shapes(fp8)
     gathers = [line for line in fp8.splitlines() if re.search(r"\sall-gather(?:-start)?\(", line)]
     assert all("= f32[" in line and "/reshape" in line for line in gathers), gathers
     if kind == "gelu":  # FP32: wo's and wi's kernels and wi's bias over model, no activation
         assert sorted(gathered_shapes(plain)) == [(1, MLP), (EMBED, 1, MLP), (MLP, EMBED)]
-    else:  # FP32: the norm's output (the norm ran on the split sequence)
+    elif kind == "ln_dense":  # FP32: the norm's output (the norm ran on the split sequence)
         assert gathered_shapes(plain) == [half]
     for op in ("collective-permute", "reduce-scatter"):
         assert count(fp8, op) == 0, op
-    # the loss's mean over the split target: an all-to-all in both
-    assert count(fp8, "all-to-all") == count(plain, "all-to-all")
+    # LayerNormDenseGeneral: its output, whole along the sequence, meets the sequence-split
+    # target in the loss (an all-to-all, as in FP32)
+    assert count(fp8, "all-to-all") == (1 if kind == "ln_dense" else 0)
     amax = [line for line in all_reduces(fp8) if is_scalar_reduce(line)]
     assert len(amax) == 1 and group_size(amax[0]) == N_DEVICES, amax
