@@ -17,8 +17,10 @@ the 2-D kernel, which is therefore run exactly as on one device:
 Splits are decided as :mod:`fp8jax.ops._gemm_partition` decides them for the 2-D GEMM (M as the
 activations' rows, N column parallel, K split: float32 partial products summed with one psum,
 then the bias), with ``g`` never split; the dgrad reuses the forward's gathered kernel under
-FSDP, as the 2-D dgrad does. Under explicit sharding (``AxisType.Explicit``), ``vmap`` or the
-``"xla"`` GEMM implementation the layer keeps its 2-D GEMMs (:func:`usable` says which).
+FSDP, as the 2-D dgrad does. Under explicit sharding (``AxisType.Explicit``) the results are
+typed with the plan's split (there the 2-D form's reshape is not even allowed). Under ``vmap``
+they batch as the 2-D form; with the ``"xla"`` GEMM implementation the layer keeps its 2-D
+GEMMs (:func:`usable`), which XLA partitions itself.
 """
 
 from __future__ import annotations
@@ -37,8 +39,22 @@ __all__ = ["gemm_k", "gemm_n", "usable"]
 
 
 def usable(implementation: str) -> bool:
-    """Whether the grouped GEMMs apply: the kernel GEMM, not under explicit sharding."""
-    return implementation == "kernel" and not _partition.explicit_mesh()
+    """Whether the grouped GEMMs apply: with the kernel GEMM."""
+    return implementation == "kernel"
+
+
+def _axes(x: jax.Array, dim: int) -> tuple[str, ...]:
+    spec = (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)
+    return _partition.entry_axes(spec[dim])
+
+
+def _typed(call, out_dims):
+    """``call`` under explicit sharding (``AxisType.Explicit``), where the result's sharding is
+    part of its type: run with automatic axes inside, the result typed ``out_dims`` (the
+    split the plan gives it), as ``_gemm_partition`` does for the 2-D GEMM."""
+    if not _partition.explicit_mesh():
+        return call
+    return jax.sharding.auto_axes(call, out_sharding=_partition.spec(out_dims))
 
 
 def _fake(shape, dtype) -> jax.ShapeDtypeStruct:
@@ -186,6 +202,9 @@ def gemm_n(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, bias=None, accumulate="fa
         return y.reshape(a.shape[0], g, n)
 
     call = _batchable(lambda *args: op(*args)[0], fallback)
+    if _partition.explicit_mesh():
+        m = _axes(a, 0)
+        call = _typed(call, (m, (), tuple(x for x in _axes(b, 1) if x not in m)))
     return call(a, b, a_sinv, b_sinv, *(() if bias is None else (bias,)))
 
 
@@ -206,4 +225,7 @@ def gemm_k(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, reuse, accumulate="split"
         )  # fmt: skip
 
     call = _batchable(lambda *args: op(*args)[0], fallback)
+    if _partition.explicit_mesh():
+        m = _axes(a, 0)
+        call = _typed(call, (m, tuple(x for x in _axes(b, 0) if x not in m)))
     return call(a, b, a_sinv, b_sinv, *reuse)

@@ -182,10 +182,10 @@ def _reference(kind):
     return _REFERENCE[kind]
 
 
-def _sharded_setup(kind, mode, enabled=True):
+def _sharded_setup(kind, mode, enabled=True, explicit=False):
     """(jitted step, sharded state, sharded batches, mesh) for ``kind`` in ``mode``."""
     shape, rules = MODES[mode]
-    m = mesh(shape)
+    m = mesh(shape, explicit)
     model = _model(kind)
     batches = _batches(_out_features(kind))
     state, boxed = _init_state(model, batches[0][0])
@@ -308,3 +308,30 @@ def test_sp_gathers(kind):
     assert count(fp8, "all-to-all") == (1 if kind == "ln_dense" else 0)
     amax = [line for line in all_reduces(fp8) if is_scalar_reduce(line)]
     assert len(amax) == 1 and group_size(amax[0]) == N_DEVICES, amax
+
+
+def test_gspmd_partitioner(gspmd):
+    """The gated block in DP x TP under the GSPMD partitioner (``jax_use_shardy_partitioner=
+    False``): results as on one device, FP32's gathers (none), one all-reduce more."""
+    del gspmd
+    step, state, batches, m = _sharded_setup("gated", "dp_tp")
+    with jax.set_mesh(m):
+        fp8 = step.lower(state, *batches[0]).compile().as_text()
+    assert_like_reference(*train(step, state, batches, m), _reference("gated"))
+    plain_step, plain_state, _, _ = _sharded_setup("gated", "dp_tp", enabled=False)
+    with jax.set_mesh(m):
+        plain = plain_step.lower(plain_state, *batches[0]).compile().as_text()
+    assert gathered_shapes(fp8) == gathered_shapes(plain) == []
+    assert len(all_reduces(fp8)) == len(all_reduces(plain)) + 1
+
+
+@pytest.mark.parametrize("kind", ["gelu", "gated"])
+def test_explicit_sharding_mesh(kind):
+    """TP on a mesh with explicit axes (``jax.make_mesh``'s default, shardings part of the
+    types): the results of one device, and no gather (the gated 2-D reshape would not even be
+    allowed there)."""
+    step, state, batches, m = _sharded_setup(kind, "tp", explicit=True)
+    with jax.set_mesh(m):
+        hlo = step.lower(state, *batches[0]).compile().as_text()
+    assert_like_reference(*train(step, state, batches, m), _reference(kind))
+    assert gathered_shapes(hlo) == []
