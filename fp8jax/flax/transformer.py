@@ -201,16 +201,19 @@ class TransformerLayer(nn.Module):
         return MultiHeadAttention(name=name, **kw)
 
     def _dropout(self, x: jax.Array, rate: float, dims: Sequence[int], deterministic: bool):
-        return nn.Dropout(rate=rate, broadcast_dims=tuple(dims),
-                          rng_collection=self.dropout_rng_name)(x, deterministic=deterministic)  # fmt: skip
+        drop = nn.Dropout(
+            rate=rate, broadcast_dims=tuple(dims), rng_collection=self.dropout_rng_name
+        )
+        return drop(x, deterministic=deterministic)
 
     def _drop_path(self, x: jax.Array, deterministic: bool) -> jax.Array:
         if self.drop_path <= 0:
             return x
         batch_dim = 1 if self.transpose_batch_sequence else 0
         dims = tuple(d for d in range(x.ndim) if d != batch_dim)
-        return nn.Dropout(rate=self.drop_path, broadcast_dims=dims,
-                          rng_collection=self.dropout_rng_name)(x, deterministic=deterministic)  # fmt: skip
+        drop = nn.Dropout(rate=self.drop_path, broadcast_dims=dims,
+                          rng_collection=self.dropout_rng_name)  # fmt: skip
+        return drop(x, deterministic=deterministic)
 
     @nn.compact
     def __call__(
