@@ -66,7 +66,7 @@ class _FlaxMlp(nn.Module):
         kw = dict(
             use_bias=False, dtype=BF16, param_dtype=BF16, dot_general_cls=self.dot_general_cls
         )
-        ln = nn.LayerNorm(dtype=BF16, param_dtype=BF16)(x)
+        ln = nn.LayerNorm(dtype=BF16, param_dtype=BF16, name="ln")(x)
         h = nn.Dense(self.ffn, name="up", **kw)(ln)
         return nn.Dense(self.hidden, name="down", **kw)(nn.gelu(h))
 
@@ -75,13 +75,6 @@ def _variants(sizes: dict[str, int]) -> dict[str, tuple[Callable[..., Any], tupl
     """name -> (jitted step, its arguments)."""
     t, hdim, f = sizes["tokens"], sizes["hidden"], sizes["ffn"]
     x = jax.random.normal(jax.random.key(0), (t, hdim), jnp.float32).astype(BF16)
-
-    plain = _FlaxMlp(hdim, f)
-    pv = plain.init(jax.random.key(1), x)
-
-    @jax.jit
-    def bf16_step(v, x):
-        return jax.value_and_grad(lambda v, x: _loss(plain.apply(v, x)), argnums=(0, 1))(v, x)
 
     model = LayerNormMLP(
         intermediate_dim=f,
@@ -92,6 +85,22 @@ def _variants(sizes: dict[str, int]) -> dict[str, tuple[Callable[..., Any], tupl
     )
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         v = model.init(jax.random.key(1), x)
+    p = v["params"]
+    # the same params in the Flax blocks (so the losses are comparable)
+    flax_params = {
+        "params": {
+            "ln": {"scale": p["scale"], "bias": p["ln_bias"]},
+            "up": {"kernel": p["wi_kernel"].reshape(hdim, f)},
+            "down": {"kernel": p["wo_kernel"]},
+        }
+    }
+
+    plain = _FlaxMlp(hdim, f)
+    pv = flax_params
+
+    @jax.jit
+    def bf16_step(v, x):
+        return jax.value_and_grad(lambda v, x: _loss(plain.apply(v, x)), argnums=(0, 1))(v, x)
 
     @jax.jit
     def fp8jax_step(params, fp8_meta, fp8_probe, x):
@@ -106,7 +115,7 @@ def _variants(sizes: dict[str, int]) -> dict[str, tuple[Callable[..., Any], tupl
         return value, grads, dx, update_fp8_variables(fp8_meta, probe_grads, RECIPE)
 
     xla_model = _FlaxMlp(hdim, f, fp8_ops.Fp8DirectDotGeneralOp)
-    xv = xla_model.init(jax.random.key(1), x)
+    xv = {**xla_model.init(jax.random.key(1), x), **flax_params}
 
     @jax.jit
     def xla_fp8_step(variables, x):
