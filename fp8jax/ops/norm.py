@@ -469,6 +469,8 @@ def norm_backward(
     dy = _matrix_arg(op, "dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"{op}: dy must have x's shape {x.shape}, got {dy.shape}")
+    if dy.dtype != x.dtype:
+        raise TypeError(f"{op}: dy must have x's dtype {x.dtype} (y's), got {dy.dtype}")
     lead = x.shape[:-1]
     for name, v in (("mu", mu), ("rsigma", rsigma)):
         v = _checks.array_arg(op, name, v)

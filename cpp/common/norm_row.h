@@ -1,0 +1,99 @@
+// Per-row LayerNorm / RMSNorm numerics shared by the CPU and CUDA kernels.
+//
+// The definition is fp8jax/ops/norm.py's reference, in float32: the row mean
+// is the row sum divided by h, the variance the sum of the centred squares
+// divided by h (two passes, never E[x^2] - E[x]^2), rsigma = 1 / sqrt(var +
+// epsilon), y = ((x - mu) * rsigma) * g + beta with g = gamma (or 1 + gamma),
+// and the backward's closed form (norm_backward_reference). Only the order in
+// which a row's (or a column's) values are summed differs between the CPU
+// kernel, the CUDA kernel and XLA; every other operation is the same float
+// operation in the same order, here.
+//
+// The sums: the CPU kernel adds element i of a row to lane i % kNormLanes of
+// NormLanes and combines the lanes pairwise (NormLanes::Total), a fixed order
+// that the compiler turns into SIMD adds without -ffast-math. The CUDA kernel
+// gives each thread a fixed set of a row's elements and combines the threads
+// by a fixed shuffle tree. Both orders depend only on h (and the launch plan,
+// which depends only on the shapes), so every run gives the same bits.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/fp8_numerics.h"  // FP8JAX_HD
+
+namespace fp8jax {
+
+// The kernels' norm_type attribute (fp8jax/ops/norm.py _NORM_CODES).
+enum class NormType : int64_t { kLayerNorm = 0, kRmsNorm = 1 };
+
+// The scale applied: gamma, or 1 + gamma with zero_centered_gamma.
+FP8JAX_HD float NormGamma(float gamma, bool zero_centered) {
+  return zero_centered ? gamma + 1.0f : gamma;
+}
+
+// mu = sum / h (the reference divides the float32 sum by float32(h)).
+FP8JAX_HD float RowMean(float sum, int64_t h) { return sum / static_cast<float>(h); }
+
+// rsigma = 1 / sqrt(sum_sq / h + epsilon), with sum_sq the sum of the centred
+// squares (layernorm) or of the squares (rmsnorm).
+FP8JAX_HD float RowRsigma(float sum_sq, int64_t h, float epsilon) {
+  return 1.0f / sqrtf(sum_sq / static_cast<float>(h) + epsilon);
+}
+
+// The centred value whose square the variance sums: x - mu (rmsnorm: mu = 0,
+// and x - 0 is x exactly, signed zeros included).
+FP8JAX_HD float NormCentred(float x, float mu) { return x - mu; }
+
+// y of one element, before its rounding to the output dtype. kBeta: layernorm
+// adds beta; rmsnorm adds nothing (not even +0, which would turn -0 into +0).
+template <bool kBeta>
+FP8JAX_HD float NormOut(float x, float mu, float rsigma, float g, float beta) {
+  const float v = (NormCentred(x, mu) * rsigma) * g;
+  if constexpr (kBeta) {
+    return v + beta;
+  } else {
+    return v;
+  }
+}
+
+// Backward, per element: xhat = (x - mu) * rsigma, dz = dy * g; per row
+// c1 = sum(dz) / h (layernorm; 0 for rmsnorm), c2 = sum(dz * xhat) / h;
+// dx = rsigma * ((dz - c1) - xhat * c2); dgamma += dy * xhat, dbeta += dy.
+FP8JAX_HD float NormXhat(float x, float mu, float rsigma) { return NormCentred(x, mu) * rsigma; }
+
+FP8JAX_HD float NormDx(float dz, float xhat, float rsigma, float c1, float c2) {
+  return rsigma * ((dz - c1) - xhat * c2);
+}
+
+// The CPU kernel's fixed-order sum: kNormLanes running sums, element i into
+// lane i % kNormLanes, combined pairwise (lane j += lane j + w for w = 8, 4,
+// 2, 1). Any row length works; the order depends only on the length.
+constexpr int kNormLanes = 16;
+
+struct NormLanes {
+  float v[kNormLanes];
+
+  FP8JAX_HD NormLanes() {
+    for (int j = 0; j < kNormLanes; ++j) v[j] = 0.0f;
+  }
+
+  FP8JAX_HD float Total() {
+    for (int w = kNormLanes / 2; w >= 1; w /= 2) {
+      for (int j = 0; j < w; ++j) v[j] += v[j + w];
+    }
+    return v[0];
+  }
+};
+
+// Rows per block of the backward's column sums: each block of this many
+// consecutive rows writes one partial dgamma/dbeta row, and the partials are
+// then added in block order. A function of the shapes only, never of the
+// number of threads, so dgamma has the same bits on every run.
+constexpr int64_t kNormRowsPerPartial = 32;
+
+FP8JAX_HD int64_t NormPartials(int64_t rows) {
+  return rows <= 0 ? 1 : (rows + kNormRowsPerPartial - 1) / kNormRowsPerPartial;
+}
+
+}  // namespace fp8jax
