@@ -90,6 +90,18 @@ FP8JAX_INLINE void WidenRow(const void* x, int64_t off, int64_t h, float* out) {
   for (int64_t i = 0; i < h; ++i) out[i] = BitsToFloat(loops::LoadBits<W>(x, off + i));
 }
 
+// Row `off` of x as float32: x itself when it is float32, else widened into
+// `scratch`.
+template <WideKind W>
+FP8JAX_INLINE const float* RowF32(const void* x, int64_t off, int64_t h, float* scratch) {
+  if constexpr (W == WideKind::kF32) {
+    return static_cast<const float*>(x) + off;
+  } else {
+    WidenRow<W>(x, off, h, scratch);
+    return scratch;
+  }
+}
+
 // sum over i of f(i), in NormLanes order.
 template <typename F>
 FP8JAX_INLINE float LaneSum(int64_t h, const F& f) {
@@ -137,9 +149,9 @@ template <WideKind W, bool kLayer>
 FP8JAX_INLINE void ForwardRowsBody(const FwdArgs& a, int64_t r0, int64_t r1, float* scratch) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t grp = r / a.rows;
-    WidenRow<W>(a.x, r * a.h, a.h, scratch);
-    NormRow<W, kLayer>(scratch, a.h, a.g + grp * a.h, a.b + grp * a.h, a.eps, a.y, r * a.h,
-                       a.mu + r, a.rs + r);
+    const float* xr = RowF32<W>(a.x, r * a.h, a.h, scratch);
+    NormRow<W, kLayer>(xr, a.h, a.g + grp * a.h, a.b + grp * a.h, a.eps, a.y, r * a.h, a.mu + r,
+                       a.rs + r);
   }
 }
 
@@ -159,8 +171,8 @@ FP8JAX_INLINE uint32_t Fp8StripBody(const Fp8Args& a, int64_t grp, int64_t r0, i
   uint32_t amax = 0;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t row = grp * f.rows + r;
-    WidenRow<W>(f.x, row * f.h, f.h, scratch);
-    NormRow<W, kLayer>(scratch, f.h, f.g + grp * f.h, f.b + grp * f.h, f.eps, ybuf, 0, f.mu + row,
+    const float* xr = RowF32<W>(f.x, row * f.h, f.h, scratch);
+    NormRow<W, kLayer>(xr, f.h, f.g + grp * f.h, f.b + grp * f.h, f.eps, ybuf, 0, f.mu + row,
                        f.rs + row);
     loops::QuantizeRange<W, F>(ybuf, a.scale, a.q + r * f.h, 0, f.h, &amax);
   }

@@ -73,7 +73,8 @@ struct BwdArgs {
 // One block of rows: dx, and this block's partial dgamma (ws row 0) and dbeta
 // (ws row 1).
 template <WideKind W, bool kLayer>
-FP8JAX_INLINE void BackwardBlockBody(const BwdArgs& a, int64_t item, float* xr, float* dyr) {
+FP8JAX_INLINE void BackwardBlockBody(const BwdArgs& a, int64_t item, float* x_scratch,
+                                     float* dy_scratch) {
   const int64_t grp = item / a.partials;
   const int64_t r0 = (item % a.partials) * kNormRowsPerPartial;
   const int64_t r1 = std::min(a.rows, r0 + kNormRowsPerPartial);
@@ -84,9 +85,15 @@ FP8JAX_INLINE void BackwardBlockBody(const BwdArgs& a, int64_t item, float* xr, 
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t row = grp * a.rows + r;
     const int64_t off = row * a.h;
-    for (int64_t i = 0; i < a.h; ++i) {
-      xr[i] = BitsToFloat(loops::LoadBits<W>(a.x, off + i));
-      dyr[i] = BitsToFloat(loops::LoadBits<W>(a.dy, off + i));
+    const float* xr = static_cast<const float*>(a.x) + off;  // float32: read in place
+    const float* dyr = static_cast<const float*>(a.dy) + off;
+    if constexpr (W != WideKind::kF32) {
+      for (int64_t i = 0; i < a.h; ++i) {
+        x_scratch[i] = BitsToFloat(loops::LoadBits<W>(a.x, off + i));
+        dy_scratch[i] = BitsToFloat(loops::LoadBits<W>(a.dy, off + i));
+      }
+      xr = x_scratch;
+      dyr = dy_scratch;
     }
     const float mu = kLayer ? a.mu[row] : 0.0f;
     const float rs = a.rs[row];
