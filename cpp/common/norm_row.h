@@ -86,14 +86,21 @@ struct NormLanes {
   }
 };
 
-// Rows per block of the backward's column sums: each block of this many
-// consecutive rows writes one partial dgamma/dbeta row, and the partials are
-// then added in block order. A function of the shapes only, never of the
-// number of threads, so dgamma has the same bits on every run.
-constexpr int64_t kNormRowsPerPartial = 32;
+// The backward's column sums (dgamma, dbeta) go through a workspace of
+// `slots` partial rows per vmap group (fp8jax/ops/norm.py
+// NORM_WORKSPACE_SLOTS, an output of the custom call): the CPU kernel cuts a
+// group's rows into at most `slots` blocks of NormRowsPerPartial consecutive
+// rows, each block summing its rows in order into its own partial; a second
+// pass adds each column's partials in block order. A function of the shapes
+// only, never of the number of threads, so dgamma has the same bits on every
+// run.
+FP8JAX_HD int64_t NormRowsPerPartial(int64_t rows, int64_t slots) {
+  return rows <= slots ? 1 : (rows + slots - 1) / slots;
+}
 
-FP8JAX_HD int64_t NormPartials(int64_t rows) {
-  return rows <= 0 ? 1 : (rows + kNormRowsPerPartial - 1) / kNormRowsPerPartial;
+FP8JAX_HD int64_t NormPartials(int64_t rows, int64_t slots) {
+  const int64_t per = NormRowsPerPartial(rows, slots);
+  return (rows + per - 1) / per;
 }
 
 }  // namespace fp8jax

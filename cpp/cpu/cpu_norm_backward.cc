@@ -1,7 +1,9 @@
 // CPU FFI handler of the norms' backward (LayerNorm and RMSNorm).
 //
-// Rows are split into blocks of kNormRowsPerPartial (common/norm_row.h) per
-// vmap group; the blocks are the work items spread over XLA's intra-op pool.
+// Rows are split into at most `slots` blocks of NormRowsPerPartial rows
+// (common/norm_row.h) per vmap group; the blocks are the work items spread
+// over XLA's intra-op pool, each with its own partial rows in the workspace
+// (an output of the custom call, [groups, slots, 2, h]).
 // For each row of its block an item widens dy and x to float32 scratch rows,
 // sums dz = dy * g and dz * xhat in NormLanes order, writes dx, and adds
 // dy * xhat and dy into its own partial dgamma/dbeta rows (rows in order).
@@ -65,9 +67,11 @@ struct BwdArgs {
   const float* g;  // [groups, h], NormGamma applied
   int64_t rows;    // per group
   int64_t h;
+  int64_t per;       // rows per block
   int64_t partials;  // blocks per group
+  int64_t slots;     // workspace rows per group
   void* dx;
-  float* ws;  // [groups * partials, 2, h]
+  float* ws;  // [groups, slots, 2, h]
 };
 
 // One block of rows: dx, and this block's partial dgamma (ws row 0) and dbeta
@@ -76,10 +80,10 @@ template <WideKind W, bool kLayer>
 FP8JAX_INLINE void BackwardBlockBody(const BwdArgs& a, int64_t item, float* x_scratch,
                                      float* dy_scratch) {
   const int64_t grp = item / a.partials;
-  const int64_t r0 = (item % a.partials) * kNormRowsPerPartial;
-  const int64_t r1 = std::min(a.rows, r0 + kNormRowsPerPartial);
+  const int64_t r0 = (item % a.partials) * a.per;
+  const int64_t r1 = std::min(a.rows, r0 + a.per);
   const float* g = a.g + grp * a.h;
-  float* dg = a.ws + item * 2 * a.h;
+  float* dg = a.ws + (grp * a.slots + item % a.partials) * 2 * a.h;
   float* db = dg + a.h;
   std::fill(dg, dg + 2 * a.h, 0.0f);
   for (int64_t r = r0; r < r1; ++r) {
@@ -133,7 +137,8 @@ ffi::Error NormBackward(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer 
                         ffi::Buffer<ffi::F32> mu, ffi::Buffer<ffi::F32> rs, ffi::AnyBuffer gamma,
                         int64_t norm_type, int64_t zero_centered, ffi::Result<ffi::AnyBuffer> dx,
                         ffi::Result<ffi::Buffer<ffi::F32>> dgamma,
-                        ffi::Result<ffi::Buffer<ffi::F32>> dbeta) {
+                        ffi::Result<ffi::Buffer<ffi::F32>> dbeta,
+                        ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
   const char* op = "norm_backward";
   NormShape s;
   if (auto err = NormShapeOf(op, x.dimensions(), gamma, nullptr, &s); !err.success()) return err;
@@ -153,8 +158,13 @@ ffi::Error NormBackward(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer 
   }
   std::vector<float> g(gamma.element_count());
   for (size_t i = 0; i < g.size(); ++i) g[i] = NormGamma(LoadAny(gamma, i), zero_centered != 0);
-  const int64_t partials = NormPartials(s.rows);
-  std::vector<float> ws(static_cast<size_t>(s.groups * partials * 2 * s.h));
+  const int64_t slots = workspace->element_count() / std::max<int64_t>(1, s.groups * 2 * s.h);
+  if (slots < 1 || workspace->element_count() != s.groups * slots * 2 * s.h) {
+    return BadArg(op, "workspace must be [groups, slots, 2, h]");
+  }
+  const int64_t per = NormRowsPerPartial(s.rows, slots);
+  const int64_t partials = NormPartials(s.rows, slots);
+  float* ws = workspace->typed_data();
   const BwdArgs a{dy.untyped_data(),
                   x.untyped_data(),
                   mu.typed_data(),
@@ -162,12 +172,14 @@ ffi::Error NormBackward(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer 
                   g.data(),
                   s.rows,
                   s.h,
+                  per,
                   partials,
+                  slots,
                   dx->untyped_data(),
-                  ws.data()};
+                  ws};
   const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
   const int64_t items = s.groups * partials;
-  const int64_t grain = std::max<int64_t>(1, kGrain / (kNormRowsPerPartial * s.h));
+  const int64_t grain = std::max<int64_t>(1, kGrain / (per * s.h));
   auto err = DispatchWide(op, WideKindOf(x.element_type()), [&]<WideKind W>() {
     ParallelFor(&pool, items, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> xr(s.h), dyr(s.h);
@@ -186,21 +198,22 @@ ffi::Error NormBackward(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer 
   float* dg = dgamma->typed_data();
   float* db = dbeta->typed_data();
   const int64_t cols = s.groups * s.h;
-  ParallelFor(&pool, cols, std::max<int64_t>(1, kGrain / partials), [&](int64_t c0, int64_t c1) {
-    while (c0 < c1) {  // one group's columns at a time
-      const int64_t grp = c0 / s.h;
-      const int64_t stop = std::min(c1, (grp + 1) * s.h);
-      const float* base = ws.data() + grp * partials * 2 * s.h - grp * s.h;
-      std::fill(dg + c0, dg + stop, 0.0f);
-      std::fill(db + c0, db + stop, 0.0f);
-      for (int64_t p = 0; p < partials; ++p) {
-        const float* wg = base + p * 2 * s.h;
-        for (int64_t c = c0; c < stop; ++c) dg[c] += wg[c];
-        for (int64_t c = c0; c < stop; ++c) db[c] += wg[c + s.h];
-      }
-      c0 = stop;
-    }
-  });
+  ParallelFor(&pool, cols, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, partials)),
+              [&](int64_t c0, int64_t c1) {
+                while (c0 < c1) {  // one group's columns at a time
+                  const int64_t grp = c0 / s.h;
+                  const int64_t stop = std::min(c1, (grp + 1) * s.h);
+                  const float* base = ws + grp * slots * 2 * s.h - grp * s.h;
+                  std::fill(dg + c0, dg + stop, 0.0f);
+                  std::fill(db + c0, db + stop, 0.0f);
+                  for (int64_t p = 0; p < partials; ++p) {
+                    const float* wg = base + p * 2 * s.h;
+                    for (int64_t c = c0; c < stop; ++c) dg[c] += wg[c];
+                    for (int64_t c = c0; c < stop; ++c) db[c] += wg[c + s.h];
+                  }
+                  c0 = stop;
+                }
+              });
   return ffi::Error::Success();
 }
 
@@ -220,5 +233,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxNormBackwardCpu, fp8jax::NormBackward,
                                   .Attr<int64_t>("norm_type")
                                   .Attr<int64_t>("zero_centered_gamma")
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -257,10 +257,19 @@ def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
     )
 
 
+NORM_WORKSPACE_SLOTS = 256
+"""Rows of the backward's workspace: per-block partial ``dgamma``/``dbeta`` rows that the kernels
+add in a fixed order (at most this many blocks of rows; a constant, so every device of a mesh
+has the same shape). An output of the custom call, so that XLA owns the memory and the CUDA
+handler stays CUDA-graph compatible; the public function drops it."""
+
+
 def _backward_reference(dy, x, mu, rsigma, gamma, *, norm_type, zero_centered_gamma):
-    return norm_backward_reference(
+    dx, dgamma, dbeta = norm_backward_reference(
         dy, x, mu, rsigma, gamma, norm_type=norm_type, zero_centered_gamma=zero_centered_gamma
     )
+    workspace = jnp.zeros((*gamma.shape[:-1], NORM_WORKSPACE_SLOTS, 2, gamma.shape[-1]))
+    return dx, dgamma, dbeta, workspace  # XLA drops the unused zeros
 
 
 _FORWARD = {t: _make_forward(t) for t in NORM_TYPES}
@@ -274,8 +283,12 @@ _BACKWARD = _opdef.OpDef(
         _opdef.like(dy, dy.dtype),
         _opdef.like(gamma, jnp.float32),
         _opdef.like(gamma, jnp.float32),
+        _opdef.like(
+            gamma, jnp.float32, shape=(*gamma.shape[:-1], NORM_WORKSPACE_SLOTS, 2, gamma.shape[-1])
+        ),
     ),
-    factors=lambda *ndims: (["m h", "m h", "m", "m", "h"], ["m h", "h", "h"]),
+    # The workspace's slot and pair dims are factors of their own (never split).
+    factors=lambda *ndims: (["m h", "m h", "m", "m", "h"], ["m h", "h", "h", "w t h"]),
     attrs=lambda *, norm_type, zero_centered_gamma: {
         "norm_type": np.int64(_NORM_CODES[norm_type]),
         "zero_centered_gamma": np.int64(zero_centered_gamma),
@@ -480,7 +493,7 @@ def norm_backward(
             )
     gamma = _vector_arg(op, "gamma", gamma, x.shape[-1])
     m = math.prod(lead)
-    dx, dgamma, dbeta = _BACKWARD(
+    dx, dgamma, dbeta, _ = _BACKWARD(
         _rows(dy),
         _rows(x),
         jnp.reshape(mu, (m,)),
