@@ -24,34 +24,74 @@
 
 namespace fp8jax {
 
+// The float operations of the norm math, never fused: on the device the _rn
+// intrinsics, which nvcc does not contract into an FMA (its default
+// --fmad=true would otherwise fuse a * b + c differently in different
+// kernels); on the host the plain operators (the CPU build enables no FMA).
+FP8JAX_HD float NAdd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+FP8JAX_HD float NSub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+FP8JAX_HD float NMul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // The kernels' norm_type attribute (fp8jax/ops/norm.py _NORM_CODES).
 enum class NormType : int64_t { kLayerNorm = 0, kRmsNorm = 1 };
 
 // The scale applied: gamma, or 1 + gamma with zero_centered_gamma.
 FP8JAX_HD float NormGamma(float gamma, bool zero_centered) {
-  return zero_centered ? gamma + 1.0f : gamma;
+  return zero_centered ? NAdd(gamma, 1.0f) : gamma;
 }
 
-// mu = sum / h (the reference divides the float32 sum by float32(h)).
-FP8JAX_HD float RowMean(float sum, int64_t h) { return sum / static_cast<float>(h); }
+// mu = sum / h (the reference divides the float32 sum by float32(h)). On the
+// device the division is __fdiv_rn, the same correctly rounded division
+// without the slow-path call that '/' compiles to.
+FP8JAX_HD float RowMean(float sum, int64_t h) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(sum, static_cast<float>(h));
+#else
+  return sum / static_cast<float>(h);
+#endif
+}
 
 // rsigma = 1 / sqrt(sum_sq / h + epsilon), with sum_sq the sum of the centred
-// squares (layernorm) or of the squares (rmsnorm).
+// squares (layernorm) or of the squares (rmsnorm). The device uses the
+// correctly rounded reciprocal square root (__frsqrt_rn), which may differ
+// from the host's two roundings (sqrt, then divide) by one ulp.
 FP8JAX_HD float RowRsigma(float sum_sq, int64_t h, float epsilon) {
-  return 1.0f / sqrtf(sum_sq / static_cast<float>(h) + epsilon);
+#if defined(__CUDA_ARCH__)
+  return __frsqrt_rn(NAdd(RowMean(sum_sq, h), epsilon));
+#else
+  return 1.0f / sqrtf(NAdd(RowMean(sum_sq, h), epsilon));
+#endif
 }
 
 // The centred value whose square the variance sums: x - mu (rmsnorm: mu = 0,
 // and x - 0 is x exactly, signed zeros included).
-FP8JAX_HD float NormCentred(float x, float mu) { return x - mu; }
+FP8JAX_HD float NormCentred(float x, float mu) { return NSub(x, mu); }
 
 // y of one element, before its rounding to the output dtype. kBeta: layernorm
 // adds beta; rmsnorm adds nothing (not even +0, which would turn -0 into +0).
 template <bool kBeta>
 FP8JAX_HD float NormOut(float x, float mu, float rsigma, float g, float beta) {
-  const float v = (NormCentred(x, mu) * rsigma) * g;
+  const float v = NMul(NMul(NormCentred(x, mu), rsigma), g);
   if constexpr (kBeta) {
-    return v + beta;
+    return NAdd(v, beta);
   } else {
     return v;
   }
@@ -60,10 +100,12 @@ FP8JAX_HD float NormOut(float x, float mu, float rsigma, float g, float beta) {
 // Backward, per element: xhat = (x - mu) * rsigma, dz = dy * g; per row
 // c1 = sum(dz) / h (layernorm; 0 for rmsnorm), c2 = sum(dz * xhat) / h;
 // dx = rsigma * ((dz - c1) - xhat * c2); dgamma += dy * xhat, dbeta += dy.
-FP8JAX_HD float NormXhat(float x, float mu, float rsigma) { return NormCentred(x, mu) * rsigma; }
+FP8JAX_HD float NormXhat(float x, float mu, float rsigma) {
+  return NMul(NormCentred(x, mu), rsigma);
+}
 
 FP8JAX_HD float NormDx(float dz, float xhat, float rsigma, float c1, float c2) {
-  return rsigma * ((dz - c1) - xhat * c2);
+  return NMul(rsigma, NSub(NSub(dz, c1), NMul(xhat, c2)));
 }
 
 // The CPU kernel's fixed-order sum: kNormLanes running sums, element i into

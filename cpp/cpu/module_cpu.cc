@@ -43,4 +43,5 @@ NB_MODULE(_fp8jax_cpu, m) {
   });
   // Private: the CUDA kernels' launch planning, for tests/ops/test_launch_plan.py.
   fp8jax::AddPlanBindings(m);
+  fp8jax::AddNormPlanBindings(m);
 }
