@@ -136,12 +136,15 @@ struct NormLanes {
 // pass adds each column's partials in block order. A function of the shapes
 // only, never of the number of threads, so dgamma has the same bits on every
 // run.
-FP8JAX_HD int64_t NormRowsPerPartial(int64_t rows, int64_t slots) {
-  return rows <= slots ? 1 : (rows + slots - 1) / slots;
+// (At least min_rows rows per block: fewer, larger partials cost less traffic
+// through the workspace.)
+FP8JAX_HD int64_t NormRowsPerPartial(int64_t rows, int64_t slots, int64_t min_rows) {
+  const int64_t per = rows <= slots ? 1 : (rows + slots - 1) / slots;
+  return per < min_rows ? min_rows : per;
 }
 
-FP8JAX_HD int64_t NormPartials(int64_t rows, int64_t slots) {
-  const int64_t per = NormRowsPerPartial(rows, slots);
+FP8JAX_HD int64_t NormPartials(int64_t rows, int64_t slots, int64_t min_rows) {
+  const int64_t per = NormRowsPerPartial(rows, slots, min_rows);
   return (rows + per - 1) / per;
 }
 

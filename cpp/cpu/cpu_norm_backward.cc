@@ -25,6 +25,7 @@ namespace fp8jax {
 namespace {
 
 constexpr int64_t kGrain = int64_t{1} << 15;
+constexpr int64_t kMinRowsPerPartial = 16;  // rows summed into one partial row, at least
 
 float LoadAny(const ffi::AnyBuffer& b, int64_t i) {
   switch (WideKindOf(b.element_type())) {
@@ -162,8 +163,8 @@ ffi::Error NormBackward(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer 
   if (slots < 1 || workspace->element_count() != s.groups * slots * 2 * s.h) {
     return BadArg(op, "workspace must be [groups, slots, 2, h]");
   }
-  const int64_t per = NormRowsPerPartial(s.rows, slots);
-  const int64_t partials = NormPartials(s.rows, slots);
+  const int64_t per = NormRowsPerPartial(s.rows, slots, kMinRowsPerPartial);
+  const int64_t partials = NormPartials(s.rows, slots, kMinRowsPerPartial);
   float* ws = workspace->typed_data();
   const BwdArgs a{dy.untyped_data(),
                   x.untyped_data(),
