@@ -466,7 +466,8 @@ def norm_backward(
     """The backward pass of :func:`norm_forward`; returns ``(dx, dgamma, dbeta)``.
 
     Args:
-      dy: the gradient of ``y``, ``x.shape``, float32, bfloat16 or float16.
+      dy: the gradient of ``y``, ``x.shape``, float32, bfloat16 or float16 (usually ``x``'s
+        dtype; another one is fine: both are then widened to float32 for the kernel).
       x: the forward's input (rank > 2: the leading dims are rows).
       mu, rsigma: :func:`norm_forward`'s outputs, float32 ``x.shape[:-1]``.
       gamma: ``[h]``, as given to the forward.
@@ -482,8 +483,6 @@ def norm_backward(
     dy = _matrix_arg(op, "dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"{op}: dy must have x's shape {x.shape}, got {dy.shape}")
-    if dy.dtype != x.dtype:
-        raise TypeError(f"{op}: dy must have x's dtype {x.dtype} (y's), got {dy.dtype}")
     lead = x.shape[:-1]
     for name, v in (("mu", mu), ("rsigma", rsigma)):
         v = _checks.array_arg(op, name, v)
@@ -493,9 +492,12 @@ def norm_backward(
             )
     gamma = _vector_arg(op, "gamma", gamma, x.shape[-1])
     m = math.prod(lead)
+    # The kernels take dy and x in one dtype: a mixed pair is widened (exactly) to float32,
+    # and dx rounded once to dy's dtype, as the reference does.
+    common = x.dtype if dy.dtype == x.dtype else jnp.dtype(jnp.float32)
     dx, dgamma, dbeta, _ = _BACKWARD(
-        _rows(dy),
-        _rows(x),
+        _rows(dy.astype(common)),
+        _rows(x.astype(common)),
         jnp.reshape(mu, (m,)),
         jnp.reshape(rsigma, (m,)),
         gamma,
@@ -503,7 +505,7 @@ def norm_backward(
         zero_centered_gamma=bool(zero_centered_gamma),
         implementation=implementation,
     )
-    return dx.reshape(x.shape), dgamma, dbeta
+    return dx.astype(dy.dtype).reshape(x.shape), dgamma, dbeta
 
 
 # ------------------------------------------------------------------------------- differentiable

@@ -144,6 +144,25 @@ def test_norm_backward_vs_its_reference(h):
             assert_close(g, w)
 
 
+@pytest.mark.parametrize(
+    ("dy_dtype", "x_dtype"),
+    [(jnp.bfloat16, jnp.float32), (jnp.float32, jnp.bfloat16), (jnp.float16, jnp.bfloat16)],
+    ids=["bf16-f32", "f32-bf16", "f16-bf16"],
+)
+def test_norm_backward_mixed_dtypes(dy_dtype, x_dtype):
+    x, gamma, beta = _inputs(5, 40, x_dtype, "layernorm", seed=9)
+    dy = jnp.asarray(np.random.default_rng(9).standard_normal(x.shape), dy_dtype)
+    _, mu, rs = ops.norm_forward(x, gamma, beta, norm_type="layernorm", epsilon=EPS)
+    dx, dgamma, dbeta = ops.norm_backward(dy, x, mu, rs, gamma, norm_type="layernorm")
+    want = jax.jit(ops.norm_backward_reference, static_argnames="norm_type")(
+        dy, x, mu, rs, gamma, norm_type="layernorm"
+    )
+    assert dx.dtype == dy_dtype
+    assert_close(dx, want[0], dy_dtype)
+    assert_close(dgamma, want[1])
+    assert_close(dbeta, want[2])
+
+
 def test_dgamma_is_deterministic():
     x, gamma, beta = _inputs(4099, 1000, jnp.bfloat16, "layernorm", seed=4)
     dy = jnp.asarray(np.random.default_rng(4).standard_normal(x.shape), jnp.bfloat16)
