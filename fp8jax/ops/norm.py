@@ -517,7 +517,7 @@ def _norm(x, gamma, beta, cfg):
 
 
 def _norm_fwd(x, gamma, beta, cfg):
-    norm_type, epsilon, zero_centered_gamma, impl = cfg
+    norm_type, epsilon, zero_centered_gamma, impl, _ = cfg
     y, mu, rsigma = norm_forward(
         x,
         gamma,
@@ -527,12 +527,12 @@ def _norm_fwd(x, gamma, beta, cfg):
         zero_centered_gamma=zero_centered_gamma,
         implementation=impl,
     )
-    return y, (x, mu, rsigma, gamma, beta is None)
+    return y, (x, mu, rsigma, gamma)
 
 
 def _norm_bwd(cfg, residuals, dy):
-    norm_type, _, zero_centered_gamma, impl = cfg
-    x, mu, rsigma, gamma, no_beta = residuals
+    norm_type, _, zero_centered_gamma, impl, beta_dtype = cfg
+    x, mu, rsigma, gamma = residuals
     dx, dgamma, dbeta = norm_backward(
         dy,
         x,
@@ -543,7 +543,7 @@ def _norm_bwd(cfg, residuals, dy):
         zero_centered_gamma=zero_centered_gamma,
         implementation=impl,
     )
-    dbeta = None if no_beta else dbeta.astype(gamma.dtype)  # beta's dtype: checked equal below
+    dbeta = None if beta_dtype is None else dbeta.astype(beta_dtype)
     return dx.astype(x.dtype), dgamma.astype(gamma.dtype), dbeta
 
 
@@ -554,14 +554,10 @@ def _differentiable(op, norm_type, x, gamma, beta, epsilon, zero_centered_gamma,
     norm_type = _norm_type_arg(op, norm_type)
     x = _matrix_arg(op, "x", x)
     gamma, beta = _params_args(op, norm_type, x, gamma, beta)
-    if beta is not None and beta.dtype != gamma.dtype:
-        raise TypeError(
-            f"{op}: beta must have gamma's dtype {gamma.dtype} (its gradient comes back in "
-            f"it), got {beta.dtype}"
-        )
     eps = _epsilon_arg(op, epsilon)
     impl = _implementation.choose(op, "norm", implementation)
-    return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl))
+    beta_dtype = None if beta is None else jnp.dtype(beta.dtype).name  # dbeta comes back in it
+    return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl, beta_dtype))
 
 
 def layernorm(
@@ -577,7 +573,7 @@ def layernorm(
 
     The forward is :func:`norm_forward` (``norm_type="layernorm"``), the backward
     :func:`norm_backward`; the gradients of ``x``, ``gamma`` and ``beta`` come back in their
-    dtypes (``beta`` must have ``gamma``'s). ``implementation`` (``"kernel"``/``"xla"``) is
+    dtypes. ``implementation`` (``"kernel"``/``"xla"``) is
     resolved when this is called and used by both passes.
     """
     return _differentiable(
