@@ -10,6 +10,11 @@ namespace nb = nanobind;
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxQuantizeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDequantizeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeDbiasCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxActivationCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDActivationCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCpu);
 
 namespace {
@@ -28,6 +33,11 @@ NB_MODULE(_fp8jax_cpu, m) {
     d["fp8jax_quantize"] = Capsule(Fp8jaxQuantizeCpu);
     d["fp8jax_dequantize"] = Capsule(Fp8jaxDequantizeCpu);
     d["fp8jax_cast_transpose"] = Capsule(Fp8jaxCastTransposeCpu);
+    d["fp8jax_cast_transpose_dbias"] = Capsule(Fp8jaxCastTransposeDbiasCpu);
+    d["fp8jax_activation"] = Capsule(Fp8jaxActivationCpu);
+    d["fp8jax_dactivation"] = Capsule(Fp8jaxDActivationCpu);
+    d["fp8jax_activation_cast_transpose"] = Capsule(Fp8jaxActivationCastTransposeCpu);
+    d["fp8jax_dactivation_cast_transpose_dbias"] = Capsule(Fp8jaxDActivationCastTransposeDbiasCpu);
     d["fp8jax_update_fp8_state"] = Capsule(Fp8jaxUpdateFp8StateCpu);
     return d;
   });

@@ -235,7 +235,7 @@ _DACTIVATION_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
         _opdef.like(x, fp8_dtype),
         _opdef.like(x, fp8_dtype, dims=(-2, -1, -3)),
         *_scalars(scale),
-        _opdef.like(x, jnp.float32, dims=(-2, -1)),
+        _opdef.like(x, jnp.float32, dims=(-2, -1), core=3),
     ),
     factors=lambda g_ndim, x_ndim, s_ndim: (
         ["m n", "m a n", "s" * s_ndim],
