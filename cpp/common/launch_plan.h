@@ -412,4 +412,38 @@ FP8JAX_PLAN_HD void WalkGroups(int64_t groups, int64_t block, int64_t grid, int 
   for (int64_t g = block * kThreads + thread; g < groups; g += stride) fn(g);
 }
 
+// ------------------------------------------------- column sums (dbias)
+
+// dbias of a [rows, cols] matrix, deterministically: pass 1 writes, for each
+// strip of kSumRows rows, the column sums of its rows (added in row order,
+// from 0) to a workspace [matrices, strips, cols]; pass 2 adds each column's
+// strip sums in strip order, from 0. The CPU engine uses the same strips, so
+// CPU and CUDA give the same bits for the same values. Both passes are a
+// grid-stride loop over one thread per (matrix, strip, column), resp.
+// (matrix, column); consecutive threads take consecutive columns (coalesced).
+constexpr int64_t kSumRows = 64;
+
+FP8JAX_PLAN_HD int64_t SumStrips(int64_t rows) { return CeilDiv(rows, kSumRows); }
+
+struct SumSlot {
+  int64_t matrix = 0;
+  int64_t strip = 0;
+  int64_t col = 0;
+};
+
+// Pass 1's work item i (of matrices * strips * cols).
+FP8JAX_PLAN_HD SumSlot PartialSlot(int64_t i, int64_t strips, int64_t cols) {
+  SumSlot s;
+  s.col = i % cols;
+  const int64_t ms = i / cols;
+  s.strip = ms % strips;
+  s.matrix = ms / strips;
+  return s;
+}
+
+// Blocks for a grid-stride loop over n items (at least 1, at most kMaxGridX).
+FP8JAX_PLAN_HD int64_t GridFor(int64_t n, int64_t resident) {
+  return Clamp(CeilDiv(n, kThreads), 1, Clamp(resident, 1, kMaxGridX));
+}
+
 }  // namespace fp8jax::plan

@@ -25,6 +25,7 @@
 
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
+#include "common/launch_plan.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
 #include "cpu/cpu_transpose.h"
@@ -61,6 +62,7 @@ inline void StoreWide(void* p, int64_t i, float v) {
 // Rows per strip: a strip's q_t columns are 64-byte runs; the dbias partials
 // are one float32 row per strip (the fixed block of the summation order).
 constexpr int64_t kStripRows = 64;
+static_assert(kStripRows == plan::kSumRows, "CPU and CUDA dbias share their strips");
 
 // A row source that is x itself: row r of matrix m starts at element
 // (m * rows + r) * cols of x.

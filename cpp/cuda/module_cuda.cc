@@ -19,6 +19,11 @@ namespace ffi = xla::ffi;
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxQuantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeDbiasCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxActivationCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDActivationCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmCuda);
@@ -88,6 +93,11 @@ NB_MODULE(_fp8jax_cuda, m) {
     d["fp8jax_quantize"] = Capsule(Fp8jaxQuantizeCuda);
     d["fp8jax_dequantize"] = Capsule(Fp8jaxDequantizeCuda);
     d["fp8jax_cast_transpose"] = Capsule(Fp8jaxCastTransposeCuda);
+    d["fp8jax_cast_transpose_dbias"] = Capsule(Fp8jaxCastTransposeDbiasCuda);
+    d["fp8jax_activation"] = Capsule(Fp8jaxActivationCuda);
+    d["fp8jax_dactivation"] = Capsule(Fp8jaxDActivationCuda);
+    d["fp8jax_activation_cast_transpose"] = Capsule(Fp8jaxActivationCastTransposeCuda);
+    d["fp8jax_dactivation_cast_transpose_dbias"] = Capsule(Fp8jaxDActivationCastTransposeDbiasCuda);
     d["fp8jax_update_fp8_state"] = Capsule(Fp8jaxUpdateFp8StateCuda);
     // The GEMM's initialize stage creates the cuBLASLt handle and runs the
     // heuristic query outside CUDA-graph capture; execute only calls cublasLtMatmul.
@@ -99,12 +109,15 @@ NB_MODULE(_fp8jax_cuda, m) {
   });
   // XLA FFI handler traits to register each target with (the registration,
   // not the handler, tells XLA): every fp8jax CUDA handler may be captured
-  // into a CUDA graph (XLA command buffer).
+  // into a CUDA graph (XLA command buffer), except those that allocate scratch.
   m.def("traits", []() {
     nb::dict d;
     const auto compatible = static_cast<int64_t>(XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
-    for (const char* name : {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose",
-                             "fp8jax_update_fp8_state", "fp8jax_gemm"}) {
+    // Not listed (they take workspace from XLA's scratch allocator at run time):
+    // cast_transpose_dbias, activation_cast_transpose, dactivation_cast_transpose_dbias.
+    for (const char* name :
+         {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose", "fp8jax_activation",
+          "fp8jax_dactivation", "fp8jax_update_fp8_state", "fp8jax_gemm"}) {
       d[name] = compatible;
     }
     return d;
