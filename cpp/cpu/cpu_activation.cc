@@ -178,6 +178,7 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
                            static_cast<uint8_t*>(qt->untyped_data()),
                            scale_inv->typed_data(),
                            amax->typed_data(),
+                           nullptr,
                            nullptr};
   return FusedCastTranspose(op, &pool, x.element_type(), code, gated, q, s, o,
                             [&]<WideKind W, int A, bool G>() {
@@ -185,11 +186,14 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
                             });
 }
 
+// The dbias workspace arrives as the last operand and leaves, aliased, as the
+// last result (fp8jax.ops._opdef.OpDef.workspace).
 ffi::Error DActivationCastTransposeDbiasImpl(
     ffi::ThreadPool pool, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-    int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
-    ffi::Result<ffi::Buffer<ffi::F32>> scale_inv, ffi::Result<ffi::Buffer<ffi::F32>> amax,
-    ffi::Result<ffi::Buffer<ffi::F32>> dbias) {
+    ffi::Buffer<ffi::F32>, int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q,
+    ffi::Result<ffi::AnyBuffer> qt, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+    ffi::Result<ffi::Buffer<ffi::F32>> amax, ffi::Result<ffi::Buffer<ffi::F32>> dbias,
+    ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
   const char* op = "dactivation_cast_transpose_dbias";
   MatrixShape xs;
   if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &xs);
@@ -203,12 +207,16 @@ ffi::Error DActivationCastTransposeDbiasImpl(
   if (dbias->element_count() != s.matrices * s.cols) {
     return BadArg(op, "dbias must have shape [k, n]");
   }
+  if (workspace->element_count() != DbiasWorkspaceSize(s)) {
+    return BadArg(op, "the dbias workspace must be float32 [row_tiles, k * n]");
+  }
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),
                            scale_inv->typed_data(),
                            amax->typed_data(),
-                           dbias->typed_data()};
+                           dbias->typed_data(),
+                           workspace->typed_data()};
   return FusedCastTranspose(
       op, &pool, x.element_type(), code, gated, q, s, o, [&]<WideKind W, int A, bool G>() {
         return DActRows<W, A, G>{g.untyped_data(), x.untyped_data(), xs.rows, xs.cols};
@@ -256,10 +264,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCpu,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("act")
                                   .Attr<int64_t>("gated")
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -11,10 +11,11 @@
 // rows' float32 values into its own column partials.
 //
 // dbias summation order (fixed: independent of the thread count and of how
-// the thread pool schedules strips): for each column, each strip sums its
-// rows in order, starting from 0 (((0 + v[r0]) + v[r0 + 1]) + ...); then the
-// strips' partial sums are added in order, starting from 0. So dbias has the
-// same bits on every run and with any number of threads.
+// the thread pool schedules strips), the CUDA kernel's too (common/
+// launch_plan.h): per column, each group of kSumGroup (8) rows is summed in
+// row order, each strip (128 rows, a CUDA tile row) sums its groups in order,
+// and the strips' sums are added in order; every sum starts from +0. So dbias
+// has the same bits on every run, with any number of threads, on CPU and GPU.
 #pragma once
 
 #include <algorithm>
@@ -59,10 +60,10 @@ inline void StoreWide(void* p, int64_t i, float v) {
   }
 }
 
-// Rows per strip: a strip's q_t columns are 64-byte runs; the dbias partials
-// are one float32 row per strip (the fixed block of the summation order).
-constexpr int64_t kStripRows = 64;
-static_assert(kStripRows == plan::kSumRows, "CPU and CUDA dbias share their strips");
+// Rows per strip: a strip's q_t columns are 128-byte runs; the dbias
+// partials are one float32 row per strip (plan::kBigTile, the CUDA tile).
+constexpr int64_t kStripRows = plan::kBigTile;
+constexpr int64_t kGroupRows = plan::kSumGroup;
 
 // A row source that is x itself: row r of matrix m starts at element
 // (m * rows + r) * cols of x.
@@ -71,7 +72,9 @@ struct DirectRows {
   const void* x;
 };
 
-// What the engine writes; dbias (matrices x cols float32) may be null.
+// What the engine writes; dbias (matrices x cols float32) may be null, else
+// `partial` is its workspace, float32 [matrices, strips, cols] (the XLA
+// buffer the op passes in, fp8jax.ops.cast_transpose.dbias_workspace).
 struct CastTransposeOut {
   const float* scale;
   uint8_t* q;
@@ -79,13 +82,46 @@ struct CastTransposeOut {
   float* scale_inv;
   float* amax;
   float* dbias;
+  float* partial;
 };
+
+// Elements of the dbias workspace of s.
+inline int64_t DbiasWorkspaceSize(const MatrixShape& s) {
+  return s.matrices * ((s.rows + kStripRows - 1) / kStripRows) * s.cols;
+}
 
 // p[c] += float(row[c]) for c in [0, cols).
 template <WideKind W>
 inline void AddRow(const void* row, int64_t cols, float* p) {
   for (int64_t c = 0; c < cols; ++c) p[c] += BitsToFloat(loops::LoadBits<W>(row, c));
 }
+
+inline void AddFloats(const float* v, int64_t cols, float* p) {
+  for (int64_t c = 0; c < cols; ++c) p[c] += v[c];
+}
+
+// Adds rows of one strip into its partial p in the order above: each
+// group's rows into `group` (from 0), then the group into p.
+class StripSum {
+ public:
+  StripSum(float* p, float* group, int64_t cols) : p_(p), group_(group), cols_(cols) {}
+  template <WideKind W>
+  void Add(const void* row) {
+    if (n_ == 0) std::fill(group_, group_ + cols_, 0.0f);
+    AddRow<W>(row, cols_, group_);
+    if (++n_ == kGroupRows) Flush();
+  }
+  void Flush() {
+    if (n_ > 0) AddFloats(group_, cols_, p_);
+    n_ = 0;
+  }
+
+ private:
+  float* p_;
+  float* group_;
+  int64_t cols_;
+  int64_t n_ = 0;
+};
 
 // The engine. `src` is DirectRows or a prologue with
 //   void Row(int64_t matrix, int64_t r, void* out) const
@@ -98,10 +134,11 @@ void CastTransposeRows(ffi::ThreadPool* pool, const Source& src, const CastTrans
   const int64_t strips = (s.rows + kStripRows - 1) / kStripRows;
   const int64_t items = s.matrices * strips;
   std::unique_ptr<std::atomic<uint32_t>[]> amax_bits(new std::atomic<uint32_t>[s.groups]());
-  std::vector<float> partial(o.dbias != nullptr ? items * s.cols : 0, 0.0f);
+  float* const partial = o.partial;
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, kStripRows * s.cols));
   ParallelFor(pool, items, grain, [&](int64_t begin, int64_t end) {
     std::vector<char> row_buf(Source::kDirect ? 0 : s.cols * kWideSize<W>);
+    std::vector<float> group_buf(o.dbias != nullptr ? s.cols : 0);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t m = item / strips;
       const int64_t g = m / per_group;
@@ -109,22 +146,24 @@ void CastTransposeRows(ffi::ThreadPool* pool, const Source& src, const CastTrans
       const int64_t r1 = std::min(s.rows, r0 + kStripRows);
       const int64_t base = m * mat_size;
       const float sc = o.scale[g];
-      float* p = o.dbias != nullptr ? partial.data() + item * s.cols : nullptr;
+      const bool sums = o.dbias != nullptr;
+      StripSum sum(sums ? partial + item * s.cols : nullptr, group_buf.data(), s.cols);
       uint32_t local = 0;
       if constexpr (Source::kDirect) {
         const char* x = static_cast<const char*>(src.x) + base * kWideSize<W>;
         loops::QuantizeRange<W, F>(x, sc, o.q + base, r0 * s.cols, r1 * s.cols, &local);
-        if (p != nullptr) {
-          for (int64_t r = r0; r < r1; ++r) AddRow<W>(x + r * s.cols * kWideSize<W>, s.cols, p);
+        if (sums) {
+          for (int64_t r = r0; r < r1; ++r) sum.Add<W>(x + r * s.cols * kWideSize<W>);
         }
       } else {
         for (int64_t r = r0; r < r1; ++r) {
           src.Row(m, r, row_buf.data());
           loops::QuantizeRange<W, F>(row_buf.data(), sc, o.q + base + r * s.cols, 0, s.cols,
                                      &local);
-          if (p != nullptr) AddRow<W>(row_buf.data(), s.cols, p);
+          if (sums) sum.Add<W>(row_buf.data());
         }
       }
+      if (sums) sum.Flush();
       TransposeRows(o.q + base, o.qt + base, s.rows, s.cols, r0, r1);
       AtomicMaxBits(amax_bits[g], local);
     }
@@ -146,7 +185,7 @@ void CastTransposeRows(ffi::ThreadPool* pool, const Source& src, const CastTrans
                   const int64_t n = std::min(kCols, s.cols - c0);
                   std::fill(acc, acc + n, 0.0f);
                   for (int64_t st = 0; st < strips; ++st) {
-                    const float* p = partial.data() + (m * strips + st) * s.cols + c0;
+                    const float* p = partial + (m * strips + st) * s.cols + c0;
                     for (int64_t c = 0; c < n; ++c) acc[c] += p[c];
                   }
                   std::copy(acc, acc + n, o.dbias + m * s.cols + c0);

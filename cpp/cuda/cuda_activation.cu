@@ -2,23 +2,21 @@
 // activation_cast_transpose and dactivation_cast_transpose_dbias.
 //
 // The math is common/activations.h (the CPU kernels' too). The fused forms
-// are, on CUDA, two steps for now: the activation (or its gradient) is
-// written, rounded to the wide dtype, to a workspace from XLA's scratch
-// allocator, then the cast_transpose kernel (and, for dbias, the
-// deterministic column sums) of cuda_cast_transpose.cu run on it. So q is
-// bit-identical to quantize(activation(x)) by construction; a prologue inside
-// the cast_transpose tile loop, which saves the workspace round trip, is the
-// next step (docs/performance.md). Handlers that allocate scratch are not
-// declared command-buffer compatible.
+// are the cast_transpose kernel of cuda_cast_transpose.cuh with an activation
+// prologue (ActSource, DActSource): each value is computed from x (and g),
+// rounded to the wide dtype exactly as the activation ops store it, then
+// quantized, transposed and (for dbias) summed, so x and g are read once and
+// q is bit-identical to quantize(activation(x)). The prologue loads element
+// by element (its inputs are not laid out like the quantized matrix).
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
 
 #include "common/activations.h"
+#include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/launch_plan.h"
-#include "cuda/cuda_cast_transpose.h"
+#include "cuda/cuda_cast_transpose.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
@@ -64,6 +62,83 @@ __global__ void __launch_bounds__(plan::kThreads)
   }
 }
 
+// v rounded to the wide dtype and back, exactly as StoreOne then LoadOne.
+template <WideKind W>
+__device__ __forceinline__ float RoundWide(float v) {
+  if constexpr (W == WideKind::kF32) {
+    return v;
+  } else if constexpr (W == WideKind::kBF16) {
+    return __uint_as_float(static_cast<uint32_t>(FloatToBf16Bits(v)) << 16);
+  } else {
+    return F16BitsToFloatFast(WideBits<W>(v));
+  }
+}
+
+// Prologue of activation_cast_transpose: element i of the [rows, n] matrix
+// y (rows of every matrix consecutive) from x[rows, k, n].
+template <WideKind W, int A, bool G>
+struct ActSource {
+  static constexpr bool kFast = false;
+  const void* x;
+  int64_t n;
+  __device__ __forceinline__ void Chunk(int64_t i, int count, bool, float v[8]) const {
+    const int64_t row = i / n;
+    const int64_t a0 = row * (G ? 2 : 1) * n + (i - row * n);  // a chunk stays in its row
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < count) {
+        const float a = LoadOne<W>(x, a0 + j);
+        const float b = G ? LoadOne<W>(x, a0 + n + j) : 1.0f;
+        v[j] = RoundWide<W>(act::Forward<A, G>(a, b));
+      } else {
+        v[j] = 0.0f;
+      }
+    }
+  }
+};
+
+// Prologue of dactivation_cast_transpose_dbias: element i of the [rows, k * n]
+// matrix dx from g[rows, n] and x[rows, k, n].
+template <WideKind W, int A, bool G>
+struct DActSource {
+  static constexpr bool kFast = false;
+  const void* g;
+  const void* x;
+  int64_t n;
+  __device__ __forceinline__ void Chunk(int64_t i, int count, bool, float v[8]) const {
+    const int64_t kn = (G ? 2 : 1) * n;
+    const int64_t row = i / kn;
+    const int64_t cc = i - row * kn;  // a chunk stays in its row, may cross from a to b
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < count) {
+        const bool second = G && cc + j >= n;
+        const int64_t c = second ? cc + j - n : cc + j;
+        const float gv = LoadOne<W>(g, row * n + c);
+        const float a = LoadOne<W>(x, row * kn + c);
+        const float b = G ? LoadOne<W>(x, row * kn + n + c) : 1.0f;
+        float da = 0.0f;
+        float db = 0.0f;
+        act::Backward<A, G>(gv, a, b, &da, &db);
+        v[j] = RoundWide<W>(second ? db : da);
+      } else {
+        v[j] = 0.0f;
+      }
+    }
+  }
+};
+
+// Calls fn.template operator()<W, F, A, G>() for the runtime kinds.
+template <typename Fn>
+ffi::Error DispatchFused(const char* op, WideKind w, Fp8Kind f, int64_t code, int64_t gated,
+                         Fn&& fn) {
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  return act::Dispatch(code, gated, [&]<int A, bool G>() {
+    return DispatchWideFp8(
+        op, w, f, [&]<WideKind W, typename F>() { return fn.template operator()<W, F, A, G>(); });
+  });
+}
+
 // Enqueues the activation (forward, or its gradient when g != nullptr) of
 // `rows` rows of n columns into out.
 ffi::Error LaunchAct(const char* op, cudaStream_t stream, WideKind w, int64_t code, int64_t gated,
@@ -101,19 +176,6 @@ ffi::Error CheckGradInputs(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x,
   return ffi::Error::Success();
 }
 
-ffi::Error Scratch(const char* op, ffi::ScratchAllocator& scratch, int64_t bytes, void** out) {
-  *out = nullptr;
-  if (bytes == 0) return ffi::Error::Success();
-  auto mem = scratch.Allocate(static_cast<size_t>(bytes), 256);
-  if (!mem.has_value()) {
-    return ffi::Error::Internal(std::string("fp8jax ") + op + ": scratch allocation failed");
-  }
-  *out = *mem;
-  return ffi::Error::Success();
-}
-
-int64_t WideBytes(WideKind w) { return w == WideKind::kF32 ? 4 : 2; }
-
 ffi::Error ActivationImpl(cudaStream_t stream, ffi::AnyBuffer x, int64_t code, int64_t gated,
                           ffi::Result<ffi::AnyBuffer> y) {
   const char* op = "activation";
@@ -139,9 +201,9 @@ ffi::Error DActivationImpl(cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer
                    x.untyped_data(), dx->untyped_data(), s.matrices * s.rows, s.cols);
 }
 
-ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
-                                       ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale, int64_t code,
-                                       int64_t gated, ffi::Result<ffi::AnyBuffer> q,
+ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                                       ffi::Buffer<ffi::F32> scale, int64_t code, int64_t gated,
+                                       ffi::Result<ffi::AnyBuffer> q,
                                        ffi::Result<ffi::AnyBuffer> qt,
                                        ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
                                        ffi::Result<ffi::Buffer<ffi::F32>> amax) {
@@ -156,24 +218,24 @@ ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, ffi::ScratchAllocato
       qt->element_count() != count) {
     return BadArg(op, "q and q_t must be [m, n] of x's [m, k, n] and share an FP8 dtype");
   }
-  const WideKind w = WideKindOf(x.element_type());
-  void* y = nullptr;
-  if (auto err = Scratch(op, scratch, count * WideBytes(w), &y); !err.success()) return err;
-  if (auto err = LaunchAct(op, stream, w, code, gated, nullptr, x.untyped_data(), y,
-                           s.matrices * s.rows, s.cols);
-      !err.success()) {
-    return err;
-  }
-  return LaunchCastTranspose(op, stream, y, w, s, scale.typed_data(), q->untyped_data(),
-                             qt->untyped_data(), Fp8KindOf(q->element_type()),
-                             scale_inv->typed_data(), amax->typed_data());
+  return DispatchFused(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
+                       [&]<WideKind W, typename F, int A, bool G>() {
+                         const ActSource<W, A, G> src{x.untyped_data(), s.cols};
+                         return LaunchCastTransposeOf<W, F, false>(
+                             op, stream, src, 0, s, scale.typed_data(), q->untyped_data(),
+                             qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(),
+                             nullptr);
+                       });
 }
 
+// The dbias workspace arrives as the last operand and leaves, aliased, as the
+// last result (fp8jax.ops._opdef.OpDef.workspace).
 ffi::Error DActivationCastTransposeDbiasImpl(
-    cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer g, ffi::AnyBuffer x,
-    ffi::Buffer<ffi::F32> scale, int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q,
+    cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+    ffi::Buffer<ffi::F32>, int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q,
     ffi::Result<ffi::AnyBuffer> qt, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-    ffi::Result<ffi::Buffer<ffi::F32>> amax, ffi::Result<ffi::Buffer<ffi::F32>> dbias) {
+    ffi::Result<ffi::Buffer<ffi::F32>> amax, ffi::Result<ffi::Buffer<ffi::F32>> dbias,
+    ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
   const char* op = "dactivation_cast_transpose_dbias";
   MatrixShape xs;
   if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &xs);
@@ -190,23 +252,22 @@ ffi::Error DActivationCastTransposeDbiasImpl(
   if (dbias->element_count() != s.matrices * s.cols) {
     return BadArg(op, "dbias must have shape [k, n]");
   }
-  const WideKind w = WideKindOf(x.element_type());
-  void* dx = nullptr;
-  if (auto err = Scratch(op, scratch, x.element_count() * WideBytes(w), &dx); !err.success()) {
+  if (auto err = CheckDbiasWorkspace(op, s, workspace->element_count()); !err.success()) {
     return err;
   }
-  if (auto err = LaunchAct(op, stream, w, code, gated, g.untyped_data(), x.untyped_data(), dx,
-                           xs.matrices * xs.rows, xs.cols);
+  float* partial = workspace->typed_data();
+  if (auto err = DispatchFused(
+          op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
+          [&]<WideKind W, typename F, int A, bool G>() {
+            const DActSource<W, A, G> src{g.untyped_data(), x.untyped_data(), xs.cols};
+            return LaunchCastTransposeOf<W, F, true>(
+                op, stream, src, 0, s, scale.typed_data(), q->untyped_data(), qt->untyped_data(),
+                scale_inv->typed_data(), amax->typed_data(), partial);
+          });
       !err.success()) {
     return err;
   }
-  if (auto err = LaunchCastTranspose(op, stream, dx, w, s, scale.typed_data(), q->untyped_data(),
-                                     qt->untyped_data(), Fp8KindOf(q->element_type()),
-                                     scale_inv->typed_data(), amax->typed_data());
-      !err.success()) {
-    return err;
-  }
-  return LaunchColumnSums(op, stream, scratch, dx, w, s, dbias->typed_data());
+  return LaunchColumnTotals(op, stream, partial, s, dbias->typed_data());
 }
 
 }  // namespace
@@ -214,7 +275,8 @@ ffi::Error DActivationCastTransposeDbiasImpl(
 
 namespace ffi = xla::ffi;
 
-// activation and dactivation allocate nothing: command-buffer compatible.
+// Every handler allocates nothing (dbias's workspace is a buffer XLA
+// allocates): command-buffer compatible.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCuda, fp8jax::ActivationImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -238,7 +300,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCuda,
                               fp8jax::ActivationCastTransposeImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("act")
@@ -246,15 +307,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCuda,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCuda,
                               fp8jax::DActivationCastTransposeDbiasImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("act")
                                   .Attr<int64_t>("gated")
@@ -262,4 +324,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCuda,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -109,15 +109,15 @@ NB_MODULE(_fp8jax_cuda, m) {
   });
   // XLA FFI handler traits to register each target with (the registration,
   // not the handler, tells XLA): every fp8jax CUDA handler may be captured
-  // into a CUDA graph (XLA command buffer), except those that allocate scratch.
+  // into a CUDA graph (XLA command buffer).
   m.def("traits", []() {
     nb::dict d;
     const auto compatible = static_cast<int64_t>(XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
-    // Not listed (they take workspace from XLA's scratch allocator at run time):
-    // cast_transpose_dbias, activation_cast_transpose, dactivation_cast_transpose_dbias.
     for (const char* name :
-         {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose", "fp8jax_activation",
-          "fp8jax_dactivation", "fp8jax_update_fp8_state", "fp8jax_gemm"}) {
+         {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose",
+          "fp8jax_cast_transpose_dbias", "fp8jax_activation", "fp8jax_dactivation",
+          "fp8jax_activation_cast_transpose", "fp8jax_dactivation_cast_transpose_dbias",
+          "fp8jax_update_fp8_state", "fp8jax_gemm"}) {
       d[name] = compatible;
     }
     return d;

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 
-STRIP = 64  # the kernels' dbias block (cpp/cpu/cpu_cast_transpose.h, the CUDA row tile)
+TILE_ROWS = 128  # rows per tile (cpp/common/launch_plan.h: plan::kBigTile, the CPU strip)
+GROUP_ROWS = 8  # rows per group (plan::kSumGroup)
 
 
-def strip_order_sum(g: np.ndarray, strip: int = STRIP) -> np.ndarray:
-    """The kernels' dbias of ``g[m, n]``, in float32, in their order."""
+def strip_order_sum(g: np.ndarray) -> np.ndarray:
+    """The kernels' dbias of ``g[m, n]`` in float32, in their order (CPU and CUDA alike): each
+    group of 8 rows summed in row order, each 128-row tile's groups in order, then the tiles in
+    order, every sum from +0."""
     v = np.asarray(g, np.float32)
     total = np.zeros(v.shape[1], np.float32)
-    for r0 in range(0, v.shape[0], strip):
-        part = np.zeros(v.shape[1], np.float32)
-        for row in v[r0 : r0 + strip]:
-            part = part + row
-        total = total + part
+    for t0 in range(0, v.shape[0], TILE_ROWS):
+        tile = np.zeros(v.shape[1], np.float32)
+        for g0 in range(t0, min(t0 + TILE_ROWS, v.shape[0]), GROUP_ROWS):
+            group = np.zeros(v.shape[1], np.float32)
+            for row in v[g0 : min(g0 + GROUP_ROWS, t0 + TILE_ROWS)]:
+                group = group + row
+            tile = tile + group
+        total = total + tile
     return total
 
 
