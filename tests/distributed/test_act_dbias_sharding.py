@@ -163,3 +163,38 @@ def test_dactivation_cast_transpose_dbias_sharded(split, implementation):
     _no_gathers(hlo)
     if implementation == "kernel":
         assert sorted(all_reduce_group_sizes(hlo)) == _expected_all_reduces(mesh, rows, cols)
+
+
+def test_explicit_sharding_mode():
+    """Under explicit axes (shardings are part of the types) every output of a shape other
+    than an operand's (y, q_t of [k, n, m], dbias) gets its sharding from the right dims."""
+    axis_type = getattr(jax.sharding, "AxisType", None)
+    if axis_type is None or not hasattr(jax, "set_mesh"):
+        pytest.skip("this JAX has no explicit sharding mode")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type.Explicit,) * 2)
+    acts = ("gelu", "linear")
+    x = _data((32, 2, 64), jnp.float32, 5)
+    g = _data((32, 64), jnp.float32, 6)
+    s = jnp.float32(1.0)
+    want_ct = ops.cast_transpose_dbias(_one(g), s, E5M2)
+    want_act = ops.activation_cast_transpose(_one(x), s, E4M3, acts)
+    want_dact = ops.dactivation_cast_transpose_dbias(_one(g), _one(x), s, E5M2, acts)
+    with jax.set_mesh(mesh):
+        gs = jax.device_put(g, P("data", "model"))
+        xs = jax.device_put(x, P("data", None, "model"))
+        ct = jax.jit(lambda g: ops.cast_transpose_dbias(g, s, E5M2))(gs)
+        act = jax.jit(lambda x: ops.activation_cast_transpose(x, s, E4M3, acts))(xs)
+        dact = jax.jit(lambda g, x: ops.dactivation_cast_transpose_dbias(g, x, s, E5M2, acts))(
+            gs, xs
+        )
+    for got, want in [(ct, want_ct), (act, want_act), (dact, want_dact)]:
+        for a, b in zip(got[:4], want[:4], strict=True):
+            _same(a, b)
+    _close(ct[4], want_ct[4], 32)
+    _close(dact[4], want_dact[4], 32)
+    assert ct[1].sharding.spec == P("model", "data")
+    assert ct[4].sharding.spec == P("model")
+    assert act[0].sharding.spec == P("data", "model")
+    assert act[1].sharding.spec == P("model", "data")
+    assert tuple(dact[1].sharding.spec) == (None, "model", "data")
+    assert tuple(dact[4].sharding.spec) == (None, "model")
