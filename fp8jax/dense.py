@@ -2,8 +2,9 @@
 
 Forward: quantize the input and the kernel (E4M3 under HYBRID) with the delayed scales, one FP8
 GEMM with fast accumulation. Backward: quantize the output gradient (E5M2 under HYBRID) and run
-dgrad and wgrad as FP8 GEMMs with split (full-precision) accumulation; the bias gradient is taken
-in float32. Every GEMM gets K-major operands straight from ``cast_transpose``, so no XLA
+dgrad and wgrad as FP8 GEMMs with split (full-precision) accumulation; the bias gradient is the
+float32 column sum of the output gradient, taken by ``cast_transpose_dbias`` in the same pass as
+its casts. Every GEMM gets K-major operands straight from ``cast_transpose``, so no XLA
 transpose of an FP8 tensor is needed; the one exception is FSDP, where the dgrad GEMM transposes
 the kernel copy the forward GEMM gathered (on each device) rather than gather it a second time.
 
@@ -34,7 +35,7 @@ from fp8jax.autocast import _current_state
 from fp8jax.ops._gemm_partition import explicit_matmul_spec
 from fp8jax.ops._implementation import get_implementation
 from fp8jax.ops._partition import explicit_mesh
-from fp8jax.ops.cast_transpose import cast_transpose
+from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_dbias
 from fp8jax.ops.gemm import gemm_codes
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
 from fp8jax.state import Fp8Meta
@@ -95,12 +96,15 @@ def _current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
     return jnp.where(ok, jnp.minimum(s, np.finfo(np.float32).max), jnp.float32(1.0))
 
 
-def _cast_t(cfg: _Config, x: jax.Array, scale: jax.Array, fp8_dtype: Any):
+def _cast_t(cfg: _Config, x: jax.Array, scale: jax.Array, fp8_dtype: Any, *, dbias=False):
+    """``cast_transpose`` of ``x`` (with ``dbias``: ``cast_transpose_dbias``, which also sums
+    its columns in the same pass, so the bias gradient costs no second read of ``x``)."""
     if cfg.current_scaling:
         scale = _current_scale(x, fp8_dtype, cfg.margin)
     # "mesh": every amax of the step is reduced over the same devices, so XLA merges all of
     # them into one all-reduce (the value is the tensor's global amax either way).
-    return cast_transpose(x, scale, fp8_dtype, amax_reduction="mesh", implementation=cfg.cast_impl)
+    op = cast_transpose_dbias if dbias else cast_transpose
+    return op(x, scale, fp8_dtype, amax_reduction="mesh", implementation=cfg.cast_impl)
 
 
 def _named(x: jax.Array, i: int) -> jax.Array:
@@ -173,7 +177,12 @@ def _dense2d_bwd(cfg: _Config, res, cts):
     g = cts[0]
     if isinstance(g, jax.custom_derivatives.SymbolicZero):
         g = jnp.zeros(g.shape, g.dtype)
-    g_q, g_t, g_sinv, g_amax = _cast_t(cfg, g, g_scale, cfg.bwd_dtype)
+    dbias = None
+    if cfg.has_bias:  # the bias gradient from the same pass over g as its casts
+        g_q, g_t, g_sinv, g_amax, dbias = _cast_t(cfg, g, g_scale, cfg.bwd_dtype, dbias=True)
+        dbias = dbias.astype(g.dtype)
+    else:
+        g_q, g_t, g_sinv, g_amax = _cast_t(cfg, g, g_scale, cfg.bwd_dtype)
     g_q, g_t = _codes(g_q), _codes(g_t)
     # dgrad: dx[M,K] = g[M,N] @ w[K,N]^T; wgrad: dw[K,N] = x^T[K,M] @ g^T[N,M]^T.
     # The casts read x and w in their own dtypes, so dgrad and wgrad are produced in them.
@@ -189,7 +198,6 @@ def _dense2d_bwd(cfg: _Config, res, cts):
         dtypes=(fwd, bwd), out_dtype=cfg.w_dtype, accumulate="split",
         implementation=cfg.gemm_impl,
     )  # fmt: skip
-    dbias = jnp.sum(g.astype(jnp.float32), axis=0).astype(g.dtype) if cfg.has_bias else None
     if cfg.shardings is not None:
         dx = jax.sharding.reshard(dx, cfg.shardings[0])
         dw = jax.sharding.reshard(dw, cfg.shardings[1])

@@ -167,6 +167,25 @@ def test_bf16_compute_dtype_and_jit():
     assert "fp8jax_cast_transpose" in hlo
 
 
+def test_bias_gradient_reads_g_once():
+    """With a bias, the compiled backward takes dbias from the cast of g: one fp8jax cast custom
+    call on g (cast_transpose_dbias, none plain) and no separate column reduction of g."""
+    m, k, n = 64, 32, 48
+    x, w, b = _rand((m, k), 40), _rand((k, n), 41), _rand((n,), 42)
+    loss = lambda x, w, b, p: jnp.sum(_fp8(x, w, b, probe=p) ** 2)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    hlo = grad.lower(x, w, b, jnp.zeros(3)).compile().as_text()
+    calls = re.findall(r'custom_call_target="(fp8jax_cast_transpose\w*)"', hlo)
+    g_casts = [c for c in calls if c == "fp8jax_cast_transpose_dbias"]
+    assert len(g_casts) == 1 and calls.count("fp8jax_cast_transpose") == 2, calls  # x, w, g
+    column_sums = re.findall(rf"= \w+\[{n}\]\S* reduce\(", hlo)  # what XLA's dbias would be
+    assert not column_sums, column_sums
+    # and the value: dbias is the column sum of g = 2 y
+    db = grad(x, w, b, jnp.zeros(3))[2]
+    y = _fp8(x, w, b)
+    np.testing.assert_allclose(np.asarray(db), np.asarray(2 * y).sum(0), rtol=1e-5, atol=1e-4)
+
+
 def test_checkpoint_names_reach_the_jaxpr():
     x, w = _rand((8, 8), 24), _rand((8, 8), 25)
     loss = lambda x, p: jnp.sum(_fp8(x, w, probe=p) ** 2)

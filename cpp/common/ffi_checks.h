@@ -122,6 +122,27 @@ inline ffi::Error NormShapeOf(const std::string& op, ffi::AnyBuffer::Dimensions 
   return ffi::Error::Success();
 }
 
+// Shapes for the activation ops: x is [..., m, k, n] with k = 1 (or 2 when
+// gated); `matrices` is the product of the leading (vmap) dims, `rows` = m,
+// `cols` = n. `groups` (the number of scales; 1 for the ops without one)
+// must divide `matrices`.
+inline ffi::Error ActShapeOf(const std::string& op, ffi::AnyBuffer::Dimensions dims, bool gated,
+                             int64_t groups, MatrixShape* out) {
+  if (dims.size() < 3) return BadArg(op, "x must have rank >= 3 ([m, k, n])");
+  const int64_t k = dims[dims.size() - 2];
+  if (k != (gated ? 2 : 1)) return BadArg(op, "x's k dim must be 2 when gated, else 1");
+  out->rows = dims[dims.size() - 3];
+  out->cols = dims[dims.size() - 1];
+  int64_t matrices = 1;
+  for (size_t i = 0; i + 3 < dims.size(); ++i) matrices *= dims[i];
+  if (groups < 1 || matrices % groups != 0) {
+    return BadArg(op, "leading dims are not a multiple of the number of scales");
+  }
+  out->groups = groups;
+  out->matrices = matrices;
+  return ffi::Error::Success();
+}
+
 // The amax-history update: `rows` independent states of length `len`.
 struct HistoryShape {
   int64_t rows = 0;

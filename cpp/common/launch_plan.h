@@ -412,4 +412,57 @@ FP8JAX_PLAN_HD void WalkGroups(int64_t groups, int64_t block, int64_t grid, int 
   for (int64_t g = block * kThreads + thread; g < groups; g += stride) fn(g);
 }
 
+// ------------------------------------------------- column sums (dbias)
+
+// The order of dbias, the float32 column sums of a [rows, cols] matrix, on
+// CPU and CUDA alike (so both give the same bits, every run): rows are cut
+// into tiles of kBigTile (128) rows, each tile into kRowGroups groups of
+// kSumGroup (8) consecutive rows. A group's sum adds its rows in order; a
+// tile's sum adds its groups in order; dbias adds the tiles in order; every
+// sum starts from +0 (rows past the end add nothing). On CUDA the cast_transpose
+// kernel writes each tile's column sums to a workspace [matrices, row_tiles,
+// cols] (fast tiles: each thread's 8 x 8 block is one group; guarded
+// sub-tiles: groups are summed from a shared-memory copy of the values,
+// GuardedGroupSlot) and a second kernel adds the tiles (TotalsSlot).
+constexpr int kSumGroup = kVec;                    // rows per group
+constexpr int kRowGroups = kBigTile / kSumGroup;   // 16 groups per tile
+constexpr int kGuardedGroups = kTile / kSumGroup;  // 8 groups per guarded sub-tile
+constexpr int kGuardedSlotsPerThread = kGuardedGroups * kTile / kThreads;  // 2
+
+// Workspace index of tile row `row_tile`, column `col` of matrix `mat`.
+FP8JAX_PLAN_HD int64_t PartialIndex(int64_t mat, int64_t row_tile, int64_t row_tiles, int64_t cols,
+                                    int64_t col) {
+  return (mat * row_tiles + row_tile) * cols + col;
+}
+
+// The (group, column) of a guarded sub-tile that thread t sums in step k
+// (0 .. kGuardedSlotsPerThread - 1): consecutive threads, consecutive columns.
+struct GroupSlot {
+  int group = 0;
+  int col = 0;
+};
+
+FP8JAX_PLAN_HD GroupSlot GuardedGroupSlot(int t, int k) {
+  const int idx = t + kThreads * k;
+  return {idx / kTile, idx % kTile};
+}
+
+// Row `sub`'s groups of a guarded sub-tile start at this group of the tile,
+// its columns at this column of the tile (SubTile's layout).
+FP8JAX_PLAN_HD int SubTileGroup0(int sub) { return (sub / 2) * kGuardedGroups; }
+FP8JAX_PLAN_HD int SubTileCol0(int sub) { return (sub % 2) * kTile; }
+
+// Pass 2's work item i (of matrices * cols): the matrix and the column.
+struct TotalsSlot {
+  int64_t mat = 0;
+  int64_t col = 0;
+};
+
+FP8JAX_PLAN_HD TotalsSlot TotalsSlotAt(int64_t i, int64_t cols) { return {i / cols, i % cols}; }
+
+// Blocks for a grid-stride loop over n items (at least 1, at most kMaxGridX).
+FP8JAX_PLAN_HD int64_t GridFor(int64_t n, int64_t resident) {
+  return Clamp(CeilDiv(n, kThreads), 1, Clamp(resident, 1, kMaxGridX));
+}
+
 }  // namespace fp8jax::plan

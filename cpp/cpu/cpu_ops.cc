@@ -1,4 +1,5 @@
-// CPU FFI handlers: quantize, dequantize, cast_transpose, update_fp8_state.
+// CPU FFI handlers: quantize, dequantize, update_fp8_state (the cast_transpose
+// family is in cpu_cast_transpose.cc and cpu_activation.cc).
 //
 // Layering (as in jax's examples/ffi): a typed compute loop, a dispatcher on
 // the runtime dtypes that returns ffi::Error for anything unexpected, and the
@@ -12,48 +13,13 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
+#include "cpu/cpu_cast_transpose.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
-#include "cpu/cpu_transpose.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
 namespace {
-
-// Loads element i of a wide (f32/bf16/f16) buffer as float.
-template <WideKind W>
-inline float LoadWide(const void* p, int64_t i) {
-  if constexpr (W == WideKind::kF32) {
-    return static_cast<const float*>(p)[i];
-  } else if constexpr (W == WideKind::kBF16) {
-    return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  } else {
-    return F16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-}
-
-template <WideKind W>
-inline void StoreWide(void* p, int64_t i, float v) {
-  if constexpr (W == WideKind::kF32) {
-    static_cast<float*>(p)[i] = v;
-  } else if constexpr (W == WideKind::kBF16) {
-    static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
-  } else {
-    static_cast<uint16_t*>(p)[i] = FloatToF16Bits(v);
-  }
-}
-
-// Elements per chunk of work handed to a thread: large enough that the
-// scheduling cost (microseconds) is small against it, small enough that a
-// 2048 x 2048 tensor is split over every thread.
-constexpr int64_t kGrain = int64_t{1} << 16;
-
-// Lock-free max of amax bits shared by the chunks of one group.
-inline void AtomicMaxBits(std::atomic<uint32_t>& a, uint32_t v) {
-  uint32_t cur = a.load(std::memory_order_relaxed);
-  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-  }
-}
 
 // Calls seg(g, begin, end) for each run of [begin, end) that lies in one group
 // of `per_group` consecutive elements.
@@ -160,64 +126,6 @@ ffi::Error DequantizeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buffer<ff
                          });
 }
 
-// ---------------------------------------------------------- cast_transpose
-
-// Rows per strip: a strip is quantized row by row into q (long vectorised
-// runs), then transposed from q, still in cache, into qt, where each of its
-// columns becomes one 64-byte run of a qt row.
-constexpr int64_t kStripRows = 64;
-
-template <WideKind W, typename F>
-void CastTransposeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, uint8_t* q,
-                          uint8_t* qt, float* scale_inv, float* amax, MatrixShape s) {
-  const int64_t per_group = s.matrices / s.groups;
-  const int64_t mat_size = s.rows * s.cols;
-  const int64_t strips = (s.rows + kStripRows - 1) / kStripRows;
-  std::unique_ptr<std::atomic<uint32_t>[]> amax_bits(new std::atomic<uint32_t>[s.groups]());
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, kStripRows * s.cols));
-  ParallelFor(pool, s.matrices * strips, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t m = item / strips;
-      const int64_t g = m / per_group;
-      const int64_t r0 = (item % strips) * kStripRows;
-      const int64_t r1 = std::min(s.rows, r0 + kStripRows);
-      const int64_t base = m * mat_size;
-      uint32_t local = 0;
-      loops::QuantizeRange<W, F>(x, scale[g], q, base + r0 * s.cols, base + r1 * s.cols, &local);
-      TransposeRows(q + base, qt + base, s.rows, s.cols, r0, r1);
-      AtomicMaxBits(amax_bits[g], local);
-    }
-  });
-  for (int64_t g = 0; g < s.groups; ++g) {
-    amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
-    scale_inv[g] = 1.0f / scale[g];
-  }
-}
-
-ffi::Error CastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
-                             ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                             ffi::Result<ffi::Buffer<ffi::F32>> amax) {
-  MatrixShape s;
-  if (auto err = MatrixShapeOf("cast_transpose", x.dimensions(), scale.element_count(), &s);
-      !err.success()) {
-    return err;
-  }
-  if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
-      qt->element_count() != x.element_count()) {
-    return BadArg("cast_transpose", "outputs must match the input size and share an FP8 dtype");
-  }
-  return DispatchWideFp8("cast_transpose", WideKindOf(x.element_type()),
-                         Fp8KindOf(q->element_type()), [&]<WideKind W, typename F>() {
-                           CastTransposeCompute<W, F>(&pool, x.untyped_data(), scale.typed_data(),
-                                                      static_cast<uint8_t*>(q->untyped_data()),
-                                                      static_cast<uint8_t*>(qt->untyped_data()),
-                                                      scale_inv->typed_data(), amax->typed_data(),
-                                                      s);
-                           return ffi::Error::Success();
-                         });
-}
-
 // -------------------------------------------------------- update_fp8_state
 
 ffi::Error UpdateFp8StateImpl(ffi::Buffer<ffi::F32> history, ffi::Buffer<ffi::F32> scale,
@@ -277,16 +185,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDequantizeCpu, fp8jax::DequantizeImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCpu, fp8jax::CastTransposeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCpu, fp8jax::UpdateFp8StateImpl,
                               ffi::Ffi::Bind()

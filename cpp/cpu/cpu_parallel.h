@@ -34,6 +34,18 @@ namespace fp8jax {
 
 namespace ffi = xla::ffi;
 
+// Elements per chunk of work handed to a thread: large enough that the
+// scheduling cost (microseconds) is small against it, small enough that a
+// 2048 x 2048 tensor is split over every thread.
+constexpr int64_t kGrain = int64_t{1} << 16;
+
+// Lock-free max of amax bits shared by the chunks of one group.
+inline void AtomicMaxBits(std::atomic<uint32_t>& a, uint32_t v) {
+  uint32_t cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
 // Saves the caller's floating-point control state and applies it on another thread.
 class FpEnv {
  public:

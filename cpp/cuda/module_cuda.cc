@@ -19,6 +19,11 @@ namespace ffi = xla::ffi;
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxQuantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeDbiasCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxActivationCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDActivationCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardCuda);
@@ -93,6 +98,11 @@ NB_MODULE(_fp8jax_cuda, m) {
     d["fp8jax_quantize"] = Capsule(Fp8jaxQuantizeCuda);
     d["fp8jax_dequantize"] = Capsule(Fp8jaxDequantizeCuda);
     d["fp8jax_cast_transpose"] = Capsule(Fp8jaxCastTransposeCuda);
+    d["fp8jax_cast_transpose_dbias"] = Capsule(Fp8jaxCastTransposeDbiasCuda);
+    d["fp8jax_activation"] = Capsule(Fp8jaxActivationCuda);
+    d["fp8jax_dactivation"] = Capsule(Fp8jaxDActivationCuda);
+    d["fp8jax_activation_cast_transpose"] = Capsule(Fp8jaxActivationCastTransposeCuda);
+    d["fp8jax_dactivation_cast_transpose_dbias"] = Capsule(Fp8jaxDActivationCastTransposeDbiasCuda);
     d["fp8jax_update_fp8_state"] = Capsule(Fp8jaxUpdateFp8StateCuda);
     d["fp8jax_layernorm_forward"] = Capsule(Fp8jaxLayerNormForwardCuda);
     d["fp8jax_rmsnorm_forward"] = Capsule(Fp8jaxRmsNormForwardCuda);
@@ -113,10 +123,13 @@ NB_MODULE(_fp8jax_cuda, m) {
   m.def("traits", []() {
     nb::dict d;
     const auto compatible = static_cast<int64_t>(XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
-    for (const char* name : {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose",
-                             "fp8jax_update_fp8_state", "fp8jax_gemm", "fp8jax_layernorm_forward",
-                             "fp8jax_rmsnorm_forward", "fp8jax_layernorm_forward_fp8",
-                             "fp8jax_rmsnorm_forward_fp8", "fp8jax_norm_backward"}) {
+    for (const char* name :
+         {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose",
+          "fp8jax_cast_transpose_dbias", "fp8jax_activation", "fp8jax_dactivation",
+          "fp8jax_activation_cast_transpose", "fp8jax_dactivation_cast_transpose_dbias",
+          "fp8jax_update_fp8_state", "fp8jax_gemm", "fp8jax_layernorm_forward",
+          "fp8jax_rmsnorm_forward", "fp8jax_layernorm_forward_fp8", "fp8jax_rmsnorm_forward_fp8",
+          "fp8jax_norm_backward"}) {
       d[name] = compatible;
     }
     return d;

@@ -1,8 +1,9 @@
 """Which implementation each op family runs: the fp8jax FFI kernel or XLA's compilation of the
 op's ``jnp`` reference.
 
-Every op belongs to a *family* (``"cast"``: quantize, dequantize, cast_transpose; ``"scaling"``:
-the delayed-scaling state update; ``"gemm"``: the FP8 GEMM). For each family a program picks
+Every op belongs to a *family* (``"cast"``: quantize, dequantize, cast_transpose(_dbias);
+``"activation"``: the activations and their FP8 forms; ``"scaling"``: the delayed-scaling state
+update; ``"gemm"``: the FP8 GEMM). For each family a program picks
 
 * ``"kernel"`` (the default): the fp8jax custom call (on CPU the C++ kernel, on CUDA the CUDA
   kernel or cuBLASLt), split over a mesh by fp8jax's own sharding rules;
@@ -124,8 +125,9 @@ def implementation(
       default: the choice for every op family (``None``: keep the enclosing block's choices for
         the families not named).
       **families: the choice for one family, overriding ``default``: ``cast`` (quantize,
-        dequantize, cast_transpose), ``scaling`` (update_fp8_state(s)), ``gemm``, ``norm``
-        (norm_forward(_fp8), norm_backward, layernorm, rmsnorm).
+        dequantize, cast_transpose(_dbias)), ``activation`` (activation, dactivation and their
+        FP8 forms), ``scaling`` (update_fp8_state(s)), ``gemm``, ``norm`` (norm_forward(_fp8),
+        norm_backward, layernorm, rmsnorm).
 
     Returns:
       A context manager (also a decorator, reusable); the arguments are checked here.

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from fp8jax import _ffi
 from fp8jax.ops import _implementation, _partition
@@ -119,6 +120,11 @@ class OpDef:
         gradient ``"m n"``), all-reduced with ``psum`` over the mesh axes that split those
         factors (never over replicas, whatever ``amax_reduction`` says).
       need_replication: factors that are never split (their dims are gathered first).
+      workspace: ``(*operands, **params) -> jax.ShapeDtypeStruct`` or ``None``: a scratch
+        buffer the kernel needs (e.g. dbias's per-tile partial sums), made per call on each
+        device from the local blocks, passed as one more operand and aliased to one more
+        result, which is dropped. A buffer XLA allocates, rather than the handler at run time,
+        keeps the CUDA handler command-buffer (CUDA graph) compatible.
     """
 
     name: str
@@ -131,6 +137,7 @@ class OpDef:
     max_over: Mapping[int, int] = dataclasses.field(default_factory=dict)
     sum_over: Mapping[int, int] = dataclasses.field(default_factory=dict)
     need_replication: tuple[str, ...] = ()
+    workspace: Callable[..., jax.ShapeDtypeStruct] | None = None
 
     def __post_init__(self) -> None:
         _implementation.register_family(self.family, self.name)
@@ -194,8 +201,18 @@ def _kernel(op: OpDef, params: tuple[tuple[str, Any], ...]) -> Callable[..., tup
 
     def kernel(*operands):
         out = tuple(op.outputs(*operands, **kw))
-        call = jax.ffi.ffi_call(op.target, out, vmap_method="broadcast_all")
-        return tuple(call(*operands, **attrs))
+        if op.workspace is None:
+            call = jax.ffi.ffi_call(op.target, out, vmap_method="broadcast_all")
+            return tuple(call(*operands, **attrs))
+        ws = op.workspace(*operands, **kw)
+        ws = jax.ShapeDtypeStruct(ws.shape, ws.dtype)
+        call = jax.ffi.ffi_call(
+            op.target,
+            (*out, ws),
+            vmap_method="broadcast_all",
+            input_output_aliases={len(operands): len(out)},
+        )
+        return tuple(call(*operands, jnp.zeros(ws.shape, ws.dtype), **attrs))[:-1]
 
     return kernel
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.ops import _checks, _opdef
-from fp8jax.ops.cast_transpose import cast_transpose_reference
+from fp8jax.ops.cast_transpose import cast_transpose_reference, dbias_workspace
 from fp8jax.ops.quantize import quantize_reference
 
 __all__ = [
@@ -235,7 +235,7 @@ _DACTIVATION_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
         _opdef.like(x, fp8_dtype),
         _opdef.like(x, fp8_dtype, dims=(-2, -1, -3)),
         *_scalars(scale),
-        _opdef.like(x, jnp.float32, dims=(-2, -1)),
+        _opdef.like(x, jnp.float32, dims=(-2, -1), core=3),
     ),
     factors=lambda g_ndim, x_ndim, s_ndim: (
         ["m n", "m a n", "s" * s_ndim],
@@ -245,6 +245,9 @@ _DACTIVATION_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
     max_over={3: 0},  # amax: the max over all of dx, which is split like g
     sum_over={4: 0},  # dbias: the sum over g's rows
     need_replication=("a",),
+    workspace=lambda g, x, scale, *, fp8_dtype, activations: dbias_workspace(
+        g, x.shape[-2] * x.shape[-1]
+    ),
 )
 
 

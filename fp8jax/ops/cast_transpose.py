@@ -109,6 +109,17 @@ def cast_transpose_dbias_reference(
     return q, q_t, scale_inv, amax, jnp.sum(g.astype(jnp.float32), axis=-2)
 
 
+DBIAS_TILE_ROWS = 128
+"""Rows per tile of the kernels' dbias order (``plan::kBigTile`` in cpp/common/launch_plan.h)."""
+
+
+def dbias_workspace(g: jax.Array, cols: int) -> jax.ShapeDtypeStruct:
+    """The kernels' dbias workspace for ``g[..., m, :]`` summed over ``m`` into ``cols`` columns:
+    float32 ``[..., row_tiles, cols]``, one partial sum per 128-row tile and column."""
+    m = g.shape[-2]
+    return jax.ShapeDtypeStruct((*g.shape[:-2], -(-m // DBIAS_TILE_ROWS), cols), jnp.float32)
+
+
 _CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
     name="cast_transpose_dbias",
     family="cast",
@@ -127,6 +138,7 @@ _CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
     ),
     max_over={3: 0},  # amax: the max over all of g
     sum_over={4: 0},  # dbias: the sum over g's rows, psum-ed over the axes that split them
+    workspace=lambda g, scale, *, fp8_dtype: dbias_workspace(g, g.shape[-1]),
 )
 
 

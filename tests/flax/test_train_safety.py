@@ -293,7 +293,8 @@ def test_remat_policy_save_fp8_operands_recomputes_no_cast():
     # and after XLA's optimisations too: the compiled step casts no more than without remat
     state = _state(nn.remat(MLP, policy=fp8jax.save_fp8_operands)(), x)
     compiled = _train_step().lower(state, x, y).compile().as_text()
-    assert len(re.findall(r'custom_call_target="fp8jax_cast_transpose"', compiled)) == 6
+    # (the backward casts of a layer with bias are cast_transpose_dbias: g read once)
+    assert len(re.findall(r'custom_call_target="fp8jax_cast_transpose(_dbias)?"', compiled)) == 6
 
 
 def test_remat_does_not_change_the_numbers_of_a_calibrated_step():

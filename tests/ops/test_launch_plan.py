@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _dbias import strip_order_sum
 
 from fp8jax._ffi import cpu_extension
 
@@ -274,3 +275,26 @@ def test_fast_path_needs_alignment(rows, cols, offs):
     """Needs rows % 16, cols % 8, 16-byte x and q_t, 8-byte q; else every tile is guarded."""
     sim = _check_transpose(1, rows, cols, offs=offs)
     assert sim["fast_tiles"] == 0
+
+
+@pytest.mark.parametrize(
+    ("matrices", "rows", "cols", "aligned"),
+    [
+        (1, 256, 256, True),  # fast tiles only
+        (1, 300, 264, True),  # fast interior, guarded edges
+        (2, 130, 72, True),
+        (1, 256, 256, False),  # misaligned: guarded everywhere
+        (1, 7, 3, True),
+        (1, 0, 5, True),
+    ],
+)
+def test_dbias_simulation_follows_the_documented_order(matrices, rows, cols, aligned):
+    """The CUDA kernel's dbias (tile walk, fast and guarded group sums, the workspace and the
+    totals kernel, simulated on the host) has exactly the bits of the documented order."""
+    x = np.random.default_rng(rows + cols).standard_normal((matrices, rows, cols)) * 3
+    x = x.astype(np.float32)
+    got = np.asarray(
+        ext._simulate_dbias(matrices, rows, cols, x.reshape(-1).tolist(), aligned), np.float32
+    ).reshape(matrices, cols)
+    for m in range(matrices):
+        np.testing.assert_array_equal(got[m], strip_order_sum(x[m]))

@@ -1,0 +1,158 @@
+// The activation math of fp8jax.ops.activation, shared by the CPU and CUDA
+// kernels (and the definition their tests check against the jnp references).
+//
+// Every value is float32 math on float32 inputs in exactly the order of the
+// jnp reference (fp8jax/ops/activation.py); only tanhf, erfcf and expf are
+// the platform's own (the C library on the host, CUDA's on the device), so
+// CPU, CUDA and XLA agree to a few float32 ulps, not bit for bit. Products and
+// sums go through Mul/Add, which on the device are __fmul_rn/__fadd_rn: nvcc
+// would otherwise contract a * b + c into one FMA (one rounding fewer than the
+// reference), and might do so differently in different kernels. The host
+// build never contracts (no FMA in the baseline or AVX2 targets).
+//
+// Activation codes (the `act` FFI attribute): 0 linear, 1 gelu (tanh
+// approximation), 2 gelu_exact (erfc), 3 relu, 4 silu. `gated`: the layout
+// [m, 2, n], y = act(a) * b with a = x[:, 0], b = x[:, 1]; else [m, 1, n],
+// y = act(a).
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "common/fp8_numerics.h"
+
+namespace fp8jax::act {
+
+enum Code : int { kLinear = 0, kGelu = 1, kGeluExact = 2, kRelu = 3, kSilu = 4 };
+constexpr int kNumCodes = 5;
+
+// The float32 constants of the reference (each the float nearest the real).
+constexpr float kSqrt2OverPi = static_cast<float>(0.79788456080286535588);
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kGeluCubic3 = 3.0f * kGeluCubic;  // rounded once, as numpy does
+constexpr float kInvSqrt2 = static_cast<float>(0.70710678118654752440);
+constexpr float kInvSqrt2Pi = static_cast<float>(0.39894228040143267794);
+
+FP8JAX_HD float Mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+FP8JAX_HD float Add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+FP8JAX_HD float Sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+FP8JAX_HD float Div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// act(a).
+template <int A>
+FP8JAX_HD float Act(float a) {
+  if constexpr (A == kGelu) {
+    const float inner = Mul(kSqrt2OverPi, Add(a, Mul(kGeluCubic, Mul(Mul(a, a), a))));
+    return Mul(Mul(0.5f, a), Add(1.0f, tanhf(inner)));
+  } else if constexpr (A == kGeluExact) {
+    return Mul(Mul(0.5f, a), erfcf(Mul(-a, kInvSqrt2)));
+  } else if constexpr (A == kRelu) {
+    // jnp.maximum(a, 0): NaN stays NaN.
+    return a > 0.0f ? a : (a != a ? a : 0.0f);
+  } else if constexpr (A == kSilu) {
+    return Div(a, Add(1.0f, expf(-a)));
+  } else {
+    return a;
+  }
+}
+
+// act'(a).
+template <int A>
+FP8JAX_HD float DAct(float a) {
+  if constexpr (A == kGelu) {
+    const float a2 = Mul(a, a);
+    const float t = tanhf(Mul(kSqrt2OverPi, Add(a, Mul(kGeluCubic, Mul(a2, a)))));
+    const float du = Mul(kSqrt2OverPi, Add(1.0f, Mul(kGeluCubic3, a2)));
+    return Add(Mul(0.5f, Add(1.0f, t)), Mul(Mul(0.5f, a), Mul(Sub(1.0f, Mul(t, t)), du)));
+  } else if constexpr (A == kGeluExact) {
+    const float cdf = Mul(0.5f, erfcf(Mul(-a, kInvSqrt2)));
+    return Add(cdf, Mul(a, Mul(kInvSqrt2Pi, expf(Mul(-0.5f, Mul(a, a))))));
+  } else if constexpr (A == kRelu) {
+    return a > 0.0f ? 1.0f : 0.0f;
+  } else if constexpr (A == kSilu) {
+    const float s = Div(1.0f, Add(1.0f, expf(-a)));
+    return Mul(s, Add(1.0f, Mul(a, Sub(1.0f, s))));
+  } else {
+    return 1.0f;
+  }
+}
+
+// The forward value: act(a) * b (gated) or act(a).
+template <int A, bool G>
+FP8JAX_HD float Forward(float a, float b) {
+  if constexpr (G) {
+    return Mul(Act<A>(a), b);
+  } else {
+    return Act<A>(a);
+  }
+}
+
+// The gradient for output gradient g: *da = g * act'(a) * b and
+// *db = g * act(a) (gated), or *da = g * act'(a).
+template <int A, bool G>
+FP8JAX_HD void Backward(float g, float a, float b, float* da, float* db) {
+  const float d = Mul(g, DAct<A>(a));
+  if constexpr (G) {
+    *da = Mul(d, b);
+    *db = Mul(g, Act<A>(a));
+  } else {
+    *da = d;
+  }
+}
+
+// Whether (act, gated) is an activation the kernels have: a known code, and
+// a gated pair's first member not linear (the Python wrapper rejects it).
+inline bool Valid(int64_t code, int64_t gated) {
+  return code >= 0 && code < kNumCodes && (gated == 0 || gated == 1) &&
+         !(gated == 1 && code == kLinear);
+}
+
+// Calls fn.template operator()<A, G>() for runtime (code, gated), which the
+// caller has checked with Valid.
+template <typename Fn>
+decltype(auto) Dispatch(int64_t code, int64_t gated, Fn&& fn) {
+  const bool g = gated != 0;
+  switch (code) {
+    case kGelu:
+      return g ? fn.template operator()<kGelu, true>() : fn.template operator()<kGelu, false>();
+    case kGeluExact:
+      return g ? fn.template operator()<kGeluExact, true>()
+               : fn.template operator()<kGeluExact, false>();
+    case kRelu:
+      return g ? fn.template operator()<kRelu, true>() : fn.template operator()<kRelu, false>();
+    case kSilu:
+      return g ? fn.template operator()<kSilu, true>() : fn.template operator()<kSilu, false>();
+    default:
+      return fn.template operator()<kLinear, false>();
+  }
+}
+
+}  // namespace fp8jax::act

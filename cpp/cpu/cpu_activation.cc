@@ -1,0 +1,275 @@
+// CPU FFI handlers of fp8jax.ops.activation: activation, dactivation, and the
+// fused activation_cast_transpose and dactivation_cast_transpose_dbias, whose
+// rows come from a prologue (cpu_cast_transpose.h) computing the activation
+// (or its gradient) of each row, rounded to the wide dtype, with the math of
+// common/activations.h.
+#include <cstdint>
+
+#include "common/activations.h"
+#include "common/dispatch.h"
+#include "common/ffi_checks.h"
+#include "cpu/cpu_cast_transpose.h"
+#include "cpu/cpu_parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+namespace {
+
+// Row r of y[rows, n] from x[rows, k, n] (rows of every matrix, consecutive).
+template <WideKind W, int A, bool G>
+struct ActRows {
+  static constexpr bool kDirect = false;
+  const void* x;
+  int64_t rows;
+  int64_t n;
+  void Row(int64_t matrix, int64_t r, void* out) const {
+    const int64_t a0 = (matrix * rows + r) * (G ? 2 : 1) * n;
+    for (int64_t c = 0; c < n; ++c) {
+      const float a = LoadWide<W>(x, a0 + c);
+      const float b = G ? LoadWide<W>(x, a0 + n + c) : 1.0f;
+      StoreWide<W>(out, c, act::Forward<A, G>(a, b));
+    }
+  }
+};
+
+// Row r of dx[rows, k * n] from g[rows, n] and x[rows, k, n].
+template <WideKind W, int A, bool G>
+struct DActRows {
+  static constexpr bool kDirect = false;
+  const void* g;
+  const void* x;
+  int64_t rows;
+  int64_t n;
+  void Row(int64_t matrix, int64_t r, void* out) const {
+    const int64_t row = matrix * rows + r;
+    const int64_t a0 = row * (G ? 2 : 1) * n;
+    for (int64_t c = 0; c < n; ++c) {
+      const float gv = LoadWide<W>(g, row * n + c);
+      const float a = LoadWide<W>(x, a0 + c);
+      const float b = G ? LoadWide<W>(x, a0 + n + c) : 1.0f;
+      float da = 0.0f;
+      float db = 0.0f;
+      act::Backward<A, G>(gv, a, b, &da, &db);
+      StoreWide<W>(out, c, da);
+      if constexpr (G) StoreWide<W>(out, n + c, db);
+    }
+  }
+};
+
+ffi::Error CheckAct(const char* op, int64_t code, int64_t gated) {
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  return ffi::Error::Success();
+}
+
+// Writes every row of a source into `out` (rows of `row_elems` wide values).
+template <WideKind W, typename Source>
+void WriteRows(ffi::ThreadPool* pool, const Source& src, int64_t total_rows, int64_t row_elems,
+               void* out) {
+  const int64_t grain = std::max<int64_t>(1, kGrain / 8 / std::max<int64_t>(1, row_elems));
+  ParallelFor(pool, total_rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      src.Row(0, r, static_cast<char*>(out) + r * row_elems * kWideSize<W>);
+    }
+  });
+}
+
+// Calls fn.template operator()<W, A, G>() for a float dtype and activation.
+template <typename Fn>
+ffi::Error DispatchWideAct(const char* op, ffi::DataType t, int64_t code, int64_t gated, Fn&& fn) {
+  if (auto err = CheckAct(op, code, gated); !err.success()) return err;
+  return act::Dispatch(code, gated, [&]<int A, bool G>() {
+    switch (WideKindOf(t)) {
+      case WideKind::kF32:
+        return fn.template operator()<WideKind::kF32, A, G>();
+      case WideKind::kBF16:
+        return fn.template operator()<WideKind::kBF16, A, G>();
+      case WideKind::kF16:
+        return fn.template operator()<WideKind::kF16, A, G>();
+      default:
+        return BadArg(op, "x must be float32, bfloat16 or float16");
+    }
+  });
+}
+
+ffi::Error CheckGradInputs(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x,
+                           const MatrixShape& s) {
+  if (g.element_type() != x.element_type()) return BadArg(op, "g and x must share a dtype");
+  if (g.element_count() != s.matrices * s.rows * s.cols) {
+    return BadArg(op, "g must have shape [m, n] of x's [m, k, n]");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ActivationImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, int64_t code, int64_t gated,
+                          ffi::Result<ffi::AnyBuffer> y) {
+  const char* op = "activation";
+  MatrixShape s;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
+  if (y->element_type() != x.element_type() || y->element_count() != s.matrices * s.rows * s.cols) {
+    return BadArg(op, "y must be [m, n] of x's [m, k, n], in x's dtype");
+  }
+  return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
+    const ActRows<W, A, G> src{x.untyped_data(), s.matrices * s.rows, s.cols};
+    WriteRows<W>(&pool, src, s.matrices * s.rows, s.cols, y->untyped_data());
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error DActivationImpl(ffi::ThreadPool pool, ffi::AnyBuffer g, ffi::AnyBuffer x, int64_t code,
+                           int64_t gated, ffi::Result<ffi::AnyBuffer> dx) {
+  const char* op = "dactivation";
+  MatrixShape s;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
+  if (auto err = CheckGradInputs(op, g, x, s); !err.success()) return err;
+  if (dx->element_type() != g.element_type() || dx->element_count() != x.element_count()) {
+    return BadArg(op, "dx must have x's shape and g's dtype");
+  }
+  const int64_t k = gated != 0 ? 2 : 1;
+  return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
+    const DActRows<W, A, G> src{g.untyped_data(), x.untyped_data(), s.matrices * s.rows, s.cols};
+    WriteRows<W>(&pool, src, s.matrices * s.rows, k * s.cols, dx->untyped_data());
+    return ffi::Error::Success();
+  });
+}
+
+// The fused forms: the engine with an activation prologue. `s` is the shape
+// of the quantized matrix ([m, n] forward; [m, k * n] backward).
+template <typename MakeSource>
+ffi::Error FusedCastTranspose(const char* op, ffi::ThreadPool* pool, ffi::DataType wide,
+                              int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer>& q,
+                              const MatrixShape& s, const CastTransposeOut& o, MakeSource&& make) {
+  const Fp8Kind f = Fp8KindOf(q->element_type());
+  return DispatchWideAct(op, wide, code, gated, [&]<WideKind W, int A, bool G>() {
+    return DispatchWideFp8(op, W, f, [&]<WideKind W2, typename F>() {
+      if constexpr (W2 == W) {
+        CastTransposeRows<W, F>(pool, make.template operator()<W, A, G>(), o, s);
+      }
+      return ffi::Error::Success();
+    });
+  });
+}
+
+ffi::Error CheckFp8Outputs(const char* op, ffi::Result<ffi::AnyBuffer>& q,
+                           ffi::Result<ffi::AnyBuffer>& qt, int64_t count) {
+  if (q->element_type() != qt->element_type() || q->element_count() != count ||
+      qt->element_count() != count) {
+    return BadArg(op, "q and q_t must have the quantized size and share an FP8 dtype");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
+                                       ffi::Buffer<ffi::F32> scale, int64_t code, int64_t gated,
+                                       ffi::Result<ffi::AnyBuffer> q,
+                                       ffi::Result<ffi::AnyBuffer> qt,
+                                       ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                                       ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+  const char* op = "activation_cast_transpose";
+  MatrixShape s;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &s);
+      !err.success()) {
+    return err;
+  }
+  if (auto err = CheckFp8Outputs(op, q, qt, s.matrices * s.rows * s.cols); !err.success()) {
+    return err;
+  }
+  const CastTransposeOut o{scale.typed_data(),
+                           static_cast<uint8_t*>(q->untyped_data()),
+                           static_cast<uint8_t*>(qt->untyped_data()),
+                           scale_inv->typed_data(),
+                           amax->typed_data(),
+                           nullptr,
+                           nullptr};
+  return FusedCastTranspose(op, &pool, x.element_type(), code, gated, q, s, o,
+                            [&]<WideKind W, int A, bool G>() {
+                              return ActRows<W, A, G>{x.untyped_data(), s.rows, s.cols};
+                            });
+}
+
+// The dbias workspace arrives as the last operand and leaves, aliased, as the
+// last result (fp8jax.ops._opdef.OpDef.workspace).
+ffi::Error DActivationCastTransposeDbiasImpl(
+    ffi::ThreadPool pool, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+    ffi::Buffer<ffi::F32>, int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q,
+    ffi::Result<ffi::AnyBuffer> qt, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+    ffi::Result<ffi::Buffer<ffi::F32>> amax, ffi::Result<ffi::Buffer<ffi::F32>> dbias,
+    ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+  const char* op = "dactivation_cast_transpose_dbias";
+  MatrixShape xs;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &xs);
+      !err.success()) {
+    return err;
+  }
+  if (auto err = CheckGradInputs(op, g, x, xs); !err.success()) return err;
+  if (auto err = CheckFp8Outputs(op, q, qt, x.element_count()); !err.success()) return err;
+  MatrixShape s = xs;  // the quantized matrix: [m, k * n]
+  s.cols = (gated != 0 ? 2 : 1) * xs.cols;
+  if (dbias->element_count() != s.matrices * s.cols) {
+    return BadArg(op, "dbias must have shape [k, n]");
+  }
+  if (workspace->element_count() != DbiasWorkspaceSize(s)) {
+    return BadArg(op, "the dbias workspace must be float32 [row_tiles, k * n]");
+  }
+  const CastTransposeOut o{scale.typed_data(),
+                           static_cast<uint8_t*>(q->untyped_data()),
+                           static_cast<uint8_t*>(qt->untyped_data()),
+                           scale_inv->typed_data(),
+                           amax->typed_data(),
+                           dbias->typed_data(),
+                           workspace->typed_data()};
+  return FusedCastTranspose(
+      op, &pool, x.element_type(), code, gated, q, s, o, [&]<WideKind W, int A, bool G>() {
+        return DActRows<W, A, G>{g.untyped_data(), x.untyped_data(), xs.rows, xs.cols};
+      });
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCpu, fp8jax::ActivationImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCpu, fp8jax::DActivationImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCpu, fp8jax::ActivationCastTransposeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCpu,
+                              fp8jax::DActivationCastTransposeDbiasImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

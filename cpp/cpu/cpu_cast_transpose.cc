@@ -1,0 +1,97 @@
+// CPU FFI handlers: cast_transpose and cast_transpose_dbias, on the engine of
+// cpu_cast_transpose.h with x itself as the row source.
+#include "cpu/cpu_cast_transpose.h"
+
+#include <cstdint>
+
+#include "common/dispatch.h"
+#include "common/ffi_checks.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+namespace {
+
+// Both ops; dbias is null for cast_transpose.
+ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, ffi::AnyBuffer x,
+                            ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::AnyBuffer> q,
+                            ffi::Result<ffi::AnyBuffer> qt,
+                            ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                            ffi::Result<ffi::Buffer<ffi::F32>> amax, float* dbias,
+                            int64_t dbias_count, float* workspace, int64_t workspace_count) {
+  MatrixShape s;
+  if (auto err = MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s); !err.success()) {
+    return err;
+  }
+  if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
+      qt->element_count() != x.element_count()) {
+    return BadArg(op, "outputs must match the input size and share an FP8 dtype");
+  }
+  if (dbias != nullptr && dbias_count != s.matrices * s.cols) {
+    return BadArg(op, "dbias must have one element per column of each matrix");
+  }
+  if (dbias != nullptr && workspace_count != DbiasWorkspaceSize(s)) {
+    return BadArg(op, "the dbias workspace must be float32 [row_tiles, cols]");
+  }
+  const CastTransposeOut o{scale.typed_data(),
+                           static_cast<uint8_t*>(q->untyped_data()),
+                           static_cast<uint8_t*>(qt->untyped_data()),
+                           scale_inv->typed_data(),
+                           amax->typed_data(),
+                           dbias,
+                           workspace};
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           CastTransposeRows<W, F>(pool, DirectRows{x.untyped_data()}, o, s);
+                           return ffi::Error::Success();
+                         });
+}
+
+ffi::Error CastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+                             ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                             ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+  return CastTransposeAny("cast_transpose", &pool, x, scale, q, qt, scale_inv, amax, nullptr, 0,
+                          nullptr, 0);
+}
+
+// The workspace arrives as the last operand and leaves, aliased, as the last
+// result (fp8jax.ops._opdef.OpDef.workspace); it is written through the result.
+ffi::Error CastTransposeDbiasImpl(ffi::ThreadPool pool, ffi::AnyBuffer g,
+                                  ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32>,
+                                  ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> amax,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> dbias,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+  return CastTransposeAny("cast_transpose_dbias", &pool, g, scale, q, qt, scale_inv, amax,
+                          dbias->typed_data(), dbias->element_count(), workspace->typed_data(),
+                          workspace->element_count());
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCpu, fp8jax::CastTransposeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeDbiasCpu, fp8jax::CastTransposeDbiasImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

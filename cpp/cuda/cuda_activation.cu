@@ -1,0 +1,329 @@
+// CUDA FFI handlers of fp8jax.ops.activation: activation, dactivation,
+// activation_cast_transpose and dactivation_cast_transpose_dbias.
+//
+// The math is common/activations.h (the CPU kernels' too). The fused forms
+// are the cast_transpose kernel of cuda_cast_transpose.cuh with an activation
+// prologue (ActSource, DActSource): each value is computed from x (and g),
+// rounded to the wide dtype exactly as the activation ops store it, then
+// quantized, transposed and (for dbias) summed, so x and g are read once and
+// q is bit-identical to quantize(activation(x)). The prologue loads element
+// by element (its inputs are not laid out like the quantized matrix).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/activations.h"
+#include "common/dispatch.h"
+#include "common/ffi_checks.h"
+#include "common/launch_plan.h"
+#include "cuda/cuda_cast_transpose.cuh"
+#include "cuda/cuda_device.cuh"
+#include "cuda/cuda_util.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+namespace {
+
+// y[row][c] = act(a) (* b) for x[row][k][n], rows of every matrix consecutive.
+template <WideKind W, int A, bool G>
+__global__ void __launch_bounds__(plan::kThreads)
+    ActivationKernel(const void* __restrict__ x, void* __restrict__ y, int64_t rows, int64_t n) {
+  const int64_t total = rows * n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / n;
+    const int64_t c = i % n;
+    const int64_t a0 = row * (G ? 2 : 1) * n + c;
+    const float a = LoadOne<W>(x, a0);
+    const float b = G ? LoadOne<W>(x, a0 + n) : 1.0f;
+    StoreOne<W>(y, i, act::Forward<A, G>(a, b));
+  }
+}
+
+// dx[row][0][c] = g * act'(a) (* b), dx[row][1][c] = g * act(a) (gated).
+template <WideKind W, int A, bool G>
+__global__ void __launch_bounds__(plan::kThreads)
+    DActivationKernel(const void* __restrict__ g, const void* __restrict__ x, void* __restrict__ dx,
+                      int64_t rows, int64_t n) {
+  const int64_t total = rows * n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / n;
+    const int64_t c = i % n;
+    const int64_t a0 = row * (G ? 2 : 1) * n + c;
+    const float gv = LoadOne<W>(g, i);
+    const float a = LoadOne<W>(x, a0);
+    const float b = G ? LoadOne<W>(x, a0 + n) : 1.0f;
+    float da = 0.0f;
+    float db = 0.0f;
+    act::Backward<A, G>(gv, a, b, &da, &db);
+    StoreOne<W>(dx, a0, da);
+    if constexpr (G) StoreOne<W>(dx, a0 + n, db);
+  }
+}
+
+// v rounded to the wide dtype and back, exactly as StoreOne then LoadOne.
+template <WideKind W>
+__device__ __forceinline__ float RoundWide(float v) {
+  if constexpr (W == WideKind::kF32) {
+    return v;
+  } else if constexpr (W == WideKind::kBF16) {
+    return __uint_as_float(static_cast<uint32_t>(FloatToBf16Bits(v)) << 16);
+  } else {
+    return F16BitsToFloatFast(WideBits<W>(v));
+  }
+}
+
+// Prologue of activation_cast_transpose: element i of the [rows, n] matrix
+// y (rows of every matrix consecutive) from x[rows, k, n].
+template <WideKind W, int A, bool G>
+struct ActSource {
+  static constexpr bool kFast = false;
+  const void* x;
+  int64_t n;
+  __device__ __forceinline__ void Chunk(int64_t i, int count, bool, float v[8]) const {
+    const int64_t row = i / n;
+    const int64_t a0 = row * (G ? 2 : 1) * n + (i - row * n);  // a chunk stays in its row
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < count) {
+        const float a = LoadOne<W>(x, a0 + j);
+        const float b = G ? LoadOne<W>(x, a0 + n + j) : 1.0f;
+        v[j] = RoundWide<W>(act::Forward<A, G>(a, b));
+      } else {
+        v[j] = 0.0f;
+      }
+    }
+  }
+};
+
+// Prologue of dactivation_cast_transpose_dbias: element i of the [rows, k * n]
+// matrix dx from g[rows, n] and x[rows, k, n].
+template <WideKind W, int A, bool G>
+struct DActSource {
+  static constexpr bool kFast = false;
+  const void* g;
+  const void* x;
+  int64_t n;
+  __device__ __forceinline__ void Chunk(int64_t i, int count, bool, float v[8]) const {
+    const int64_t kn = (G ? 2 : 1) * n;
+    const int64_t row = i / kn;
+    const int64_t cc = i - row * kn;  // a chunk stays in its row, may cross from a to b
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < count) {
+        const bool second = G && cc + j >= n;
+        const int64_t c = second ? cc + j - n : cc + j;
+        const float gv = LoadOne<W>(g, row * n + c);
+        const float a = LoadOne<W>(x, row * kn + c);
+        const float b = G ? LoadOne<W>(x, row * kn + n + c) : 1.0f;
+        float da = 0.0f;
+        float db = 0.0f;
+        act::Backward<A, G>(gv, a, b, &da, &db);
+        v[j] = RoundWide<W>(second ? db : da);
+      } else {
+        v[j] = 0.0f;
+      }
+    }
+  }
+};
+
+// Calls fn.template operator()<W, F, A, G>() for the runtime kinds.
+template <typename Fn>
+ffi::Error DispatchFused(const char* op, WideKind w, Fp8Kind f, int64_t code, int64_t gated,
+                         Fn&& fn) {
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  return act::Dispatch(code, gated, [&]<int A, bool G>() {
+    return DispatchWideFp8(
+        op, w, f, [&]<WideKind W, typename F>() { return fn.template operator()<W, F, A, G>(); });
+  });
+}
+
+// Enqueues the activation (forward, or its gradient when g != nullptr) of
+// `rows` rows of n columns into out.
+ffi::Error LaunchAct(const char* op, cudaStream_t stream, WideKind w, int64_t code, int64_t gated,
+                     const void* g, const void* x, void* out, int64_t rows, int64_t n) {
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  const int64_t total = rows * n;
+  if (total == 0) return ffi::Error::Success();
+  return act::Dispatch(code, gated, [&]<int A, bool G>() -> ffi::Error {
+    auto launch = [&]<WideKind W>() {
+      auto grid = [total](int64_t resident) { return plan::GridFor(total, resident); };
+      if (g == nullptr) {
+        return PlanAndLaunch(op, ActivationKernel<W, A, G>, stream, grid, x, out, rows, n);
+      }
+      return PlanAndLaunch(op, DActivationKernel<W, A, G>, stream, grid, g, x, out, rows, n);
+    };
+    switch (w) {
+      case WideKind::kF32:
+        return launch.template operator()<WideKind::kF32>();
+      case WideKind::kBF16:
+        return launch.template operator()<WideKind::kBF16>();
+      case WideKind::kF16:
+        return launch.template operator()<WideKind::kF16>();
+      default:
+        return BadArg(op, "x must be float32, bfloat16 or float16");
+    }
+  });
+}
+
+ffi::Error CheckGradInputs(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x,
+                           const MatrixShape& s) {
+  if (g.element_type() != x.element_type()) return BadArg(op, "g and x must share a dtype");
+  if (g.element_count() != s.matrices * s.rows * s.cols) {
+    return BadArg(op, "g must have shape [m, n] of x's [m, k, n]");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ActivationImpl(cudaStream_t stream, ffi::AnyBuffer x, int64_t code, int64_t gated,
+                          ffi::Result<ffi::AnyBuffer> y) {
+  const char* op = "activation";
+  MatrixShape s;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
+  if (y->element_type() != x.element_type() || y->element_count() != s.matrices * s.rows * s.cols) {
+    return BadArg(op, "y must be [m, n] of x's [m, k, n], in x's dtype");
+  }
+  return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, nullptr, x.untyped_data(),
+                   y->untyped_data(), s.matrices * s.rows, s.cols);
+}
+
+ffi::Error DActivationImpl(cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer x, int64_t code,
+                           int64_t gated, ffi::Result<ffi::AnyBuffer> dx) {
+  const char* op = "dactivation";
+  MatrixShape s;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
+  if (auto err = CheckGradInputs(op, g, x, s); !err.success()) return err;
+  if (dx->element_type() != g.element_type() || dx->element_count() != x.element_count()) {
+    return BadArg(op, "dx must have x's shape and g's dtype");
+  }
+  return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, g.untyped_data(),
+                   x.untyped_data(), dx->untyped_data(), s.matrices * s.rows, s.cols);
+}
+
+ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                                       ffi::Buffer<ffi::F32> scale, int64_t code, int64_t gated,
+                                       ffi::Result<ffi::AnyBuffer> q,
+                                       ffi::Result<ffi::AnyBuffer> qt,
+                                       ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                                       ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+  const char* op = "activation_cast_transpose";
+  MatrixShape s;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &s);
+      !err.success()) {
+    return err;
+  }
+  const int64_t count = s.matrices * s.rows * s.cols;
+  if (q->element_type() != qt->element_type() || q->element_count() != count ||
+      qt->element_count() != count) {
+    return BadArg(op, "q and q_t must be [m, n] of x's [m, k, n] and share an FP8 dtype");
+  }
+  return DispatchFused(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
+                       [&]<WideKind W, typename F, int A, bool G>() {
+                         const ActSource<W, A, G> src{x.untyped_data(), s.cols};
+                         return LaunchCastTransposeOf<W, F, false>(
+                             op, stream, src, 0, s, scale.typed_data(), q->untyped_data(),
+                             qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(),
+                             nullptr);
+                       });
+}
+
+// The dbias workspace arrives as the last operand and leaves, aliased, as the
+// last result (fp8jax.ops._opdef.OpDef.workspace).
+ffi::Error DActivationCastTransposeDbiasImpl(
+    cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+    ffi::Buffer<ffi::F32>, int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q,
+    ffi::Result<ffi::AnyBuffer> qt, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+    ffi::Result<ffi::Buffer<ffi::F32>> amax, ffi::Result<ffi::Buffer<ffi::F32>> dbias,
+    ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+  const char* op = "dactivation_cast_transpose_dbias";
+  MatrixShape xs;
+  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &xs);
+      !err.success()) {
+    return err;
+  }
+  if (auto err = CheckGradInputs(op, g, x, xs); !err.success()) return err;
+  if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
+      qt->element_count() != x.element_count()) {
+    return BadArg(op, "q and q_t must have x's size and share an FP8 dtype");
+  }
+  MatrixShape s = xs;  // the quantized matrix: [m, k * n]
+  s.cols = (gated != 0 ? 2 : 1) * xs.cols;
+  if (dbias->element_count() != s.matrices * s.cols) {
+    return BadArg(op, "dbias must have shape [k, n]");
+  }
+  if (auto err = CheckDbiasWorkspace(op, s, workspace->element_count()); !err.success()) {
+    return err;
+  }
+  float* partial = workspace->typed_data();
+  if (auto err = DispatchFused(
+          op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
+          [&]<WideKind W, typename F, int A, bool G>() {
+            const DActSource<W, A, G> src{g.untyped_data(), x.untyped_data(), xs.cols};
+            return LaunchCastTransposeOf<W, F, true>(
+                op, stream, src, 0, s, scale.typed_data(), q->untyped_data(), qt->untyped_data(),
+                scale_inv->typed_data(), amax->typed_data(), partial);
+          });
+      !err.success()) {
+    return err;
+  }
+  return LaunchColumnTotals(op, stream, partial, s, dbias->typed_data());
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+namespace ffi = xla::ffi;
+
+// Every handler allocates nothing (dbias's workspace is a buffer XLA
+// allocates): command-buffer compatible.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCuda, fp8jax::ActivationImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCuda, fp8jax::DActivationImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCuda,
+                              fp8jax::ActivationCastTransposeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCuda,
+                              fp8jax::DActivationCastTransposeDbiasImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("act")
+                                  .Attr<int64_t>("gated")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,119 @@
+// CUDA FFI handlers: cast_transpose and cast_transpose_dbias, the kernel of
+// cuda_cast_transpose.cuh reading x itself.
+//
+// Same target names and numerics as the CPU handlers. Every handler takes
+// XLA's stream, never synchronises the host, and reports launch failures as
+// ffi::Error, and allocates nothing (command-buffer compatible).
+// cast_transpose_dbias reads g once: the cast_transpose kernel also writes
+// each 128-row tile's column sums to a workspace (a buffer XLA allocates, the
+// op's last operand, aliased to its last result), and a second, small kernel
+// adds them in order (deterministic).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/dispatch.h"
+#include "common/ffi_checks.h"
+#include "cuda/cuda_cast_transpose.cuh"
+#include "cuda/cuda_device.cuh"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+namespace {
+
+ffi::Error CheckOutputs(const char* op, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& q,
+                        ffi::Result<ffi::AnyBuffer>& qt) {
+  if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
+      qt->element_count() != x.element_count()) {
+    return BadArg(op, "outputs must match the input size and share an FP8 dtype");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+                             ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                             ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+  const char* op = "cast_transpose";
+  MatrixShape s;
+  if (auto err = MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s); !err.success()) {
+    return err;
+  }
+  if (auto err = CheckOutputs(op, x, q, qt); !err.success()) return err;
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           return LaunchCastTransposeOf<W, F, false>(
+                               op, stream, DirectSource<W>{x.untyped_data()},
+                               Addr(x.untyped_data()), s, scale.typed_data(), q->untyped_data(),
+                               qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(),
+                               nullptr);
+                         });
+}
+
+// The workspace arrives as the last operand and leaves, aliased, as the last
+// result; it is written through the result.
+ffi::Error CastTransposeDbiasImpl(cudaStream_t stream, ffi::AnyBuffer g,
+                                  ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32>,
+                                  ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> amax,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> dbias,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+  const char* op = "cast_transpose_dbias";
+  MatrixShape s;
+  if (auto err = MatrixShapeOf(op, g.dimensions(), scale.element_count(), &s); !err.success()) {
+    return err;
+  }
+  if (auto err = CheckOutputs(op, g, q, qt); !err.success()) return err;
+  if (dbias->element_count() != s.matrices * s.cols) {
+    return BadArg(op, "dbias must have one element per column of each matrix");
+  }
+  if (auto err = CheckDbiasWorkspace(op, s, workspace->element_count()); !err.success()) {
+    return err;
+  }
+  float* partial = workspace->typed_data();
+  if (auto err = DispatchWideFp8(op, WideKindOf(g.element_type()), Fp8KindOf(q->element_type()),
+                                 [&]<WideKind W, typename F>() {
+                                   return LaunchCastTransposeOf<W, F, true>(
+                                       op, stream, DirectSource<W>{g.untyped_data()},
+                                       Addr(g.untyped_data()), s, scale.typed_data(),
+                                       q->untyped_data(), qt->untyped_data(),
+                                       scale_inv->typed_data(), amax->typed_data(), partial);
+                                 });
+      !err.success()) {
+    return err;
+  }
+  return LaunchColumnTotals(op, stream, partial, s, dbias->typed_data());
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+namespace ffi = xla::ffi;
+
+// Both are command-buffer (CUDA graph) compatible: the same memset and
+// launches for the same shapes, no allocation, no host synchronisation.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda, fp8jax::CastTransposeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeDbiasCuda, fp8jax::CastTransposeDbiasImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});

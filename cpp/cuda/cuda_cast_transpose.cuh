@@ -1,0 +1,285 @@
+// The CUDA cast_transpose kernel, templated on where its values come from
+// (x itself, or an activation prologue: cuda_activation.cu) and on whether it
+// also writes each tile's column sums (dbias). Included by
+// cuda_cast_transpose.cu and cuda_activation.cu only.
+//
+// dbias is deterministic, with no float atomics: the kernel writes each
+// 128-row tile's column sums (groups of 8 rows, in the order of
+// common/launch_plan.h, which the CPU engine follows too) to a workspace
+// [matrices, row_tiles, cols] (a buffer XLA allocates: no allocation in the
+// handler, which stays command-buffer compatible), and ColumnTotalsKernel
+// adds the tiles in order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/ffi_checks.h"
+#include "common/launch_plan.h"
+#include "cuda/cuda_device.cuh"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+
+// Fast path for a kBigTile x kBigTile tile inside an aligned matrix
+// (plan::FastTileOk; the reasoning is in docs/performance.md). Each thread
+// loads its 8 x 8 block (8 independent 16-byte loads for 2-byte inputs, 16
+// for f32), writes 8 q words, transposes the block in registers and puts its
+// 8 column words into the swizzled shared buffer; after one barrier each
+// thread moves 4 x 16 bytes of q_t rows from shared memory to global memory.
+template <typename F, bool kDbias, typename Source>
+__device__ __forceinline__ void CastTransposeFastTile(
+    const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+    uint64_t* __restrict__ words, float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a,
+    const plan::MatTile& mt, float sc, uint32_t& m, int t) {
+  const int rb = plan::FastRowBlock(t);
+  const int cb = plan::FastColBlock(t);
+  const int64_t mat_base = mt.mat * a.rows * a.cols;
+  const int64_t first = mat_base + (mt.row0 + rb * plan::kVec) * a.cols + mt.col0 + cb * plan::kVec;
+  float v[plan::kVec][8];
+#pragma unroll
+  for (int i = 0; i < plan::kVec; ++i) src.Eight(first + i * a.cols, v[i]);
+  uint64_t w[plan::kVec];
+  // dbias: this thread's 8 rows are one group, added row by row as each row
+  // is quantized (plan: dbias order), in shared memory: every row dies as
+  // early as without dbias and no register is added (8 more spilled).
+#pragma unroll
+  for (int i = 0; i < plan::kVec; ++i) {
+    w[i] = QuantizeEight<F>(v[i], sc, m);
+    *reinterpret_cast<uint64_t*>(q + first + i * a.cols) = w[i];
+    if constexpr (kDbias) {
+      float* sums = &colpart[rb][cb * plan::kVec];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sums[j] = __fadd_rn(i == 0 ? 0.0f : sums[j], v[i][j]);
+    }
+  }
+  plan::Transpose8x8(w);
+#pragma unroll
+  for (int j = 0; j < plan::kVec; ++j) words[plan::FastWord(cb * plan::kVec + j, rb)] = w[j];
+  __syncthreads();
+#pragma unroll
+  for (int step = 0; step < plan::kFastReadSteps; ++step) {
+    const int c = plan::FastReadCol(t, step);
+    const int k = plan::FastReadPair(t);
+    const ulonglong2 pair = *reinterpret_cast<const ulonglong2*>(&words[plan::FastReadWord(c, k)]);
+    const bool swapped = plan::FastReadSwapped(c);
+    const ulonglong2 out = swapped ? make_ulonglong2(pair.y, pair.x) : pair;
+    const int64_t dst = mat_base + (mt.col0 + c) * a.rows + mt.row0 + 16 * k;
+    *reinterpret_cast<ulonglong2*>(qt + dst) = out;
+  }
+  __syncthreads();  // this tile's reads before the next tile's writes
+}
+
+// Guarded path for one kTile x kTile sub-tile (edges, unaligned matrices).
+// Load pass: each thread loads 8 consecutive inputs of a row (one vector
+// access when aligned and inside the matrix, else element by element), writes
+// their 8 codes to q and stages them in shared memory. Store pass: each
+// thread gathers 8 codes of a tile column and writes them as 8 consecutive
+// codes of a q_t row. Every chunk is guarded (plan::LoadChunk/StoreChunk).
+template <typename F, bool kDbias, typename Source>
+__device__ __forceinline__ void CastTransposeGuardedTile(
+    const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+    uint8_t (*tile)[plan::kTile + 8], float (*vals)[plan::kTile + 1],
+    float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a, const plan::MatTile& mt,
+    int sub, float sc, uint32_t& m, int t) {
+  plan::TileChunk in[2];
+  float v[2][8];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    in[p] = plan::LoadChunk(a, mt, t, p);
+    src.Chunk(in[p].offset, in[p].count, in[p].vector, v[p]);
+    if constexpr (kDbias) {  // missing elements are 0 and add nothing
+#pragma unroll
+      for (int j = 0; j < 8; ++j) vals[in[p].slot.row][in[p].slot.col + j] = v[p][j];
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const uint64_t packed = QuantizeEight<F>(v[p], sc, m);
+    StoreCodes(q, in[p].offset, in[p].count, in[p].vector, packed);
+    *reinterpret_cast<uint64_t*>(&tile[in[p].slot.row][in[p].slot.col]) = packed;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const plan::TileChunk out = plan::StoreChunk(a, mt, t, p);
+    uint64_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      packed |= static_cast<uint64_t>(tile[out.slot.row + j][out.slot.col]) << (8 * j);
+    }
+    StoreCodes(qt, out.offset, out.count, out.vector, packed);
+  }
+  if constexpr (kDbias) {  // each group of 8 rows of the sub-tile, rows in order
+#pragma unroll
+    for (int k = 0; k < plan::kGuardedSlotsPerThread; ++k) {
+      const plan::GroupSlot gs = plan::GuardedGroupSlot(t, k);
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < plan::kSumGroup; ++i) {
+        acc = __fadd_rn(acc, vals[gs.group * plan::kSumGroup + i][gs.col]);
+      }
+      colpart[plan::SubTileGroup0(sub) + gs.group][plan::SubTileCol0(sub) + gs.col] = acc;
+    }
+  }
+  __syncthreads();  // this sub-tile's reads before the next writes
+}
+
+// A tile's column sums (dbias): its groups, in order, into the workspace.
+// After the tile's last barrier (colpart complete); ends with a barrier.
+__device__ __forceinline__ void FlushTileColumns(const float (*colpart)[plan::kBigTile],
+                                                 float* __restrict__ partial,
+                                                 const plan::TransposeArgs& a,
+                                                 const plan::MatTile& mt, int t) {
+  if (t < plan::kBigTile && mt.col0 + t < a.cols) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int g = 0; g < plan::kRowGroups; ++g) acc = __fadd_rn(acc, colpart[g][t]);
+    partial[plan::PartialIndex(mt.mat, mt.row0 / plan::kBigTile, a.row_tiles, a.cols,
+                               mt.col0 + t)] = acc;
+  }
+  __syncthreads();  // these reads before the next tile's writes
+}
+
+// One kBigTile x kBigTile tile per step (plan::WalkCastTranspose): the fast
+// path when the tile lies inside an aligned matrix, else four guarded
+// sub-tiles. One amax atomic per block and group. With kDbias, each tile's
+// column sums go to `partial` (plan: dbias order).
+// At least 2 resident blocks per SM (so one block's loads overlap the
+// other's shared-memory phase): up to 128 registers per thread, which keeps
+// the 64 loaded values in registers on every arch (without the bound, ptxas
+// for sm_89 stopped at 80 registers and spilled).
+template <typename F, bool kDbias, typename Source>
+__global__ void __launch_bounds__(plan::kThreads, 2)
+    CastTransposeKernel(Source src, const float* __restrict__ scale, uint8_t* __restrict__ q,
+                        uint8_t* __restrict__ qt, float* __restrict__ scale_inv,
+                        uint32_t* __restrict__ amax_bits, int64_t groups, plan::TransposeArgs a,
+                        float* __restrict__ partial) {
+  __shared__ alignas(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
+  static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
+  constexpr int kSumRows = kDbias ? plan::kRowGroups : 1;
+  constexpr int kValRows = kDbias ? plan::kTile : 1;
+  __shared__ float colpart[kSumRows][plan::kBigTile];
+  __shared__ float vals[kValRows][plan::kTile + 1];
+  auto* tile = reinterpret_cast<uint8_t (*)[plan::kTile + 8]>(words);
+  WriteScaleInv(scale, scale_inv, groups);
+  const int t = threadIdx.x;
+  uint32_t m = 0;
+  plan::WalkCastTranspose(
+      a, blockIdx.x, gridDim.x,
+      [&](int64_t g, const plan::MatTile& mt) {
+        const float sc = scale[g];
+        bool fast = false;
+        if constexpr (Source::kFast) fast = plan::FastTileOk(a, mt);  // block-uniform
+        if (fast) {
+          if constexpr (Source::kFast) {
+            CastTransposeFastTile<F, kDbias>(src, q, qt, words, colpart, a, mt, sc, m, t);
+          }
+        } else {
+          for (int sub = 0; sub < plan::kSubTiles; ++sub) {
+            CastTransposeGuardedTile<F, kDbias>(src, q, qt, tile, vals, colpart, a,
+                                                plan::SubTile(mt, sub), sub, sc, m, t);
+          }
+        }
+        if constexpr (kDbias) FlushTileColumns(colpart, partial, a, mt, t);
+      },
+      [&](int64_t g) {
+        FlushAmax(amax_bits, g, m);
+        m = 0;
+      });
+}
+
+// The 8 wide values at element i of x itself (a vector access on the fast
+// path, guarded chunks elsewhere).
+template <WideKind W>
+struct DirectSource {
+  static constexpr bool kFast = true;  // the fast path's 8 x 8 register blocks
+  const void* x;
+  __device__ __forceinline__ void Eight(int64_t i, float v[8]) const { LoadEight<W>(x, i, v); }
+  __device__ __forceinline__ void Chunk(int64_t i, int count, bool vector, float v[8]) const {
+    LoadChunk<W>(x, i, count, vector, v);
+  }
+};
+
+// Enqueues the cast_transpose of `s` at `src` (a DirectSource, or a prologue
+// with the same Eight/Chunk members: values at element i of the [rows, cols]
+// matrices, rounded to the wide dtype; a prologue with kFast false always
+// takes the guarded path: 64 activation values per thread would not fit in
+// registers beside the fast path's 8 x 8 block). x_addr: the address the fast path's
+// alignment is judged by (0 for a prologue, which loads element by element).
+// partial: the dbias workspace [matrices, row_tiles, cols] when kDbias.
+template <WideKind W, typename F, bool kDbias, typename Source>
+ffi::Error LaunchCastTransposeOf(const char* op, cudaStream_t stream, const Source& src,
+                                 uint64_t x_addr, const MatrixShape& s, const float* scale, void* q,
+                                 void* qt, float* scale_inv, float* amax, float* partial) {
+  uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax);
+  if (auto err = MemsetAsync(op, amax_bits, s.groups * sizeof(uint32_t), stream); !err.success()) {
+    return err;
+  }
+  auto* qp = static_cast<uint8_t*>(q);
+  auto* qtp = static_cast<uint8_t*>(qt);
+  plan::TransposeArgs a;
+  a.rows = s.rows;
+  a.cols = s.cols;
+  a.mats_per_group = s.matrices / s.groups;
+  a.x_addr = x_addr;
+  a.wide_bytes = kWideBytes<W>;
+  a.q_addr = Addr(qp);
+  a.qt_addr = Addr(qtp);
+  a.fast = plan::FastEligible(s.rows, s.cols, a.x_addr, a.wide_bytes, a.q_addr, a.qt_addr);
+  // Always launched, even for an empty matrix: the kernel writes scale_inv
+  // for every group before (and independently of) its tiles.
+  return PlanAndLaunch(
+      op, CastTransposeKernel<F, kDbias, Source>, stream,
+      [&](int64_t resident) {
+        const plan::TransposePlan p = plan::PlanCastTranspose(s.matrices, s.rows, s.cols, resident);
+        a.row_tiles = p.row_tiles;
+        a.col_tiles = p.col_tiles;
+        a.tiles = p.tiles;
+        return p.grid;
+      },
+      src, scale, qp, qtp, scale_inv, amax_bits, s.groups, a, partial);
+}
+
+// Pass 2 of dbias: dbias[mat][col] = the row tiles' sums, added in order.
+// (A template, so that every .cu including this header may instantiate it.)
+template <int kUnused = 0>
+__global__ void __launch_bounds__(plan::kThreads)
+    ColumnTotalsKernel(const float* __restrict__ partial, float* __restrict__ dbias,
+                       int64_t matrices, int64_t row_tiles, int64_t cols) {
+  const int64_t n = matrices * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const plan::TotalsSlot ts = plan::TotalsSlotAt(i, cols);
+    float acc = 0.0f;
+    for (int64_t rt = 0; rt < row_tiles; ++rt) {
+      acc = __fadd_rn(acc, partial[plan::PartialIndex(ts.mat, rt, row_tiles, cols, ts.col)]);
+    }
+    dbias[i] = acc;
+  }
+}
+
+// Checks the dbias workspace, float32 [matrices, row_tiles, cols], that XLA
+// allocated for the op (fp8jax.ops._opdef.OpDef.workspace: one more operand,
+// aliased to one more result, so the handler allocates nothing).
+inline ffi::Error CheckDbiasWorkspace(const char* op, const MatrixShape& s, int64_t count) {
+  if (count != s.matrices * plan::CeilDiv(s.rows, plan::kBigTile) * s.cols) {
+    return BadArg(op, "the dbias workspace must be float32 [row_tiles, cols]");
+  }
+  return ffi::Error::Success();
+}
+
+// Enqueues pass 2 (after a kDbias cast_transpose wrote `partial`).
+inline ffi::Error LaunchColumnTotals(const char* op, cudaStream_t stream, const float* partial,
+                                     const MatrixShape& s, float* dbias) {
+  const int64_t n = s.matrices * s.cols;
+  if (n == 0) return ffi::Error::Success();
+  const int64_t row_tiles = plan::CeilDiv(s.rows, plan::kBigTile);
+  return PlanAndLaunch(
+      op, ColumnTotalsKernel<>, stream,
+      [n](int64_t resident) { return plan::GridFor(n, resident); }, partial, dbias, s.matrices,
+      row_tiles, s.cols);
+}
+
+}  // namespace fp8jax

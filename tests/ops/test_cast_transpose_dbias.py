@@ -1,0 +1,101 @@
+"""cast_transpose_dbias: cast_transpose's outputs bit for bit, plus deterministic column sums.
+
+dbias is checked against the float64 column sums (within the float32 error bound of a sum of
+``m`` terms) and, for the kernel, bit for bit against a numpy emulation of its documented
+summation order (``docs/numerics.md``): groups of 8 rows, 128-row tiles of groups, then the tiles,
+each in order from 0. That order does not depend on the number of threads, so matching it
+bit for bit is the determinism check for any thread count.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dbias import assert_dbias_close, strip_order_sum
+from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
+from _values import FP8_TYPES, assert_fp8_equal
+
+from fp8jax import ops
+
+WIDE = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+# (256, 264): fast tiles on a GPU; the others have guarded edges; (300, 520): several row tiles.
+SHAPES = [(1, 1), (7, 3), (8, 16), (64, 64), (65, 129), (128, 72), (256, 264), (300, 520)]
+SHAPES += [(3, 4097)]
+
+
+def _g(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray((rng.standard_normal(shape) * 30).astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("wide", list(WIDE), ids=list(WIDE))
+@pytest.mark.parametrize("fp8", FP8_TYPES, ids=lambda t: t.__name__)
+def test_matches_cast_transpose_and_column_sums(shape, wide, fp8, implementation):
+    g = _g(shape, WIDE[wide], seed=sum(shape))
+    s = jnp.float32(0.7)
+    q, qt, si, amax, dbias = ops.cast_transpose_dbias(g, s, fp8)
+    wq, wqt, wsi, wamax = ops.cast_transpose(g, s, fp8)
+    assert_fp8_equal(q, wq)
+    assert_fp8_equal(qt, wqt)
+    assert np.asarray(si).tobytes() == np.asarray(wsi).tobytes()
+    assert np.asarray(amax).tobytes() == np.asarray(wamax).tobytes()
+    assert dbias.shape == (shape[1],) and dbias.dtype == jnp.float32
+    assert_dbias_close(dbias, g)
+    if implementation == "kernel":
+        np.testing.assert_array_equal(np.asarray(dbias), strip_order_sum(g))
+
+
+def test_deterministic(implementation):
+    g = _g((1000, 333), jnp.bfloat16, seed=9)
+    f = jax.jit(lambda g: ops.cast_transpose_dbias(g, jnp.float32(1), jnp.float8_e5m2)[4])
+    first = np.asarray(f(g))
+    for _ in range(3):
+        assert np.asarray(f(g)).tobytes() == first.tobytes()
+
+
+def test_empty_and_degenerate():
+    for shape in [(0, 5), (5, 0), (0, 0)]:
+        g = jnp.zeros(shape, jnp.float32)
+        q, qt, si, amax, dbias = ops.cast_transpose_dbias(g, jnp.float32(4), jnp.float8_e4m3fn)
+        assert q.shape == shape and qt.shape == shape[::-1] and dbias.shape == (shape[1],)
+        assert float(amax) == 0.0 and float(si) == 0.25
+        np.testing.assert_array_equal(np.asarray(dbias), np.zeros(shape[1], np.float32))
+
+
+def test_nonfinite_columns():
+    g = np.ones((70, 4), np.float32)
+    g[3, 1] = np.inf
+    g[69, 2] = np.nan
+    dbias = ops.cast_transpose_dbias(jnp.asarray(g), jnp.float32(1), jnp.float8_e5m2)[4]
+    got = np.asarray(dbias)
+    assert got[0] == 70 and got[1] == np.inf and np.isnan(got[2]) and got[3] == 70
+
+
+def test_vmap(implementation):
+    gs = _g((3, 40, 24), jnp.float16, seed=2)
+    scales = jnp.asarray([1.0, 8.0, 0.5], jnp.float32)
+    f = jax.jit(jax.vmap(lambda g, s: ops.cast_transpose_dbias(g, s, jnp.float8_e5m2)))
+    outs = f(gs, scales)
+    assert outs[1].shape == (3, 24, 40) and outs[4].shape == (3, 24)
+    for i in range(3):
+        want = ops.cast_transpose_dbias(gs[i], scales[i], jnp.float8_e5m2)
+        for got, w in zip(outs, want, strict=True):
+            assert np.asarray(got[i]).tobytes() == np.asarray(w).tobytes()
+    hlo = f.lower(gs, scales).as_text()
+    assert ("fp8jax_cast_transpose_dbias" in hlo) == (implementation == "kernel")
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="rank 2"):
+        ops.cast_transpose_dbias(jnp.ones((2, 2, 2)), jnp.float32(1), jnp.float8_e4m3fn)
+    with pytest.raises(TypeError, match="g must be"):
+        ops.cast_transpose_dbias(jnp.ones((2, 2), jnp.int8), jnp.float32(1), jnp.float8_e4m3fn)
+    with pytest.raises(TypeError, match="fp8_dtype"):
+        ops.cast_transpose_dbias(jnp.ones((2, 2)), jnp.float32(1), jnp.float16)
+    with pytest.raises(ValueError, match="amax_reduction"):
+        ops.cast_transpose_dbias(
+            jnp.ones((2, 2)), jnp.float32(1), jnp.float8_e4m3fn, amax_reduction="x"
+        )
