@@ -18,7 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 from fp8jax.autocast import _current_state
 from fp8jax.dense import CHECKPOINT_NAMES, _current_scale
 from fp8jax.ops._implementation import get_implementation
-from fp8jax.ops.cast_transpose import cast_transpose
+from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_dbias
 from fp8jax.ops.gemm import gemm_codes
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from fp8jax.state import Fp8Meta
@@ -132,8 +132,6 @@ def cast_dbias(setup: Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool)
     if not with_bias:
         return (*cast_t(setup, g, scale, bwd), None)
     scale = scale_for(setup, g, scale, bwd)
-    from fp8jax.ops.cast_transpose import cast_transpose_dbias  # TODO(merge act): top level
-
     return cast_transpose_dbias(
         g, scale, bwd, amax_reduction="mesh", implementation=setup.implementation("cast")
     )

@@ -126,7 +126,7 @@ def test_thread_local():
         (("cuda",), {}, "implementation: default must be 'kernel' or 'xla', got 'cuda'"),
         ((), {"cast": "XLA"}, "implementation: cast must be 'kernel' or 'xla', got 'XLA'"),
         ((), {"gemm": None}, "implementation: gemm must be 'kernel' or 'xla', got None"),
-        ((), {"normz": "xla"}, "implementation: unknown op family 'normz'; the families are .*cast"),
+        ((), {"normz": "xla"}, "unknown op family 'normz'; the families are .*cast"),
     ],
 )
 def test_bad_arguments(args, kwargs, match):
