@@ -72,7 +72,8 @@ class MultiHeadAttention(nn.Module):
     ``input_layernorm=False``) when ``return_layernorm_output``, and also, as in TE, for
     self-attention without the packed QKV projection (GQA or ``fuse_qkv_params=False``); else
     ``None``. Self-attention is ``inputs_q is inputs_kv`` (as TE): the keys and values are
-    projected from the normalised query input. Cross-attention projects ``inputs_kv`` as is
+    projected from the normalised query input (pass the same array object: under
+    ``jax.jit``, one argument used twice, not two arguments). Cross-attention projects ``inputs_kv`` as is
     (no norm); its width may differ. ``mask``/``bias``/``segment_ids`` go to
     :class:`~fp8jax.flax.DotProductAttention` (mask: ``True`` = masked out).
 
