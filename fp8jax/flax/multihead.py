@@ -73,9 +73,12 @@ class MultiHeadAttention(nn.Module):
     self-attention without the packed QKV projection (GQA or ``fuse_qkv_params=False``); else
     ``None``. Self-attention is ``inputs_q is inputs_kv`` (as TE): the keys and values are
     projected from the normalised query input (pass the same array object: under
-    ``jax.jit``, one argument used twice, not two arguments). Cross-attention projects ``inputs_kv`` as is
-    (no norm); its width may differ. ``mask``/``bias``/``segment_ids`` go to
-    :class:`~fp8jax.flax.DotProductAttention` (mask: ``True`` = masked out).
+    ``jax.jit``, one argument used twice, not two arguments). Cross-attention projects
+    ``inputs_kv`` as is (no norm); its width may differ. ``mask``/``bias``/``segment_ids`` go to
+    :class:`~fp8jax.flax.DotProductAttention` (mask: ``True`` = masked out). ``decode=True``
+    uses an autoregressive key/value cache in the ``"cache"`` collection, as TE: ``init`` with
+    the full-length input creates it, then each ``apply(..., decode=True,
+    mutable=["cache"])`` takes one token (see :meth:`_cache`).
 
     Params (TE's names and shapes; ``h`` hidden, ``H`` heads, ``G`` GQA groups, ``d``
     head_dim):
@@ -102,8 +105,9 @@ class MultiHeadAttention(nn.Module):
     :data:`~fp8jax.flax.DEFAULT_RULES` suggest ``qkv_kernel_axes=("embed", "heads")``,
     ``qkv_bias_axes=("heads",)``, ``out_kernel_axes=("heads", "embed")``,
     ``out_bias_axes=("embed",)``, ``layernorm_input_axes=("batch", "length", "embed")``);
-    ``decode=True`` (the autoregressive cache), LoRA, ``enable_sequence_parallel`` and the
-    deprecated aliases are not supported; the attention core is not FP8
+    LoRA, ``enable_sequence_parallel`` and the deprecated aliases are not supported; in decode
+    steps rotary embeddings use the cached position (TE's use position 0) and sliding windows
+    and ``segment_ids`` are rejected; the attention core is not FP8
     (``recipe.fp8_mha``/``fp8_dpa`` are rejected); rotary embeddings are applied in float32
     and cast back (as TE).
 
@@ -200,10 +204,6 @@ class MultiHeadAttention(nn.Module):
         owner = "MultiHeadAttention"
         is_self = inputs_q is inputs_kv
         heads, groups = self._check()
-        if decode:
-            raise NotImplementedError(
-                f"{owner}: decode=True (an autoregressive key/value cache) is not supported yet"
-            )
         inputs_q = check_float_array(owner, "inputs_q", inputs_q)
         inputs_kv = check_float_array(owner, "inputs_kv", inputs_kv)
         for name, t in (("inputs_q", inputs_q), ("inputs_kv", inputs_kv)):
@@ -266,16 +266,32 @@ class MultiHeadAttention(nn.Module):
         q = q.reshape(*q.shape[:2], heads, d)
         k = k.reshape(*k.shape[:2], groups, d)
         v = v.reshape(*v.shape[:2], groups, d)
+        mask_type = self.attn_mask_type
+        step = decode and self.has_variable("cache", "cached_key")
+        positions = None
+        if step:
+            if segment_ids is not None or self.window_size is not None:
+                raise ValueError(
+                    f"{owner}: decode steps support neither segment_ids nor window_size"
+                )
+            positions = self.get_variable("cache", "cache_index")[None]
         if self.enable_rotary_pos_emb:
-            rope = dict(windows=self.rotary_pos_emb_windows,
-                        transpose_batch_sequence=self.transpose_batch_sequence,
-                        group_method=self.rotary_pos_emb_group_method)  # fmt: skip
+            rope = dict(
+                windows=self.rotary_pos_emb_windows,
+                transpose_batch_sequence=self.transpose_batch_sequence,
+                group_method=self.rotary_pos_emb_group_method,
+                positions=positions,
+            )
             q = rotary_pos_emb(q, **rope)
             k = rotary_pos_emb(k, **rope)
+        if decode:
+            k, v, mask, bias = self._cache(q, k, v, mask, bias)
+            if step:
+                mask_type = "padding"
         dtype = jnp.result_type(q, k, v)
         x = DotProductAttention(
             head_dim=d, num_attention_heads=heads, num_gqa_groups=groups,
-            attention_dropout=self.attention_dropout, attn_mask_type=self.attn_mask_type,
+            attention_dropout=self.attention_dropout, attn_mask_type=mask_type,
             attn_bias_type=self.attn_bias_type, dtype=dtype,
             dropout_rng_name=self.dropout_rng_name, float32_logits=self.float32_logits,
             scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
@@ -289,3 +305,51 @@ class MultiHeadAttention(nn.Module):
             name="out", **dense_kwargs,
         )(x)  # fmt: skip
         return out, ln_out
+
+    def _cache(
+        self, q: jax.Array, k: jax.Array, v: jax.Array, mask: Any, bias: Any
+    ) -> tuple[jax.Array, jax.Array, Any, Any]:
+        """The autoregressive key/value cache (``decode=True``).
+
+        The first call (``init``) creates ``cache`` variables ``cached_key``/``cached_value``
+        shaped as the full-length keys/values and ``cache_index`` = 0, and attends normally.
+        Each later call takes one token: its key/value are written at ``cache_index``, the
+        query attends to the cached positions ``<= cache_index`` (the causal constraint; with
+        a padding mask type also the given mask, ``(b, 1, 1, length)``), a bias is sliced at
+        query row ``cache_index``, and ``cache_index`` advances."""
+        owner = "MultiHeadAttention"
+        is_step = self.has_variable("cache", "cached_key")
+        ck = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        ci = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        if not is_step:
+            return k, v, mask, bias
+        seq_axis = 0 if self.transpose_batch_sequence else 1
+        length = ck.value.shape[seq_axis]
+        expect = list(ck.value.shape)
+        expect[seq_axis] = 1
+        if tuple(k.shape) != tuple(expect):
+            raise ValueError(
+                f"{owner}: a decode step takes one token: keys of shape {tuple(expect)} for the "
+                f"cache {ck.value.shape}, got {k.shape}"
+            )
+        idx = ci.value
+        k = jax.lax.dynamic_update_slice_in_dim(ck.value, k.astype(ck.value.dtype), idx, seq_axis)
+        v = jax.lax.dynamic_update_slice_in_dim(cv.value, v.astype(cv.value.dtype), idx, seq_axis)
+        ck.value, cv.value, ci.value = k, v, idx + 1
+        future = (jnp.arange(length) > idx)[None, None, None, :]
+        if canonical_mask_type(self.attn_mask_type) in ("padding", "padding_causal"):
+            if mask is None:
+                raise ValueError(
+                    f"{owner}: attn_mask_type={self.attn_mask_type!r} needs a mask in decode "
+                    "steps too"
+                )
+            mask = jnp.asarray(mask)
+            mask = (mask if mask.dtype == jnp.bool_ else mask != 0) | future
+        else:
+            mask = future
+        if bias is not None:
+            bias = jnp.asarray(bias)
+            if bias.ndim == 4 and bias.shape[2] == length:
+                bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
+        return k, v, mask, bias

@@ -346,5 +346,43 @@ def test_bad_input_names_the_argument():
         model.init(jax.random.key(0), x, x, jnp.zeros((B, S, S), bool))
     with pytest.raises(TypeError, match="mask"):
         model.init(jax.random.key(0), x, x, jnp.zeros((B, 1, S, S), jnp.float32))
-    with pytest.raises(NotImplementedError, match="decode"):
-        _mha().init(jax.random.key(0), x, x, decode=True)
+    v = _mha().init(jax.random.key(0), x, x, decode=True)
+    with pytest.raises(ValueError, match="one token"):
+        _mha().apply(v, x, x, decode=True, mutable=["cache"])
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(attn_mask_type="causal", enable_rotary_pos_emb=True, num_gqa_groups=2),
+     dict(attn_mask_type="padding_causal", transpose_batch_sequence=True, fuse_qkv_params=False,
+          enable_rotary_pos_emb=True, rotary_pos_emb_group_method="alternate")],
+)  # fmt: skip
+def test_decode_steps_equal_the_causal_forward(cfg):
+    """Token by token through the key/value cache = one causal pass over the sequence
+    (rotary at the cached positions, the padding mask row by row)."""
+    model = _mha(**cfg)
+    tbs = cfg.get("transpose_batch_sequence", False)
+    x = _rand((B, S, HID), 0)
+    mask = jnp.zeros((B, 1, S, S), bool).at[1, :, :, 1].set(True)  # batch 1 skips key 1
+    xin = jnp.swapaxes(x, 0, 1) if tbs else x
+    variables = model.init(jax.random.key(0), xin, xin, mask, decode=True)
+    assert variables["cache"]["cached_key"].shape == (
+        (S, B, cfg.get("num_gqa_groups", HEADS), D) if tbs else (B, S, 2, D)
+    )
+    full, _ = model.apply({"params": variables["params"]}, xin, xin, mask)
+    full = jnp.swapaxes(full, 0, 1) if tbs else full
+
+    @jax.jit
+    def step(variables, tok, row):
+        (out, _), upd = model.apply(variables, tok, tok, row, decode=True, mutable=["cache"])
+        return out, {**variables, **upd}
+
+    padded = cfg["attn_mask_type"] == "padding_causal"
+    for t in range(S):
+        tok = x[:, t : t + 1]
+        tok = jnp.swapaxes(tok, 0, 1) if tbs else tok
+        out, variables = step(variables, tok, mask[:, :, t : t + 1] if padded else None)
+        out = jnp.swapaxes(out, 0, 1) if tbs else out
+        np.testing.assert_allclose(np.asarray(out[:, 0]), np.asarray(full[:, t]), rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+    assert int(variables["cache"]["cache_index"]) == S
