@@ -19,12 +19,11 @@ FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp
 """
 
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
-from fp8jax.flax.attention import DotProductAttention, RelativePositionBiases
+from fp8jax.flax.attention import DotProductAttention, MultiHeadAttention, RelativePositionBiases
 from fp8jax.flax.calibration import calibrate
 from fp8jax.flax.dense import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8Einsum
 from fp8jax.flax.layernorm import LayerNorm, LayerNormDenseGeneral
 from fp8jax.flax.mlp import LayerNormMLP
-from fp8jax.flax.multihead import MultiHeadAttention
 from fp8jax.flax.train import (
     Fp8TrainState,
     accumulate_gradients,

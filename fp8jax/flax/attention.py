@@ -1,530 +1,368 @@
-"""Flax Linen ``DotProductAttention`` and ``RelativePositionBiases`` with TransformerEngine's
-argument names, computed with :func:`jax.nn.dot_product_attention`.
+"""Flax Linen attention with TransformerEngine's argument names and params.
 
-The attention core runs in high precision (the input dtype, logits and softmax in float32);
-FP8 applies to the projections around it (:class:`~fp8jax.flax.MultiHeadAttention`). Masks
-follow TE's convention: ``True`` means *masked out* (the opposite of
-:func:`jax.nn.dot_product_attention`'s ``mask``).
+``MultiHeadAttention`` (here): the QKV projections (with the input norm fused in) and the output
+projection in FP8, the attention core in high precision; ``DotProductAttention`` (the core,
+:mod:`fp8jax.flax.dot_product_attention`) and ``RelativePositionBiases``
+(:mod:`fp8jax.flax.relative_position`) are re-exported from here.
 
->>> import jax, jax.numpy as jnp
->>> from fp8jax.flax import DotProductAttention
->>> q = k = v = jnp.ones((2, 5, 4, 8))                       # (batch, seq, heads, head_dim)
->>> lengths = jnp.array([5, 3])                              # the second sequence is padded
->>> valid = jnp.arange(5)[None, :] < lengths[:, None]       # (batch, seq): True = a real token
->>> mask = ~(valid[:, None, :, None] & valid[:, None, None, :])  # True = masked out
->>> mask.shape                                               # (batch, 1, seq_q, seq_kv)
-(2, 1, 5, 5)
->>> attn = DotProductAttention(head_dim=8, num_attention_heads=4, attn_mask_type="padding",
-...                            transpose_batch_sequence=False)
->>> attn.apply({}, q, k, v, mask).shape
-(2, 5, 4, 8)
+>>> import jax, jax.numpy as jnp, fp8jax
+>>> from fp8jax.flax import MultiHeadAttention
+>>> mha = MultiHeadAttention(head_dim=4, num_attention_heads=2, transpose_batch_sequence=False)
+>>> x = jnp.ones((2, 3, 8))                                  # (batch, seq, hidden)
+>>> with fp8jax.autocast(enabled=True, recipe=fp8jax.Float8CurrentScaling()):
+...     variables = mha.init(jax.random.key(0), x, x)
+...     out, ln_out = mha.apply(variables, x, x)
+>>> out.shape, ln_out is None
+((2, 3, 8), True)
+>>> jax.tree.map(jnp.shape, variables["params"])  # doctest: +NORMALIZE_WHITESPACE
+{'out': {'kernel': (8, 8)},
+ 'qkv': {'kernel': (8, 3, 8), 'ln_bias': (8,), 'scale': (8,)}}
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.typing import Initializer
 
-from fp8jax.flax.dense import _annotated
+from fp8jax.flax._variables import check_float_array
+from fp8jax.flax.dense import DenseGeneral, _check_names
+from fp8jax.flax.dot_product_attention import (
+    DotProductAttention,
+    canonical_mask_type,
+    check_heads,
+)
+from fp8jax.flax.layernorm import LayerNormDenseGeneral
+from fp8jax.flax.relative_position import RelativePositionBiases
+from fp8jax.rotary import canonical_group_method, rotary_pos_emb
 
-__all__ = ["ATTN_BIAS_TYPES", "ATTN_MASK_TYPES", "DotProductAttention", "RelativePositionBiases"]
+__all__ = [
+    "DotProductAttention",
+    "MultiHeadAttention",
+    "RelativePositionBiases",
+    "default_mha_kernel_init",
+]
 
-#: Accepted ``attn_mask_type`` values (``"causal_padding"`` is an alias of
-#: ``"padding_causal"``, as in TE).
-ATTN_MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal", "causal_padding")
-#: Accepted ``attn_bias_type`` values (``None``: ``"post_scale_bias"`` when a bias is given,
-#: else ``"no_bias"``).
-ATTN_BIAS_TYPES = ("no_bias", "pre_scale_bias", "post_scale_bias")
-_QKV_LAYOUTS = ("bshd_bshd_bshd", "bshd_bs2hd", "bs3hd")
-
-
-def canonical_mask_type(value: Any, name: str = "attn_mask_type") -> str:
-    """``value`` as one of ``no_mask``, ``padding``, ``causal``, ``padding_causal``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str in {ATTN_MASK_TYPES}, got {value!r}")
-    out = value.lower().strip()
-    if out not in ATTN_MASK_TYPES:
-        raise ValueError(f"{name} must be one of {ATTN_MASK_TYPES}, got {value!r}")
-    return "padding_causal" if out == "causal_padding" else out
-
-
-def check_heads(owner: str, num_attention_heads: Any, num_gqa_groups: Any) -> tuple[int, int]:
-    """``(heads, groups)`` validated: positive ints, ``groups`` divides ``heads``."""
-    pairs = (("num_attention_heads", num_attention_heads), ("num_gqa_groups", num_gqa_groups))
-    for name, v in pairs:
-        if v is None and name == "num_gqa_groups":
-            continue
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
-    heads = int(num_attention_heads)
-    groups = heads if num_gqa_groups is None else int(num_gqa_groups)
-    if heads % groups:
-        raise ValueError(
-            f"{owner}: num_gqa_groups={groups} must divide num_attention_heads={heads}"
-        )
-    return heads, groups
+#: TE's default QKV/output kernel initializer: ``variance_scaling(1.0, "fan_in", "normal")``.
+default_mha_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
 
-def check_window(owner: str, window_size: Any) -> tuple[int, int] | None:
-    """TE's ``window_size``: ``None`` or ``(left, right)`` ints, negative meaning unbounded."""
-    if window_size is None:
-        return None
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"{owner}: window_size must be None or a pair (left, right) of ints, got "
-            f"{window_size!r}"
-        ) from None
-    for v in (left, right):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-            raise TypeError(f"{owner}: window_size must hold ints, got {window_size!r}")
-    return int(left), int(right)
+def _concat_init(inits: Sequence[Initializer]) -> Initializer:
+    """Draws a flat ``(hidden, n * f)`` kernel as ``n`` blocks ``(hidden, f)``, one key and one
+    initializer each (so each block has fan-in ``hidden``); reshaped by the layer to
+    ``(hidden, n, f)``, block ``i`` is ``kernel[:, i, :]`` (TE's fused QKV/KV init)."""
+
+    def init(rng: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        n = len(inits)
+        f = shape[-1] // n
+        keys = jax.random.split(rng, n)
+        blocks = [fn(k, (*shape[:-1], f), dtype) for fn, k in zip(inits, keys, strict=True)]
+        return jnp.concatenate(blocks, axis=-1)
+
+    return init
 
 
-def _bool_mask(owner: str, name: str, mask: Any, shape: tuple[int, int, int, int]) -> jax.Array:
-    """TE's mask (``True``/nonzero = masked out) validated against ``(b, h, sq, skv)``."""
-    mask = jnp.asarray(mask)
-    if not (mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)):
-        raise TypeError(
-            f"{owner}: {name} must be a bool (or integer 0/1) array with True = masked out, got "
-            f"dtype {mask.dtype}; pass an additive mask as the bias"
-        )
-    b, h, sq, skv = shape
-    ok = (
-        mask.ndim == 4
-        and mask.shape[0] in (1, b)
-        and mask.shape[1] in (1, h)
-        and mask.shape[2] in (1, sq)
-        and mask.shape[3] in (1, skv)
-    )
-    if not ok:
-        raise ValueError(
-            f"{owner}: {name} must have shape (batch|1, 1|heads, seq_q|1, seq_kv|1) = "
-            f"({b}, 1 or {h}, {sq}, {skv}), got {mask.shape}"
-        )
-    return mask if mask.dtype == jnp.bool_ else mask != 0
+def _fused_axes(names: tuple[str | None, ...], n_dims: int) -> tuple[str | None, ...]:
+    """Logical names of a fused kernel/bias: ``None`` for the stacking dim before the last."""
+    if not names:
+        return ()
+    return (*names[:-1], None, names[-1]) if n_dims else names
 
 
-def segment_mask(q_ids: jax.Array, kv_ids: jax.Array) -> jax.Array:
-    """``(b, 1, sq, skv)`` mask in TE's convention (True = masked out) from segment ids:
-    a query attends to the keys of its own segment; id 0 marks padding (never attended)."""
-    allowed = (q_ids[:, :, None] == kv_ids[:, None, :]) & (kv_ids[:, None, :] != 0)
-    return ~allowed[:, None]
+class MultiHeadAttention(nn.Module):
+    """``[norm] -> Q, K, V projections (FP8) -> [rotary] -> attention -> output projection
+    (FP8)``, TransformerEngine's ``MultiHeadAttention``.
 
+    Call: ``mha(inputs_q, inputs_kv, mask=None, bias=None, *, decode=False,
+    deterministic=False, segment_ids=None)`` returns ``(out, ln_out)``: ``out`` has
+    ``inputs_q``'s shape; ``ln_out`` is the query input after the norm (the raw input with
+    ``input_layernorm=False``) when ``return_layernorm_output``, and also, as in TE, for
+    self-attention without the packed QKV projection (GQA or ``fuse_qkv_params=False``); else
+    ``None``. Self-attention is ``inputs_q is inputs_kv`` (as TE): the keys and values are
+    projected from the normalised query input (pass the same array object: under
+    ``jax.jit``, one argument used twice, not two arguments). Cross-attention projects
+    ``inputs_kv`` as is (no norm); its width may differ. ``mask``/``bias``/``segment_ids`` go to
+    :class:`~fp8jax.flax.DotProductAttention` (mask: ``True`` = masked out). ``decode=True``
+    uses an autoregressive key/value cache in the ``"cache"`` collection, as TE: ``init`` with
+    the full-length input creates it, then each ``apply(..., decode=True,
+    mutable=["cache"])`` takes one token (see :meth:`_cache`).
 
-def _segment_ids(owner: str, segment_ids: Any, b: int, sq: int, skv: int) -> jax.Array:
-    if isinstance(segment_ids, (tuple, list)):
-        if len(segment_ids) != 2:
-            raise ValueError(
-                f"{owner}: segment_ids must be an array or a pair (q_ids, kv_ids), got "
-                f"{len(segment_ids)} items"
-            )
-        q_ids, kv_ids = (jnp.asarray(s) for s in segment_ids)
-    else:
-        q_ids = kv_ids = jnp.asarray(segment_ids)
-    for name, ids, s in (("q", q_ids, sq), ("kv", kv_ids, skv)):
-        if not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise TypeError(f"{owner}: segment_ids ({name}) must be integers, got {ids.dtype}")
-        if ids.shape != (b, s):
-            raise ValueError(
-                f"{owner}: segment_ids ({name}) must have shape (batch, seq) = {(b, s)}, got "
-                f"{ids.shape}"
-            )
-    return segment_mask(q_ids, kv_ids)
+    Params (TE's names and shapes; ``h`` hidden, ``H`` heads, ``G`` GQA groups, ``d``
+    head_dim):
 
+    - self-attention, ``fuse_qkv_params`` and ``G == H``: ``qkv`` = {``scale``, ``ln_bias``,
+      ``kernel`` ``(h, 3, H*d)``, ``bias`` ``(3, H*d)``};
+    - otherwise with ``fuse_qkv_params``: ``query`` = {``scale``, ``ln_bias``, ``kernel``
+      ``(h, H*d)``, ``bias``} and ``kv`` = {``kernel`` ``(h_kv, 2, G*d)``, ``bias`` ``(2,
+      G*d)``};
+    - ``fuse_qkv_params=False``: ``query`` as above, ``key`` and ``value`` = {``kernel``
+      ``(h_kv, G*d)``, ``bias``};
+    - ``out`` = {``kernel`` ``(H*d, h)``, ``bias`` ``(h,)``}.
 
-def _large_negative() -> jax.Array:
-    return jnp.asarray(-0.7 * float(np.finfo(np.float32).max), jnp.float32)
+    ``scale``/``ln_bias`` exist with ``input_layernorm`` (``ln_bias`` for LayerNorm only), the
+    biases with ``use_bias``. The query kernel is divided by ``sqrt(d)`` at init when
+    ``scaled_query_init``; the logits are scaled by ``1/sqrt(d)`` only with
+    ``scale_attn_logits`` (TE's T5-style defaults: scaled init, unscaled logits). Each of the
+    projections (``qkv`` or ``query``, ``kv`` or ``key``/``value``, ``out``) is an FP8 layer
+    with the 3 FP8 roles of a dense layer under ``fp8jax.autocast(enabled=True, ...)``.
 
-
-def _window_allowed(sq: int, skv: int, window: tuple[int, int]) -> jax.Array:
-    qp, kp = jnp.arange(sq)[:, None], jnp.arange(skv)[None, :]
-    return (kp >= qp - window[0]) & (kp <= qp + window[1])
-
-
-def attention_with_dropout(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    bias: jax.Array | None,
-    allowed: jax.Array | None,
-    *,
-    is_causal: bool,
-    window: tuple[int, int] | None,
-    scale: float,
-    rate: float,
-    rng: jax.Array,
-) -> jax.Array:
-    """Attention with dropout on the probabilities, the formula of
-    :func:`jax.nn.dot_product_attention`'s XLA path (float32 logits and softmax, masked logits
-    set to a large negative number) plus ``where(keep, p / (1 - rate), 0)`` with ``keep`` drawn
-    by ``jax.random.bernoulli(rng, 1 - rate, (b, groups, heads_per_group, sq, skv))``.
-
-    ``q`` ``(b, sq, h, d)``, ``k``/``v`` ``(b, skv, g, d)``; ``bias`` and ``allowed`` (True =
-    attend) broadcastable to ``(b, h, sq, skv)``."""
-    b, sq, h, d = q.shape
-    skv, g = k.shape[1], k.shape[2]
-    qg = q.reshape(b, sq, g, h // g, d)
-    presets = {
-        jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
-        jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32,
-    }
-    prec = presets.get(jnp.dtype(q.dtype))
-    logits = jnp.einsum("bqgrd,bkgd->bgrqk", qg, k, precision=prec,
-                        preferred_element_type=jnp.float32)  # fmt: skip
-    logits = logits * jnp.float32(scale)
-
-    def grouped(t: jax.Array) -> jax.Array:
-        t = jnp.broadcast_to(t, (t.shape[0], h if t.shape[1] == h else 1, sq, skv))
-        if t.shape[1] == h:
-            return t.reshape(t.shape[0], g, h // g, sq, skv)
-        return t[:, :, None]
-
-    if bias is not None:
-        logits = logits + grouped(jnp.asarray(bias)).astype(jnp.float32)
-    keep_mask = None if allowed is None else grouped(allowed)
-    if is_causal:
-        c = jnp.tril(jnp.ones((sq, skv), bool))
-        keep_mask = c if keep_mask is None else keep_mask & c
-    if window is not None:
-        w = _window_allowed(sq, skv, window)
-        keep_mask = w if keep_mask is None else keep_mask & w
-    if keep_mask is not None:
-        logits = jnp.where(keep_mask, logits, _large_negative())
-    probs = jax.nn.softmax(logits, axis=-1)
-    keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
-    probs = jnp.where(keep, probs / jnp.float32(1.0 - rate), 0.0).astype(v.dtype)
-    out = jnp.einsum("bgrqk,bkgd->bqgrd", probs, v)
-    return out.reshape(b, sq, h, d)
-
-
-class DotProductAttention(nn.Module):
-    """Scaled dot-product attention ``softmax(scale * q k^T (+ bias), masked) v`` with
-    TransformerEngine's arguments, grouped-query attention, masks, sliding windows and
-    attention dropout; no params.
-
-    The core is :func:`jax.nn.dot_product_attention` (``implementation=None``: JAX's choice,
-    which in JAX 0.10 is its XLA path; ``"cudnn"`` asks for cuDNN's fused kernel, which raises
-    where cuDNN's constraints do not hold). With an active attention dropout (``rate > 0`` and
-    not ``deterministic``), which that function lacks, the same formula runs in XLA with the
-    dropout applied to the probabilities (:func:`attention_with_dropout`), using the
-    ``dropout_rng_name`` RNG stream.
-
-    Call: ``attn(query, key, value, sequence_descriptor=None, bias=None, *,
-    deterministic=False, mask=None, segment_ids=None)``; returns the attention output with
-    ``query``'s shape (``qkv_layout="bs3hd"``: ``[b, s, h, d]`` without the packed axis).
-
-    - ``query`` ``[b, sq, h, d]``, ``key``/``value`` ``[b, skv, g, d]`` (``g`` =
-      ``num_gqa_groups`` dividing ``h``), or ``[s, b, ...]`` with ``transpose_batch_sequence``;
-      ``qkv_layout="bshd_bs2hd"``: ``key`` is ``[b, skv, 2, g, d]`` (k, v) and ``value`` is
-      ignored; ``"bs3hd"``: ``query`` is ``[b, s, 3, h, d]``, ``key``/``value`` ignored.
-    - ``sequence_descriptor`` (or its deprecated alias ``mask``): TE's mask, a bool array
-      broadcastable to ``(b, h, sq, skv)``, ``True`` = masked out (the docstring example above
-      builds one from sequence lengths); required by ``"padding"``/``"padding_causal"`` unless
-      ``segment_ids`` are given, ignored by ``"no_mask"``/``"causal"`` (as TE).
-    - ``segment_ids`` (fp8jax's, for packed sequences): ``(b, s)`` ints, or a pair ``(q_ids,
-      kv_ids)``; tokens attend within their own segment, id 0 is padding. Needs a padding mask
-      type; combined (and-ed) with ``sequence_descriptor``. Windows and the causal mask count
-      absolute positions, which equal positions within a segment for contiguous segments.
-    - ``bias``: added to the logits, broadcastable to ``(b, h, sq, skv)`` (e.g. from
-      :class:`RelativePositionBiases`); ``"post_scale_bias"``: ``scale * qk + bias``,
-      ``"pre_scale_bias"``: ``scale * (qk + bias)``.
-
-    A query whose keys are all masked gets the mean of the values (the masked logits are a
-    large finite negative number, as in :func:`jax.nn.dot_product_attention`).
-
-    Differences from TE: ``dtype`` is the computation/output dtype (default: ``query``'s),
-    not a param dtype; ``float32_logits`` has no further effect (the logits and softmax are
-    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects, context parallelism
-    and ``max_segments_per_seq`` are not supported (use ``segment_ids``); fully masked rows
-    average the values; the dropout mask layout differs from TE's kernels (same distribution).
-    ``recipe.fp8_dpa`` is rejected by :class:`~fp8jax.recipe.DelayedScaling` (no FP8 attention
-    core yet).
+    Differences from TE: ``dtype`` is the computation dtype (default promoted from inputs and
+    params, as in Flax) and ``param_dtype`` the params'; logical axis names default to none
+    (TE's are ``kernel (embed, [joined,] tp)`` with its own ``nvte_*`` names; fp8jax's
+    :data:`~fp8jax.flax.DEFAULT_RULES` suggest ``qkv_kernel_axes=("embed", "heads")``,
+    ``qkv_bias_axes=("heads",)``, ``out_kernel_axes=("heads", "embed")``,
+    ``out_bias_axes=("embed",)``, ``layernorm_input_axes=("batch", "length", "embed")``);
+    LoRA, ``enable_sequence_parallel`` and the deprecated aliases are not supported; in decode
+    steps rotary embeddings use the cached position (TE's use position 0) and sliding windows
+    and ``segment_ids`` are rejected; the attention core is not FP8
+    (``recipe.fp8_mha``/``fp8_dpa`` are rejected); rotary embeddings are applied in float32
+    and cast back (as TE).
 
     Attributes:
-      head_dim, num_attention_heads: per-head width and query heads (checked against inputs).
-      num_gqa_groups: key/value heads (default: ``num_attention_heads``); must divide it.
-      attention_dropout: dropout probability on the attention probabilities.
-      attn_mask_type: ``"no_mask"``, ``"padding"``, ``"causal"``, ``"padding_causal"``
-        (alias ``"causal_padding"``). Default ``"causal"`` (TE's).
-      attn_bias_type: ``None``, ``"no_bias"``, ``"pre_scale_bias"``, ``"post_scale_bias"``.
-      dtype: see above. dropout_rng_name: RNG stream of the dropout (default ``"dropout"``).
-      float32_logits: accepted for TE compatibility (see above).
-      qkv_layout: ``"bshd_bshd_bshd"`` (default), ``"bshd_bs2hd"`` or ``"bs3hd"``.
-      scale_factor: logit scale (default ``1/sqrt(head_dim)``).
-      transpose_batch_sequence: inputs are ``[seq, batch, ...]`` (TE's default ``True``).
-      window_size: ``(left, right)``: query ``i`` sees keys ``i-left .. i+right`` (negative:
-        unbounded); ``None``: no window.
-      implementation: passed to :func:`jax.nn.dot_product_attention` (fp8jax's).
+      head_dim, num_attention_heads, num_gqa_groups: as :class:`DotProductAttention`.
+      attention_dropout, dropout_rng_name, attn_mask_type (default ``"causal"``),
+        attn_bias_type, float32_logits, window_size: passed to the attention core.
+      input_layernorm, layernorm_type, layernorm_epsilon, zero_centered_gamma: the norm on the
+        query input.
+      return_layernorm_output: see the return value above.
+      kernel_init: default TE's ``variance_scaling(1.0, "fan_in", "normal")``.
+      use_bias, bias_init: biases of all four projections.
+      enable_rotary_pos_emb, rotary_pos_emb_windows, rotary_pos_emb_group_method: rotary
+        embeddings on the projected queries and keys (:mod:`fp8jax.rotary`).
+      fuse_qkv_params: one ``qkv`` (or ``kv``) kernel instead of separate ones.
+      transpose_batch_sequence: inputs are ``[seq, batch, hidden]`` (TE's default ``True``).
+      scale_attn_logits, scaled_query_init: see above.
+      dtype, param_dtype: see above.
+      layernorm_input_axes, scale_axes, ln_bias_axes, qkv_kernel_axes (2 names: input width,
+        projected width; the fused kernels get ``None`` for their stacking dim),
+        qkv_bias_axes (1), out_kernel_axes (2), out_bias_axes (1): logical axis names.
+      attention_implementation: ``implementation`` of the attention core.
     """
 
     head_dim: int
     num_attention_heads: int
     num_gqa_groups: int | None = None
     attention_dropout: float = 0.0
+    dropout_rng_name: str = "dropout"
+    input_layernorm: bool = True
+    layernorm_type: str = "layernorm"
+    layernorm_epsilon: float = 1e-6
+    return_layernorm_output: bool = False
+    zero_centered_gamma: bool = False
+    kernel_init: Initializer | None = None
+    use_bias: bool = False
+    bias_init: Initializer = nn.initializers.zeros_init()
     attn_mask_type: str = "causal"
     attn_bias_type: str | None = None
+    enable_rotary_pos_emb: bool = False
+    rotary_pos_emb_windows: tuple[float, float] = (1, 10000)
+    rotary_pos_emb_group_method: str = "consecutive"
     dtype: Any = None
-    dropout_rng_name: str = "dropout"
-    float32_logits: bool = False
-    qkv_layout: str = "bshd_bshd_bshd"
-    scale_factor: float | None = None
+    param_dtype: Any = jnp.float32
+    fuse_qkv_params: bool = True
     transpose_batch_sequence: bool = True
+    scale_attn_logits: bool = False
+    scaled_query_init: bool = True
+    float32_logits: bool = False
     window_size: tuple[int, int] | None = None
-    implementation: str | None = None
+    layernorm_input_axes: tuple[str | None, ...] = ()
+    scale_axes: tuple[str | None, ...] = ()
+    ln_bias_axes: tuple[str | None, ...] = ()
+    qkv_kernel_axes: tuple[str | None, ...] = ()
+    qkv_bias_axes: tuple[str | None, ...] = ()
+    out_kernel_axes: tuple[str | None, ...] = ()
+    out_bias_axes: tuple[str | None, ...] = ()
+    attention_implementation: str | None = None
 
-    def _config(self) -> tuple[int, int, str, tuple[int, int] | None, str]:
-        owner = "DotProductAttention"
+    def _check(self) -> tuple[int, int]:
+        owner = "MultiHeadAttention"
         heads, groups = check_heads(owner, self.num_attention_heads, self.num_gqa_groups)
-        if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1:
+        if (
+            not isinstance(self.head_dim, (int, np.integer))
+            or isinstance(self.head_dim, bool)
+            or self.head_dim < 1
+        ):
             raise ValueError(f"{owner}: head_dim must be a positive int, got {self.head_dim!r}")
-        mask_type = canonical_mask_type(self.attn_mask_type)
-        window = check_window(owner, self.window_size)
-        if not 0.0 <= float(self.attention_dropout) < 1.0:
-            raise ValueError(
-                f"{owner}: attention_dropout must be in [0, 1), got {self.attention_dropout!r}"
-            )
-        layout = str(self.qkv_layout).lower()
-        if layout not in _QKV_LAYOUTS:
-            raise ValueError(
-                f"{owner}: qkv_layout must be one of {_QKV_LAYOUTS} (the THD layouts are not "
-                f"supported; use segment_ids for packed sequences), got {self.qkv_layout!r}"
-            )
-        if self.implementation not in (None, "xla", "cudnn"):
-            raise ValueError(
-                f"{owner}: implementation must be None, 'xla' or 'cudnn', got "
-                f"{self.implementation!r}"
-            )
-        return heads, groups, mask_type, window, layout
-
-    def _unpack(self, layout: str, query: Any, key: Any, value: Any) -> tuple[jax.Array, ...]:
-        owner = "DotProductAttention"
-        query = jnp.asarray(query)
-        if layout == "bs3hd":
-            if query.ndim != 5 or query.shape[2] != 3:
+        canonical_mask_type(self.attn_mask_type)
+        if self.enable_rotary_pos_emb:
+            canonical_group_method(self.rotary_pos_emb_group_method, "rotary_pos_emb_group_method")
+            if self.head_dim % 2:
                 raise ValueError(
-                    f"{owner}: with qkv_layout='bs3hd' query must be [b, s, 3, h, d], got "
-                    f"{query.shape}"
+                    f"{owner}: rotary embeddings need an even head_dim, got {self.head_dim}"
                 )
-            return query[:, :, 0], query[:, :, 1], query[:, :, 2]
-        key = jnp.asarray(key)
-        if layout == "bshd_bs2hd":
-            if key.ndim != 5 or key.shape[2] != 2:
-                raise ValueError(
-                    f"{owner}: with qkv_layout='bshd_bs2hd' key must be [b, s, 2, g, d], got "
-                    f"{key.shape}"
-                )
-            return query, key[:, :, 0], key[:, :, 1]
-        if value is None:
-            raise ValueError(f"{owner}: value is required with qkv_layout='bshd_bshd_bshd'")
-        return query, key, jnp.asarray(value)
+        for name, n in (("qkv_kernel_axes", 2), ("qkv_bias_axes", 1), ("out_kernel_axes", 2),
+                        ("out_bias_axes", 1)):  # fmt: skip
+            if getattr(self, name):
+                _check_names(owner, name, getattr(self, name), n)
+        return heads, groups
 
     @nn.compact
     def __call__(
         self,
-        query: jax.Array,
-        key: jax.Array | None,
-        value: jax.Array | None,
-        sequence_descriptor: jax.Array | None = None,
+        inputs_q: jax.Array,
+        inputs_kv: jax.Array,
+        mask: jax.Array | None = None,
         bias: jax.Array | None = None,
         *,
+        decode: bool = False,
         deterministic: bool = False,
-        mask: jax.Array | None = None,
         segment_ids: Any = None,
-    ) -> jax.Array:
-        owner = "DotProductAttention"
-        heads, groups, mask_type, window, layout = self._config()
-        if mask is not None:
-            if sequence_descriptor is not None:
-                raise ValueError(f"{owner}: pass sequence_descriptor or mask, not both")
-            sequence_descriptor = mask
-        q, k, v = self._unpack(layout, query, key, value)
-        for name, t in (("query", q), ("key", k), ("value", v)):
-            if t.ndim != 4 or not jnp.issubdtype(t.dtype, jnp.floating):
-                raise ValueError(
-                    f"{owner}: {name} must be a rank-4 float array [b, s, heads, head_dim], got "
-                    f"shape {t.shape} dtype {t.dtype}"
-                )
-        if self.transpose_batch_sequence:
-            q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
-        b, sq = q.shape[:2]
-        skv = k.shape[1]
-        if q.shape[2] != heads or q.shape[3] != self.head_dim:
+    ) -> tuple[jax.Array, jax.Array | None]:
+        owner = "MultiHeadAttention"
+        is_self = inputs_q is inputs_kv
+        heads, groups = self._check()
+        inputs_q = check_float_array(owner, "inputs_q", inputs_q)
+        inputs_kv = check_float_array(owner, "inputs_kv", inputs_kv)
+        for name, t in (("inputs_q", inputs_q), ("inputs_kv", inputs_kv)):
+            if t.ndim != 3:
+                raise ValueError(f"{owner}: {name} must be [batch, seq, hidden] (or [seq, batch, "
+                                 f"hidden]), got shape {t.shape}")  # fmt: skip
+        bdim = 1 if self.transpose_batch_sequence else 0
+        if inputs_q.shape[bdim] != inputs_kv.shape[bdim]:
             raise ValueError(
-                f"{owner}: query must have {heads} heads of width head_dim={self.head_dim} "
-                f"(num_attention_heads), got {q.shape[2:]}"
+                f"{owner}: inputs_q and inputs_kv batch sizes differ: {inputs_q.shape} vs "
+                f"{inputs_kv.shape} (transpose_batch_sequence={self.transpose_batch_sequence})"
             )
-        if k.shape[2:] != (groups, self.head_dim) or v.shape != k.shape:
-            raise ValueError(
-                f"{owner}: key and value must have {groups} heads (num_gqa_groups) of width "
-                f"{self.head_dim} and equal shapes, got key {k.shape} value {v.shape}"
-            )
-        if k.shape[0] != b:
-            raise ValueError(f"{owner}: query and key batch sizes differ: {b} vs {k.shape[0]}")
-        dtype = self.dtype or jnp.result_type(q, k, v)
-        q, k, v = (t.astype(dtype) for t in (q, k, v))
+        d = int(self.head_dim)
+        q_width, kv_width = heads * d, groups * d
+        kernel_init = self.kernel_init or default_mha_kernel_init
+        depth = math.sqrt(d) if self.scaled_query_init else 1.0
 
-        shape = (b, heads, sq, skv)
-        keep = None  # jax's convention: True = attend
-        if mask_type in ("padding", "padding_causal"):
-            masked = None
-            if sequence_descriptor is not None:
-                masked = _bool_mask(owner, "mask", sequence_descriptor, shape)
-            if segment_ids is not None:
-                seg = _segment_ids(owner, segment_ids, b, sq, skv)
-                masked = seg if masked is None else masked | seg
-            if masked is None:
-                raise ValueError(
-                    f"{owner}: attn_mask_type={self.attn_mask_type!r} needs a mask "
-                    "(sequence_descriptor/mask, True = masked out) or segment_ids"
-                )
-            keep = ~masked
-        elif segment_ids is not None:
-            raise ValueError(
-                f"{owner}: segment_ids need attn_mask_type 'padding' or 'padding_causal', got "
-                f"{self.attn_mask_type!r}"
-            )
-        is_causal = mask_type in ("causal", "padding_causal")
+        def query_init(rng: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32):
+            return kernel_init(rng, shape, dtype) / jnp.asarray(depth, dtype)
 
-        bias_type = self.attn_bias_type
-        if bias_type is None:
-            bias_type = "no_bias" if bias is None else "post_scale_bias"
-        if bias_type not in ATTN_BIAS_TYPES:
-            raise ValueError(f"{owner}: attn_bias_type must be None or one of {ATTN_BIAS_TYPES}, "
-                             f"got {self.attn_bias_type!r}")  # fmt: skip
-        if (bias is None) != (bias_type == "no_bias"):
-            raise ValueError(
-                f"{owner}: attn_bias_type={bias_type!r} "
-                + ("takes no bias" if bias is not None else "needs a bias")
+        ln_kwargs = dict(
+            enable_layernorm=self.input_layernorm, layernorm_type=self.layernorm_type,
+            epsilon=self.layernorm_epsilon, zero_centered_gamma=self.zero_centered_gamma,
+            scale_axes=self.scale_axes, ln_bias_axes=self.ln_bias_axes, use_bias=self.use_bias,
+            bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
+            layernorm_input_axes=self.layernorm_input_axes,
+        )  # fmt: skip
+        dense_kwargs = dict(use_bias=self.use_bias, bias_init=self.bias_init, dtype=self.dtype,
+                            param_dtype=self.param_dtype)  # fmt: skip
+        kax, bax = tuple(self.qkv_kernel_axes), tuple(self.qkv_bias_axes)
+
+        if self.fuse_qkv_params and is_self and groups == heads:
+            qkv_init = _concat_init([query_init, kernel_init, kernel_init])
+            qkv, ln_out = LayerNormDenseGeneral(
+                features=(3, q_width), kernel_init=qkv_init,
+                kernel_axes=_fused_axes(kax, 1), bias_axes=_fused_axes(bax, 1),
+                return_layernorm_output=self.return_layernorm_output, name="qkv", **ln_kwargs,
+            )(inputs_q)  # fmt: skip
+            q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
+        else:
+            q, ln_out = LayerNormDenseGeneral(
+                features=q_width, kernel_init=query_init, kernel_axes=kax, bias_axes=bax,
+                return_layernorm_output=self.return_layernorm_output or is_self, name="query",
+                **ln_kwargs,
+            )(inputs_q)  # fmt: skip
+            kv_in = ln_out if is_self else inputs_kv
+            if self.fuse_qkv_params:
+                kv = DenseGeneral(
+                    features=(2, kv_width), kernel_init=_concat_init([kernel_init, kernel_init]),
+                    kernel_axes=_fused_axes(kax, 1), bias_axes=_fused_axes(bax, 1), name="kv",
+                    **dense_kwargs,
+                )(kv_in)  # fmt: skip
+                k, v = kv[..., 0, :], kv[..., 1, :]
+            else:
+                proj = dict(features=kv_width, kernel_init=kernel_init, kernel_axes=kax,
+                            bias_axes=bax, **dense_kwargs)  # fmt: skip
+                k = DenseGeneral(name="key", **proj)(kv_in)
+                v = DenseGeneral(name="value", **proj)(kv_in)
+
+        q = q.reshape(*q.shape[:2], heads, d)
+        k = k.reshape(*k.shape[:2], groups, d)
+        v = v.reshape(*v.shape[:2], groups, d)
+        mask_type = self.attn_mask_type
+        step = decode and self.has_variable("cache", "cached_key")
+        positions = None
+        if step:
+            if segment_ids is not None or self.window_size is not None:
+                raise ValueError(
+                    f"{owner}: decode steps support neither segment_ids nor window_size"
+                )
+            positions = self.get_variable("cache", "cache_index")[None]
+        if self.enable_rotary_pos_emb:
+            rope = dict(
+                windows=self.rotary_pos_emb_windows,
+                transpose_batch_sequence=self.transpose_batch_sequence,
+                group_method=self.rotary_pos_emb_group_method,
+                positions=positions,
             )
-        scale = 1.0 / math.sqrt(self.head_dim) if self.scale_factor is None else self.scale_factor
+            q = rotary_pos_emb(q, **rope)
+            k = rotary_pos_emb(k, **rope)
+        if decode:
+            k, v, mask, bias = self._cache(q, k, v, mask, bias)
+            if step:
+                mask_type = "padding"
+        dtype = jnp.result_type(q, k, v)
+        x = DotProductAttention(
+            head_dim=d, num_attention_heads=heads, num_gqa_groups=groups,
+            attention_dropout=self.attention_dropout, attn_mask_type=mask_type,
+            attn_bias_type=self.attn_bias_type, dtype=dtype,
+            dropout_rng_name=self.dropout_rng_name, float32_logits=self.float32_logits,
+            scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
+            transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
+            implementation=self.attention_implementation, name="attention",
+        )(q, k, v, mask, bias, deterministic=deterministic, segment_ids=segment_ids)  # fmt: skip
+        x = x.reshape(*x.shape[:2], q_width)
+        out = DenseGeneral(
+            features=inputs_q.shape[-1], kernel_init=kernel_init,
+            kernel_axes=tuple(self.out_kernel_axes), bias_axes=tuple(self.out_bias_axes),
+            name="out", **dense_kwargs,
+        )(x)  # fmt: skip
+        return out, ln_out
+
+    def _cache(
+        self, q: jax.Array, k: jax.Array, v: jax.Array, mask: Any, bias: Any
+    ) -> tuple[jax.Array, jax.Array, Any, Any]:
+        """The autoregressive key/value cache (``decode=True``).
+
+        The first call (``init``) creates ``cache`` variables ``cached_key``/``cached_value``
+        shaped as the full-length keys/values and ``cache_index`` = 0, and attends normally.
+        Each later call takes one token: its key/value are written at ``cache_index``, the
+        query attends to the cached positions ``<= cache_index`` (the causal constraint; with
+        a padding mask type also the given mask, ``(b, 1, 1, length)``), a bias is sliced at
+        query row ``cache_index``, and ``cache_index`` advances."""
+        owner = "MultiHeadAttention"
+        is_step = self.has_variable("cache", "cached_key")
+        ck = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        ci = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        if not is_step:
+            return k, v, mask, bias
+        seq_axis = 0 if self.transpose_batch_sequence else 1
+        length = ck.value.shape[seq_axis]
+        expect = list(ck.value.shape)
+        expect[seq_axis] = 1
+        if tuple(k.shape) != tuple(expect):
+            raise ValueError(
+                f"{owner}: a decode step takes one token: keys of shape {tuple(expect)} for the "
+                f"cache {ck.value.shape}, got {k.shape}"
+            )
+        idx = ci.value
+        k = jax.lax.dynamic_update_slice_in_dim(ck.value, k.astype(ck.value.dtype), idx, seq_axis)
+        v = jax.lax.dynamic_update_slice_in_dim(cv.value, v.astype(cv.value.dtype), idx, seq_axis)
+        ck.value, cv.value, ci.value = k, v, idx + 1
+        future = (jnp.arange(length) > idx)[None, None, None, :]
+        if canonical_mask_type(self.attn_mask_type) in ("padding", "padding_causal"):
+            if mask is None:
+                raise ValueError(
+                    f"{owner}: attn_mask_type={self.attn_mask_type!r} needs a mask in decode "
+                    "steps too"
+                )
+            mask = jnp.asarray(mask)
+            mask = (mask if mask.dtype == jnp.bool_ else mask != 0) | future
+        else:
+            mask = future
         if bias is not None:
             bias = jnp.asarray(bias)
-            if (
-                bias.ndim != 4
-                or any(bias.shape[i] not in (1, shape[i]) for i in range(4))
-                or not jnp.issubdtype(bias.dtype, jnp.floating)
-            ):
-                raise ValueError(
-                    f"{owner}: bias must be a float array broadcastable to (b, h, sq, skv) = "
-                    f"{shape}, got {bias.shape} {bias.dtype}"
-                )
-            if bias_type == "pre_scale_bias":
-                bias = bias * jnp.asarray(scale, bias.dtype)
-
-        jax_window = None
-        if window is not None:
-            big = max(sq, skv)
-            left, right = (big if w < 0 else w for w in window)
-            if left < big or right < big:
-                jax_window = (left, right)
-
-        if not deterministic and self.attention_dropout > 0.0:
-            out = attention_with_dropout(
-                q, k, v, bias, keep, is_causal=is_causal, window=jax_window, scale=scale,
-                rate=float(self.attention_dropout), rng=self.make_rng(self.dropout_rng_name),
-            )  # fmt: skip
-        else:
-            out = jax.nn.dot_product_attention(
-                q, k, v, bias, keep, scale=scale, is_causal=is_causal,
-                local_window_size=jax_window, implementation=self.implementation,
-            )  # fmt: skip
-        if self.transpose_batch_sequence:
-            out = jnp.swapaxes(out, 0, 1)
-        return out
-
-
-def t5_relative_buckets(
-    q_seqlen: int, k_seqlen: int, num_buckets: int, max_distance: int, bidirectional: bool
-) -> np.ndarray:
-    """T5's bucket of each ``(query, key)`` pair, ``(q_seqlen, k_seqlen)`` int32 (numpy).
-
-    With ``bidirectional``, half the buckets are for keys after the query. Within a half of
-    ``n`` buckets, distances below ``n/2`` get a bucket each and larger ones share
-    logarithmically spaced buckets up to ``max_distance`` (and beyond, the last bucket)."""
-    dist = (
-        np.arange(q_seqlen, dtype=np.int64)[:, None] - np.arange(k_seqlen, dtype=np.int64)[None, :]
-    )
-    n = num_buckets
-    bucket = np.zeros_like(dist)
-    if bidirectional:
-        n //= 2
-        bucket += (dist < 0).astype(np.int64) * n
-        dist = np.abs(dist)
-    else:
-        dist = np.maximum(dist, 0)
-    exact = n // 2
-    with np.errstate(divide="ignore"):
-        log_ratio = np.log(dist.astype(np.float32) / exact + np.finfo(np.float32).eps) / np.log(
-            max_distance / exact
-        )
-    large = exact + (log_ratio * (n - exact)).astype(np.int64)
-    large = np.minimum(large, n - 1)
-    bucket += np.where(dist < exact, dist, large)
-    return bucket.astype(np.int32)
-
-
-class RelativePositionBiases(nn.Module):
-    """T5-style relative position biases for the attention logits.
-
-    ``rpb(q_seqlen, k_seqlen, bidirectional=True)`` returns ``(1, num_attention_heads,
-    q_seqlen, k_seqlen)``: entry ``[0, h, i, j]`` is ``rel_embedding[h, bucket(j - i)]`` with
-    T5's buckets (:func:`t5_relative_buckets`). Pass it as the ``bias`` of
-    :class:`DotProductAttention`/:class:`~fp8jax.flax.MultiHeadAttention`.
-
-    Param: ``rel_embedding`` ``(num_attention_heads, num_buckets)`` (TE's name and shape).
-
-    Differences from TE: ``embedding_axes`` defaults to none (``()``; TE annotates
-    ``("heads", "relpos_buckets")``); ``dtype`` is the output dtype (default the param's) and
-    ``param_dtype`` the param's (TE's ``dtype`` is both); the lookup is a gather (TE: a one-hot
-    matmul; the same values).
-
-    Attributes:
-      num_buckets: number of buckets (both directions together when bidirectional).
-      max_distance: distances beyond it share the last bucket.
-      num_attention_heads: one bias per head.
-      embedding_init: initializer of ``rel_embedding`` (Flax's ``default_embed_init``).
-      embedding_axes: logical axis names of ``rel_embedding`` (``()``: none).
-      dtype, param_dtype: output and param dtypes.
-    """
-
-    num_buckets: int
-    max_distance: int
-    num_attention_heads: int
-    embedding_init: Callable[..., Any] = nn.linear.default_embed_init
-    embedding_axes: tuple[str | None, ...] = ()
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, q_seqlen: int, k_seqlen: int, bidirectional: bool = True) -> jax.Array:
-        owner = "RelativePositionBiases"
-        for name in ("num_buckets", "max_distance", "num_attention_heads"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
-        if self.num_buckets < (4 if bidirectional else 2):
-            raise ValueError(
-                f"{owner}: num_buckets must be >= {4 if bidirectional else 2} "
-                f"(bidirectional={bidirectional}), got {self.num_buckets}"
-            )
-        for name, v in (("q_seqlen", q_seqlen), ("k_seqlen", k_seqlen)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
-        buckets = t5_relative_buckets(
-            int(q_seqlen), int(k_seqlen), int(self.num_buckets), int(self.max_distance),
-            bool(bidirectional),
-        )  # fmt: skip
-        init = _annotated(owner, "embedding_axes", self.embedding_init, self.embedding_axes, 2)
-        table = self.param(
-            "rel_embedding", init, (self.num_attention_heads, self.num_buckets), self.param_dtype
-        )
-        values = jnp.take(jnp.asarray(table), jnp.asarray(buckets), axis=1)
-        return values[None].astype(self.dtype or table.dtype)
+            if bias.ndim == 4 and bias.shape[2] == length:
+                bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
+        return k, v, mask, bias

@@ -16,8 +16,10 @@ import pytest
 import fp8jax
 from fp8jax import rotary
 from fp8jax.flax import DotProductAttention, RelativePositionBiases
-from fp8jax.flax import attention as attention_mod
-from fp8jax.flax.attention import attention_with_dropout, segment_mask
+from fp8jax.flax import attention as mha_mod
+from fp8jax.flax import dot_product_attention as dpa_mod
+from fp8jax.flax import relative_position as rpb_mod
+from fp8jax.flax.dot_product_attention import attention_with_dropout, segment_mask
 
 B, SQ, SKV, H, D = 2, 6, 5, 4, 8
 
@@ -332,7 +334,7 @@ def test_fp8_attention_recipe_flags_stay_rejected():
 
 
 def test_docstring_examples():
-    for mod in (attention_mod, rotary):
+    for mod in (dpa_mod, rpb_mod, mha_mod, rotary):
         result = doctest.testmod(mod, verbose=False)
         assert result.attempted > 0 and result.failed == 0
 
