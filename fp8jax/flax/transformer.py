@@ -1,0 +1,291 @@
+"""Flax Linen ``TransformerLayer``: one encoder or decoder block in FP8, with TransformerEngine's
+argument names, defaults, submodule names and data flow.
+
+A block is self-attention (``MultiHeadAttention``: norm fused into the FP8 QKV projection,
+``jax.nn.dot_product_attention``, FP8 output projection), for a decoder cross-attention over the
+encoder's output, then ``LayerNormMLP``; each with dropout and a residual connection. Every GEMM
+runs in FP8 inside ``fp8jax.autocast(enabled=True, ...)``; outside it the block is plain high
+precision.
+
+>>> import jax, jax.numpy as jnp, fp8jax
+>>> from fp8jax.flax import TransformerLayer
+>>> layer = TransformerLayer(hidden_size=16, mlp_hidden_size=32, num_attention_heads=2,
+...                          hidden_dropout=0.0, attention_dropout=0.0, intermediate_dropout=0.0)
+>>> x = jnp.ones((2, 4, 16))
+>>> with fp8jax.autocast(enabled=True, recipe=fp8jax.DelayedScaling(amax_history_len=8)):
+...     variables = layer.init(jax.random.key(0), x, deterministic=True)
+...     y = layer.apply(variables, x, deterministic=True)
+>>> y.shape
+(2, 4, 16)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.typing import Initializer
+
+from fp8jax.flax._variables import check_float_array
+from fp8jax.flax.attention import MultiHeadAttention, RelativePositionBiases
+from fp8jax.flax.layernorm import LayerNorm
+from fp8jax.flax.mlp import LayerNormMLP
+
+__all__ = ["TransformerLayer", "TransformerLayerType"]
+
+
+class TransformerLayerType(enum.Enum):
+    """Which block :class:`TransformerLayer` builds."""
+
+    ENCODER = "encoder"
+    DECODER = "decoder"
+
+
+class TransformerLayer(nn.Module):
+    """One Transformer encoder or decoder layer, FP8 in every GEMM (TransformerEngine's
+    ``TransformerLayer``: the same arguments, defaults, submodule names and data flow).
+
+    Data flow (pre-LayerNorm by default; ``x`` is ``inputs``):
+
+    - ``h = x + dropout(self_attention(norm(x)))`` (encoder: submodule ``attention``, decoder:
+      ``self_attention``), with the T5 relative position bias (``relpos_bias``) when
+      ``enable_relative_embedding``;
+    - decoder only: ``h = h + dropout(encoder_decoder_attention(norm(h), encoded))``;
+    - ``z = h + dropout(mlp(norm(h)))`` (``mlp``: :class:`LayerNormMLP`);
+    - ``output_layernorm``: a final norm on ``z`` (``output_layernorm``), and no norm before
+      self-attention (post-LayerNorm); ``apply_residual_connection_post_layernorm``: the
+      residuals are the norms' outputs instead of their inputs.
+
+    Attributes:
+      hidden_size, mlp_hidden_size, num_attention_heads, num_gqa_groups: widths and heads
+        (``head_dim = hidden_size // num_attention_heads``; the input's last dim must equal
+        ``hidden_size``); ``num_gqa_groups`` defaults to ``num_attention_heads``.
+      layernorm_type, layernorm_epsilon, zero_centered_gamma: every norm of the layer.
+      hidden_dropout, hidden_dropout_dims, attention_dropout, intermediate_dropout,
+        intermediate_dropout_dims, dropout_rng_name: dropout rates, broadcast dims and the RNG
+        stream (dropout is off when ``deterministic``).
+      mha_kernel_init, mlp_kernel_init: TE's defaults (``variance_scaling(1, "fan_in",
+        "normal")`` and ``(..., "truncated_normal")``).
+      mlp_activations: see :class:`LayerNormMLP` (TE's default ``("relu",)``).
+      use_bias, bias_init: biases of every projection.
+      apply_residual_connection_post_layernorm, output_layernorm: see above.
+      float32_attention_logits: attention logits in float32.
+      layer_type: :class:`TransformerLayerType` ``ENCODER`` or ``DECODER``.
+      self_attn_mask_type, self_attn_bias_type: the self-attention's mask and bias types
+        (``"no_mask"``, ``"padding"``, ``"causal"``, ``"padding_causal"``).
+      enable_relative_embedding, relative_embedding: the T5 bias (a module of your own, or
+        ``RelativePositionBiases(32 buckets, max distance 128)``).
+      enable_rotary_pos_emb, rotary_pos_emb_windows, rotary_pos_emb_group_method: rotary
+        position embeddings in both attentions.
+      dtype, param_dtype: computation dtype (default: the input's with float32 params, as in
+        Flax) and params' dtype.
+      drop_path: stochastic depth rate (whole residual branches dropped per example).
+      fuse_qkv_params, transpose_batch_sequence, scale_attn_logits, scaled_query_init,
+        window_size: passed to the attentions (see :class:`MultiHeadAttention`).
+
+    Differences from TE: ``dtype``/``param_dtype`` follow Flax; LoRA and ``decode`` (the
+    key/value cache) are not supported; ``enable_sequence_parallel`` is accepted for
+    compatibility (sequence parallelism comes from logical axis rules here).
+    """
+
+    hidden_size: int = 512
+    mlp_hidden_size: int = 2048
+    num_attention_heads: int = 8
+    num_gqa_groups: int | None = None
+    layernorm_type: str = "layernorm"
+    layernorm_epsilon: float = 1e-6
+    zero_centered_gamma: bool = False
+    hidden_dropout: float = 0.1
+    hidden_dropout_dims: Sequence[int] = ()
+    attention_dropout: float = 0.1
+    intermediate_dropout: float = 0.1
+    intermediate_dropout_dims: Sequence[int] = ()
+    dropout_rng_name: str = "dropout"
+    mha_kernel_init: Initializer | None = None
+    mlp_kernel_init: Initializer | None = None
+    mlp_activations: Sequence[str] = ("relu",)
+    use_bias: bool = False
+    bias_init: Initializer = nn.initializers.zeros_init()
+    apply_residual_connection_post_layernorm: bool = False
+    output_layernorm: bool = False
+    float32_attention_logits: bool = False
+    layer_type: TransformerLayerType = TransformerLayerType.ENCODER
+    self_attn_mask_type: str = "causal"
+    self_attn_bias_type: str | None = None
+    enable_relative_embedding: bool = True
+    relative_embedding: nn.Module | None = None
+    enable_rotary_pos_emb: bool = False
+    rotary_pos_emb_windows: tuple[int, int] = (1, 10000)
+    rotary_pos_emb_group_method: str = "consecutive"
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    drop_path: float = 0.0
+    fuse_qkv_params: bool = True
+    transpose_batch_sequence: bool = False
+    enable_sequence_parallel: bool = False
+    scale_attn_logits: bool = False
+    scaled_query_init: bool = True
+    window_size: tuple[int, int] | None = None
+
+    def _check(self, inputs: jax.Array, encoded: jax.Array | None, decode: bool) -> None:
+        owner = "TransformerLayer"
+        if not isinstance(self.layer_type, TransformerLayerType):
+            raise ValueError(
+                f"{owner}: layer_type must be TransformerLayerType.ENCODER or DECODER, got "
+                f"{self.layer_type!r}"
+            )
+        for name in ("hidden_size", "mlp_hidden_size", "num_attention_heads"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"{owner}: num_attention_heads={self.num_attention_heads} must divide "
+                f"hidden_size={self.hidden_size}"
+            )
+        if inputs.ndim != 3:
+            raise ValueError(
+                f"{owner}: inputs must be rank 3 ([batch, seq, hidden], or [seq, batch, hidden] "
+                f"with transpose_batch_sequence), got shape {inputs.shape}"
+            )
+        if inputs.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"{owner}: inputs' last dim {inputs.shape[-1]} must equal hidden_size="
+                f"{self.hidden_size}"
+            )
+        if decode:
+            raise ValueError(f"{owner}: decode=True (a key/value cache) is not supported yet")
+        if self.layer_type is TransformerLayerType.DECODER and encoded is None:
+            raise ValueError(f"{owner}: a DECODER layer needs encoded (the encoder's output)")
+        for name in ("hidden_dropout", "attention_dropout", "intermediate_dropout", "drop_path"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+                raise ValueError(f"{owner}: {name} must be a float in [0, 1), got {v!r}")
+
+    def _attention(self, name: str, **overrides: Any) -> MultiHeadAttention:
+        kw = dict(
+            head_dim=self.hidden_size // self.num_attention_heads,
+            num_attention_heads=self.num_attention_heads,
+            num_gqa_groups=self.num_gqa_groups,
+            attention_dropout=self.attention_dropout,
+            dropout_rng_name=self.dropout_rng_name,
+            float32_logits=self.float32_attention_logits,
+            scale_attn_logits=self.scale_attn_logits,
+            scaled_query_init=self.scaled_query_init,
+            layernorm_type=self.layernorm_type,
+            layernorm_epsilon=self.layernorm_epsilon,
+            zero_centered_gamma=self.zero_centered_gamma,
+            return_layernorm_output=self.apply_residual_connection_post_layernorm,
+            input_layernorm=not self.output_layernorm,
+            attn_mask_type=self.self_attn_mask_type,
+            attn_bias_type=self.self_attn_bias_type,
+            enable_rotary_pos_emb=self.enable_rotary_pos_emb,
+            rotary_pos_emb_windows=self.rotary_pos_emb_windows,
+            rotary_pos_emb_group_method=self.rotary_pos_emb_group_method,
+            fuse_qkv_params=self.fuse_qkv_params,
+            kernel_init=self.mha_kernel_init
+            or nn.initializers.variance_scaling(1.0, "fan_in", "normal"),
+            use_bias=self.use_bias,
+            bias_init=self.bias_init,
+            transpose_batch_sequence=self.transpose_batch_sequence,
+            window_size=self.window_size,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
+        kw.update(overrides)
+        return MultiHeadAttention(name=name, **kw)
+
+    def _dropout(self, x: jax.Array, rate: float, dims: Sequence[int], deterministic: bool):
+        drop = nn.Dropout(
+            rate=rate, broadcast_dims=tuple(dims), rng_collection=self.dropout_rng_name
+        )
+        return drop(x, deterministic=deterministic)
+
+    def _drop_path(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if self.drop_path <= 0:
+            return x
+        batch_dim = 1 if self.transpose_batch_sequence else 0
+        dims = tuple(d for d in range(x.ndim) if d != batch_dim)
+        drop = nn.Dropout(rate=self.drop_path, broadcast_dims=dims,
+                          rng_collection=self.dropout_rng_name)  # fmt: skip
+        return drop(x, deterministic=deterministic)
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: jax.Array,
+        encoded: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        encoder_decoder_mask: jax.Array | None = None,
+        deterministic: bool = False,
+        decode: bool = False,
+        max_decode_length: int | None = None,
+    ) -> jax.Array:
+        """The layer on ``inputs`` ``[batch, seq, hidden]`` (``[seq, batch, hidden]`` with
+        ``transpose_batch_sequence``); masks are True where attention is *not* allowed."""
+        del max_decode_length  # only meaningful with decode, which is not supported
+        inputs = check_float_array("TransformerLayer", "inputs", inputs)
+        self._check(inputs, encoded, decode)
+        decoder = self.layer_type is TransformerLayerType.DECODER
+        seq_dim = 0 if self.transpose_batch_sequence else 1
+        bias = None
+        if self.enable_relative_embedding:
+            rel = self.relative_embedding
+            if rel is None:
+                rel = RelativePositionBiases(
+                    num_buckets=32, max_distance=128, num_attention_heads=self.num_attention_heads,
+                    embedding_init=nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                    name="relpos_bias",
+                )  # fmt: skip
+            length = inputs.shape[seq_dim]
+            bias = rel(length, length, not decoder)
+
+        x, ln = self._attention("self_attention" if decoder else "attention")(
+            inputs, inputs, attention_mask, bias, deterministic=deterministic
+        )
+        x = self._dropout(x, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
+        x = self._drop_path(x, deterministic)
+        residual = ln if self.apply_residual_connection_post_layernorm else inputs
+        x = x + residual
+        mlp_input = x
+        if decoder:
+            y, ln = self._attention(
+                "encoder_decoder_attention", input_layernorm=True, attn_mask_type="padding",
+                attn_bias_type="no_bias",
+            )(x, encoded, encoder_decoder_mask, deterministic=deterministic)  # fmt: skip
+            y = self._dropout(y, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
+            residual = ln if self.apply_residual_connection_post_layernorm else x
+            mlp_input = y + residual
+        z, ln = LayerNormMLP(
+            intermediate_dim=self.mlp_hidden_size,
+            layernorm_type=self.layernorm_type,
+            epsilon=self.layernorm_epsilon,
+            zero_centered_gamma=self.zero_centered_gamma,
+            return_layernorm_output=self.apply_residual_connection_post_layernorm,
+            activations=tuple(self.mlp_activations),
+            intermediate_dropout_rng_name=self.dropout_rng_name,
+            intermediate_dropout_rate=self.intermediate_dropout,
+            intermediate_hidden_dropout_dims=tuple(self.intermediate_dropout_dims),
+            kernel_init=self.mlp_kernel_init,
+            use_bias=self.use_bias,
+            bias_init=self.bias_init,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="mlp",
+        )(mlp_input, deterministic=deterministic)
+        residual = ln if self.apply_residual_connection_post_layernorm else mlp_input
+        z = self._dropout(z, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
+        z = self._drop_path(z, deterministic)
+        z = z + residual
+        if self.output_layernorm:
+            z = LayerNorm(
+                epsilon=self.layernorm_epsilon, layernorm_type=self.layernorm_type,
+                zero_centered_gamma=self.zero_centered_gamma, dtype=self.dtype,
+                param_dtype=self.param_dtype, name="output_layernorm",
+            )(z)  # fmt: skip
+        return z.astype(inputs.dtype)

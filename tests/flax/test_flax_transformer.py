@@ -1,0 +1,152 @@
+"""fp8jax.flax.TransformerLayer: a 2-layer decoder model trains in FP8 (loss falls, the FP8
+state moves every step), encoder and decoder layers, nn.scan over layers, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import fp8jax
+from fp8jax import DelayedScaling, Float8CurrentScaling
+from fp8jax.flax import Fp8TrainState, TransformerLayer, TransformerLayerType
+
+HIDDEN, HEADS, MLP, SEQ, VOCAB = 32, 4, 64, 8, 16
+NO_DROPOUT = dict(hidden_dropout=0.0, attention_dropout=0.0, intermediate_dropout=0.0)
+
+
+def _layer(**kw):
+    return TransformerLayer(hidden_size=HIDDEN, mlp_hidden_size=MLP, num_attention_heads=HEADS,
+                            **{**NO_DROPOUT, **kw})  # fmt: skip
+
+
+class TinyLM(nn.Module):
+    """Embedding -> 2 decoder-only layers (encoder layers with a causal mask) -> logits."""
+
+    scan: bool = False
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(VOCAB, HIDDEN)(tokens)
+        if self.scan:
+            block = nn.scan(
+                _ScanBody, variable_axes={"params": 0, "fp8_meta": 0, "fp8_probe": 0},
+                split_rngs={"params": True}, length=2,
+            )  # fmt: skip
+            x, _ = block(name="layers")(x, None)
+        else:
+            for i in range(2):
+                x = _layer(self_attn_mask_type="causal", name=f"layer_{i}")(x, deterministic=True)
+        return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+
+class _ScanBody(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        return _layer(self_attn_mask_type="causal")(x, deterministic=True), None
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    # a learnable sequence: each token is the previous one plus one (mod VOCAB)
+    start = rng.integers(0, VOCAB, (8, 1))
+    seq = (start + np.arange(SEQ + 1)) % VOCAB
+    return jnp.asarray(seq[:, :-1]), jnp.asarray(seq[:, 1:])
+
+
+def _train(model, recipe, steps):
+    x, y = _data()
+    state = Fp8TrainState.from_model(model, jax.random.key(0), x, tx=optax.adam(3e-3),
+                                     recipe=recipe)  # fmt: skip
+
+    @jax.jit
+    def step(state):
+        def loss_fn(params, probes):
+            logits = state.apply(state.variables(params, probes), x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, (g, pg) = jax.value_and_grad(loss_fn, argnums=(0, 1))(state.params,
+                                                                   state.fp8_probe)  # fmt: skip
+        return state.apply_gradients(grads=g, probe_grads=pg), loss
+
+    losses, scales = [], []
+    for _ in range(steps):
+        state, loss = step(state)
+        losses.append(float(loss))
+        scales.append(np.concatenate([np.ravel(s) for s in jax.tree.leaves(state.fp8_meta)]))
+    return losses, scales
+
+
+def test_two_layer_decoder_trains_with_delayed_scaling():
+    losses, states = _train(TinyLM(), DelayedScaling(amax_history_len=4), 20)
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.7 * losses[0], losses
+    for a, b in itertools.pairwise(states):
+        assert not np.array_equal(a, b)  # the FP8 state moves every step
+
+
+def test_two_layer_decoder_trains_with_current_scaling():
+    losses, states = _train(TinyLM(), Float8CurrentScaling(), 20)
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert all(s.size == 0 for s in states)  # no state at all
+
+
+def test_scan_over_layers():
+    losses, _ = _train(TinyLM(scan=True), DelayedScaling(amax_history_len=4), 5)
+    assert losses[-1] < losses[0]
+
+
+def test_encoder_and_decoder_layers():
+    x = jax.random.normal(jax.random.key(1), (2, SEQ, HIDDEN))
+    enc = jax.random.normal(jax.random.key(2), (2, SEQ + 3, HIDDEN))
+    recipe = DelayedScaling(amax_history_len=4)
+    dec = _layer(layer_type=TransformerLayerType.DECODER)
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        v = dec.init(jax.random.key(0), x, enc, deterministic=True)
+        y = dec.apply(v, x, enc, deterministic=True)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert {"self_attention", "encoder_decoder_attention", "mlp", "relpos_bias"} <= set(v["params"])
+    e = _layer(output_layernorm=True, apply_residual_connection_post_layernorm=True)
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        ev = e.init(jax.random.key(0), x, deterministic=True)
+        assert e.apply(ev, x, deterministic=True).shape == x.shape
+    assert {"attention", "mlp", "output_layernorm"} <= set(ev["params"])
+
+
+def test_dropout_needs_its_rng_and_is_reproducible():
+    x = jax.random.normal(jax.random.key(1), (2, SEQ, HIDDEN))
+    layer = TransformerLayer(hidden_size=HIDDEN, mlp_hidden_size=MLP, num_attention_heads=HEADS)
+    v = layer.init(jax.random.key(0), x, deterministic=True)
+    a = layer.apply(v, x, rngs={"dropout": jax.random.key(3)})
+    b = layer.apply(v, x, rngs={"dropout": jax.random.key(3)})
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(layer.apply(v, x, deterministic=True)))
+
+
+@pytest.mark.parametrize(
+    ("kw", "args", "match"),
+    [
+        (dict(num_attention_heads=5), (), "num_attention_heads"),
+        (dict(layer_type="encoder"), (), "layer_type"),
+        (dict(layer_type=TransformerLayerType.DECODER), (), "encoded"),
+        (dict(hidden_size=48), (), "hidden_size"),
+        (dict(hidden_dropout=1.5), (), "hidden_dropout"),
+    ],
+)
+def test_bad_input_names_the_argument(kw, args, match):
+    x = jnp.ones((2, SEQ, HIDDEN))
+    with pytest.raises(ValueError, match=match):
+        _layer(**kw).init(jax.random.key(0), x, *args, deterministic=True)
+
+
+def test_rank_and_decode_errors():
+    with pytest.raises(ValueError, match="rank 3"):
+        _layer().init(jax.random.key(0), jnp.ones((SEQ, HIDDEN)), deterministic=True)
+    with pytest.raises(ValueError, match="decode"):
+        _layer().init(jax.random.key(0), jnp.ones((2, SEQ, HIDDEN)), deterministic=True,
+                      decode=True)  # fmt: skip

@@ -1,0 +1,26 @@
+"""The docstring examples of the layers run as written (``doctest``)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "fp8jax.state",
+    "fp8jax.dense",
+    "fp8jax.layernorm_dense",
+    "fp8jax.layernorm_mlp",
+    "fp8jax.flax.dense",
+    "fp8jax.flax.layernorm",
+    "fp8jax.flax.mlp",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_examples_run(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, verbose=False, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no example"
+    assert result.failed == 0
