@@ -351,12 +351,10 @@ class MultiHeadAttention(nn.Module):
         v = jax.lax.dynamic_update_slice_in_dim(cv.value, v.astype(cv.value.dtype), idx, seq_axis)
         ck.value, cv.value, ci.value = k, v, idx + 1
         future = (jnp.arange(length) > idx)[None, None, None, :]
-        if canonical_mask_type(self.attn_mask_type) in ("padding", "padding_causal"):
-            if mask is None:
-                raise ValueError(
-                    f"{owner}: attn_mask_type={self.attn_mask_type!r} needs a mask in decode "
-                    "steps too"
-                )
+        if mask is not None and canonical_mask_type(self.attn_mask_type) in (
+            "padding",
+            "padding_causal",
+        ):
             mask = jnp.asarray(mask)
             mask = (mask if mask.dtype == jnp.bool_ else mask != 0) | future
         else:

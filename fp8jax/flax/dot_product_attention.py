@@ -230,8 +230,9 @@ class DotProductAttention(nn.Module):
       ignored; ``"bs3hd"``: ``query`` is ``[b, s, 3, h, d]``, ``key``/``value`` ignored.
     - ``sequence_descriptor`` (or its deprecated alias ``mask``): TE's mask, a bool array
       broadcastable to ``(b, h, sq, skv)``, ``True`` = masked out (the docstring example above
-      builds one from sequence lengths); required by ``"padding"``/``"padding_causal"`` unless
-      ``segment_ids`` are given, ignored by ``"no_mask"``/``"causal"`` (as TE).
+      builds one from sequence lengths); used by ``"padding"``/``"padding_causal"`` (without a
+      mask or ``segment_ids`` they mask nothing, or only causally; TE requires one), ignored
+      by ``"no_mask"``/``"causal"`` (as TE).
     - ``segment_ids`` (fp8jax's, for packed sequences): ``(b, s)`` ints, or a pair ``(q_ids,
       kv_ids)``; tokens attend within their own segment, id 0 is padding. Needs a padding mask
       type; combined (and-ed) with ``sequence_descriptor``. Windows and the causal mask count
@@ -383,12 +384,7 @@ class DotProductAttention(nn.Module):
             if segment_ids is not None:
                 seg = _segment_ids(owner, segment_ids, b, sq, skv)
                 masked = seg if masked is None else masked | seg
-            if masked is None:
-                raise ValueError(
-                    f"{owner}: attn_mask_type={self.attn_mask_type!r} needs a mask "
-                    "(sequence_descriptor/mask, True = masked out) or segment_ids"
-                )
-            keep = ~masked
+            keep = None if masked is None else ~masked  # no mask: nothing is padded
         elif segment_ids is not None:
             raise ValueError(
                 f"{owner}: segment_ids need attn_mask_type 'padding' or 'padding_causal', got "

@@ -123,6 +123,15 @@ def test_every_mask_type_matches_jax_and_the_oracle(mask_type, groups):
     np.testing.assert_allclose(np.asarray(attn.apply({}, q, k, v, mask)), want, atol=2e-6)
 
 
+def test_padding_types_without_a_mask_mask_nothing_or_causally():
+    q, k, v = _qkv()
+    for padded, plain in (("padding", "no_mask"), ("padding_causal", "causal")):
+        np.testing.assert_array_equal(
+            _dpa(attn_mask_type=padded).apply({}, q, k, v),
+            _dpa(attn_mask_type=plain).apply({}, q, k, v),
+        )
+
+
 def test_mask_is_ignored_by_no_mask_and_causal_as_in_te():
     q, k, v = _qkv()
     full = jnp.ones((B, 1, SQ, SKV), bool)
@@ -292,7 +301,6 @@ def test_dropout_formula_and_expectation():
         (dict(num_gqa_groups=0), {}, ValueError, "num_gqa_groups"),
         (dict(attn_mask_type="bidirectional"), {}, ValueError, "attn_mask_type"),
         (dict(attn_mask_type=1), {}, TypeError, "attn_mask_type"),
-        (dict(attn_mask_type="padding"), {}, ValueError, "needs a mask"),
         (dict(attn_mask_type="padding"), {"mask": jnp.zeros((B, SQ, SKV), bool)}, ValueError,
          "mask"),
         (dict(attn_mask_type="padding"), {"mask": jnp.zeros((B, 1, SQ, SKV + 1), bool)},

@@ -340,8 +340,6 @@ def test_bad_input_names_the_argument():
         model.init(jax.random.key(0), x, jnp.ones((B, S, HID), jnp.int32))
     with pytest.raises(ValueError, match="batch sizes"):
         model.init(jax.random.key(0), x, x[:1])
-    with pytest.raises(ValueError, match="needs a mask"):
-        model.init(jax.random.key(0), x, x)
     with pytest.raises(ValueError, match="mask"):
         model.init(jax.random.key(0), x, x, jnp.zeros((B, S, S), bool))
     with pytest.raises(TypeError, match="mask"):
