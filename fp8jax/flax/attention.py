@@ -86,9 +86,11 @@ class MultiHeadAttention(nn.Module):
     self-attention without the packed QKV projection (GQA or ``fuse_qkv_params=False``); else
     ``None``. Self-attention is ``inputs_q is inputs_kv`` (as TE): the keys and values are
     projected from the normalised query input (pass the same array object: under
-    ``jax.jit``, one argument used twice, not two arguments). Cross-attention projects
-    ``inputs_kv`` as is (no norm); its width may differ. ``mask``/``bias``/``segment_ids`` go to
-    :class:`~fp8jax.flax.DotProductAttention` (mask: ``True`` = masked out). ``decode=True``
+    ``jax.jit`` one argument used twice, not two arguments; ``nn.remat`` the enclosing block,
+    whose call passes one array twice, rather than this module, whose arguments it retraces).
+    Cross-attention projects ``inputs_kv`` as is (no norm); its width may differ.
+    ``mask``/``bias``/``segment_ids`` go to :class:`~fp8jax.flax.DotProductAttention` (mask:
+    ``True`` = masked out). ``decode=True``
     uses an autoregressive key/value cache in the ``"cache"`` collection, as TE: ``init`` with
     the full-length input creates it, then each ``apply(..., decode=True,
     mutable=["cache"])`` takes one token (see :meth:`_cache`).

@@ -384,3 +384,32 @@ def test_decode_steps_equal_the_causal_forward(cfg):
         np.testing.assert_allclose(np.asarray(out[:, 0]), np.asarray(full[:, t]), rtol=1e-5,
                                    atol=1e-5)  # fmt: skip
     assert int(variables["cache"]["cache_index"]) == S
+
+
+class _Block(nn.Module):
+    """x + attention(x): the way a Transformer layer calls it (the same array twice)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return x + _mha(num_gqa_groups=2, enable_rotary_pos_emb=True)(x, x)[0]
+
+
+def test_remat_with_the_fp8_policy_keeps_the_numbers():
+    """nn.remat(policy=fp8jax.save_fp8_operands) around a block: the same loss and gradients
+    (the attention core is recomputed in the backward pass)."""
+    x = _rand((B, S, HID), 0)
+    plain, remat = _Block(), nn.remat(_Block, policy=fp8jax.save_fp8_operands)()
+    recipe = Float8CurrentScaling()
+    params = jax.jit(plain.init)(jax.random.key(0), x)["params"]
+
+    def loss(model):
+        def f(p, x):
+            with fp8jax.autocast(enabled=True, recipe=recipe):
+                return jnp.sum(model.apply({"params": p}, x) ** 2)
+
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(params, x)
+
+    (a, ga), (b, gb) = loss(plain), loss(remat)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for u, w in zip(jax.tree.leaves(ga), jax.tree.leaves(gb), strict=True):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(w), rtol=1e-6, atol=1e-6)
