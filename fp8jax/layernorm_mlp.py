@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import _fp8_gemm as g8
+from fp8jax import _grouped_gemm
 from fp8jax._norm_layer import (
     check_norm_args,
     check_norm_params,
@@ -38,6 +39,7 @@ from fp8jax.ops.activation import (
     dactivation,
     dactivation_cast_transpose_dbias,
 )
+from fp8jax.ops.quantize import quantize
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
 
@@ -54,6 +56,9 @@ class _Config(NamedTuple):
     activations: tuple[str, ...]
     has_bias: tuple[bool, bool]
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
+    # GEMM1 with the gated pair as its own dim (fp8jax._grouped_gemm): kernel_1 (hidden, 2, I),
+    # bias_1 (2, I); else the 2-D view (hidden, k I), (k I,)
+    grouped: bool
     dtype: Any  # dtype of the GEMMs' outputs (the activation's input and the result)
     # dtypes of (x, gamma, beta, w1, b1, w2, b2): each gradient is returned in its primal's
     dtypes: tuple[Any, ...]
@@ -77,7 +82,8 @@ def _activation_fp8(cfg: _Config, h: jax.Array, scale: jax.Array, mask: jax.Arra
 
 def _dactivation_fp8(cfg: _Config, da: jax.Array, h: jax.Array, scale: jax.Array):
     """The activation's gradient cast to FP8, 2-D: ``(q [M, k I], q_t [k I, M], sinv, amax,
-    dbias float32[k I])``."""
+    dbias float32[k I])``; with ``cfg.grouped`` 3-D: ``q [M, k, I]``, ``q_t [k, I, M]``, dbias
+    ``[k, I]``."""
     s = cfg.setup
     m, k, i = h.shape
     impl = s.implementation("activation")
@@ -87,6 +93,8 @@ def _dactivation_fp8(cfg: _Config, da: jax.Array, h: jax.Array, scale: jax.Array
     q, q_t, sinv, amax, dbias = dactivation_cast_transpose_dbias(
         da, h, scale, s.bwd_dtype, cfg.activations, amax_reduction="mesh", implementation=impl
     )
+    if cfg.grouped:
+        return q, q_t, sinv, amax, dbias
     return q.reshape(m, k * i), q_t.reshape(k * i, m), sinv, amax, dbias.reshape(k * i)
 
 
@@ -95,8 +103,11 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     ln_q, ln_t, ln_sinv, ln_amax, ln, norm_res = input_forward(
         s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
-    h, w1_amax, r1 = g8.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
-    h = h.reshape(x.shape[0], len(cfg.activations), -1)
+    if cfg.grouped:
+        h, w1_amax, r1 = _gemm1_grouped(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
+    else:
+        h, w1_amax, r1 = g8.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
+        h = h.reshape(x.shape[0], len(cfg.activations), -1)
     a_q, a_t, a_sinv, a_amax = _activation_fp8(cfg, h, scale[3], mask)
     a_q, a_t = g8.named(g8.codes(a_q), 2), g8.named(g8.codes(a_t), 0)
     a_sinv, a_amax = g8.named(a_sinv, 4), g8.named(a_amax, 5)
@@ -106,6 +117,39 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     fwd_seen = jnp.stack([ln_amax, w1_amax, a_amax, w2_amax]).reshape(4)
     res = (norm_res, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask)
     return (y, ln, seen), res
+
+
+def _gemm1_grouped(s: g8.Fp8Setup, ln_q, ln_sinv, w1, scale, b1, dtype):
+    """GEMM1 of a gated block with the pair as its own dim: ``h [M, 2, I]`` from the norm's FP8
+    output and ``w1 (hidden, 2, I)``, cast here (one quantize, its transposed copy ``(2, I,
+    hidden)`` as a transpose of the codes); ``(h, w1's amax, residuals)`` as
+    :func:`fp8jax._fp8_gemm.gemm_forward`'s."""
+    fwd = s.fwd_dtype
+    q, sinv, amax = quantize(
+        w1, g8.scale_for(s, w1, scale, fwd), fwd, amax_reduction="mesh",
+        implementation=s.implementation("cast"),
+    )  # fmt: skip
+    w_q = g8.named(g8.codes(q), 1)
+    w_t = g8.named(jnp.transpose(w_q, (1, 2, 0)), 3)
+    sinv, amax = g8.named(sinv, 4), g8.named(amax, 5)
+    h = _grouped_gemm.gemm_n(
+        ln_q, w_t, ln_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=b1, accumulate="fast"
+    )
+    return h, amax, g8.GemmResiduals(w_q, w_t, sinv)
+
+
+def _gemm1_grouped_backward(s: g8.Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt):
+    """dgrad ``[M, hidden]`` and wgrad ``(hidden, 2, I)`` of :func:`_gemm1_grouped` from the
+    activation gradient's codes ``g_q [M, 2, I]`` and ``g_t [2, I, M]``."""
+    fwd, bwd = s.fwd_dtype, s.bwd_dtype
+    dx = _grouped_gemm.gemm_k(
+        g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), out_dtype=x_dt,
+        reuse=(res.w_t, x_t),
+    )  # fmt: skip
+    dw = _grouped_gemm.gemm_n(
+        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dt, accumulate="split"
+    )
+    return dx, dw
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -135,7 +179,10 @@ def _mlp2d_bwd(cfg: _Config, res, cts):
         da = (da * mask).astype(da.dtype)
     dh_q, dh_t, dh_sinv, dh_amax, db1 = _dactivation_fp8(cfg, da, h, scale[2])
     dh_q, dh_t = g8.codes(dh_q), g8.codes(dh_t)
-    dln, dw1 = g8.gemm_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
+    if cfg.grouped:
+        dln, dw1 = _gemm1_grouped_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
+    else:
+        dln, dw1 = g8.gemm_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)
     ln_amax, w1_amax, a_amax, w2_amax = (fwd_seen[i] for i in range(4))
     observed = jnp.stack([ln_amax, w1_amax, dh_amax, a_amax, w2_amax, dy_amax]).reshape(_N)
@@ -293,7 +340,15 @@ def _layernorm_mlp(
     m = int(np.prod(lead, dtype=np.int64))
     w1 = kernel_1 if jnp.dtype(kernel_1.dtype) in g8.WIDE else kernel_1.astype(dtype)
     w2 = kernel_2 if jnp.dtype(kernel_2.dtype) in g8.WIDE else kernel_2.astype(dtype)
-    b1 = None if bias_1 is None else bias_1.astype(dtype).reshape(-1)
+    # the gated pair kept as a dim of its own (see fp8jax._grouped_gemm), except with current
+    # scaling (whose casts of the activation gradient are 2-D)
+    grouped = (
+        len(acts) == 2
+        and not setup.current_scaling
+        and _grouped_gemm.usable(setup.implementation("gemm"))
+    )
+    b1 = None if bias_1 is None else bias_1.astype(dtype)
+    b1 = b1 if b1 is None or grouped else b1.reshape(-1)
     b2 = None if bias_2 is None else bias_2.astype(dtype)
     mask2 = None if dropout_mask is None else dropout_mask.astype(dtype).reshape(m, inter)
     cfg = _Config(
@@ -302,15 +357,16 @@ def _layernorm_mlp(
         activations=acts,
         has_bias=(b1 is not None, b2 is not None),
         keep_ln=keep,
+        grouped=grouped,
         dtype=dtype,
         dtypes=tuple(
             None if v is None else v.dtype for v in (x, gamma, beta, w1, bias_1, w2, bias_2)
         ),
     )
+    w1 = w1 if grouped else w1.reshape(hidden, -1)
     y2, ln2, seen = _mlp2d(
-        cfg, x.reshape(m, hidden), gamma, beta, w1.reshape(hidden, -1), b1, w2, b2, scale, probe,
-        mask2,
-    )  # fmt: skip
+        cfg, x.reshape(m, hidden), gamma, beta, w1, b1, w2, b2, scale, probe, mask2
+    )
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
     return y2.reshape(*lead, out), ln, seen
 

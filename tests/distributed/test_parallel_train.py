@@ -24,7 +24,6 @@ all-reduce per step in every mode (each split tensor's amax is reduced over the 
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from pathlib import Path
 
@@ -35,15 +34,22 @@ import numpy as np
 import optax
 import pytest
 from _hlo import count, group_size
+from _parallel import N_DEVICES, state_shardings
+from _parallel import all_reduces as _all_reduces
+from _parallel import assert_like_reference as _assert_like_reference
+from _parallel import gather_key as _gather_key
+from _parallel import gathered_shapes as _gathered_shapes
+from _parallel import is_scalar_reduce as _is_scalar_reduce
+from _parallel import mesh as _mesh
+from _parallel import train as _train
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
 from fp8jax import DelayedScaling
 from fp8jax.flax import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8TrainState
 
-N_DEVICES = 8
 pytestmark = needs_devices(N_DEVICES)
 
 RECIPE = DelayedScaling(amax_history_len=4)
@@ -154,30 +160,6 @@ def _reference():
     return _REFERENCE[0]
 
 
-def _mesh(shape, explicit=False) -> Mesh:
-    """A ``("data", "model")`` mesh; ``explicit``: the axis types ``jax.make_mesh`` gives by
-    default (``AxisType.Explicit``: shardings are part of the types), else automatic axes."""
-    if explicit:
-        return jax.make_mesh(shape, ("data", "model"), devices=jax.devices()[:N_DEVICES])
-    return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(shape), ("data", "model"))
-
-
-def state_shardings(state, boxed, mesh, rules):
-    """The train state's shardings: params by their logical axis names under ``rules``; the
-    step, the optimizer state (SGD: none per param) and the FP8 state replicated."""
-    with nn.logical_axis_rules(rules):
-        specs = nn.get_partition_spec(boxed)
-        param_shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)["params"]
-    replicated = NamedSharding(mesh, P())
-    return state.replace(
-        step=replicated,
-        params=param_shardings,
-        opt_state=jax.tree.map(lambda _: replicated, state.opt_state),
-        fp8_meta=jax.tree.map(lambda _: replicated, state.fp8_meta),
-        fp8_probe=jax.tree.map(lambda _: replicated, state.fp8_probe),
-    )
-
-
 def _sharded_setup(mode, enabled=True, model=None, explicit=False):
     """(jitted step, sharded state, sharded batches, mesh) for ``mode``."""
     shape, rules = MODES[mode]
@@ -204,33 +186,6 @@ def _compiled_hlo(mode, enabled=True, explicit=False) -> str:
     step, state, batches, mesh = _sharded_setup(mode, enabled, explicit=explicit)
     with jax.set_mesh(mesh):
         return step.lower(state, *batches[0]).compile().as_text()
-
-
-def _train(step, state, batches, mesh):
-    """Runs the jitted ``step`` over ``batches`` on ``mesh``; ``(final state, losses)``."""
-    losses = []
-    with jax.set_mesh(mesh):
-        for x, y in batches:
-            state, loss = step(state, x, y)
-            losses.append(float(loss))
-    return state, losses
-
-
-def _assert_like_reference(state, losses, reference):
-    """Loss and params within float32 reduction order of the single-device run, FP8 state
-    within 1e-6 (see the module docstring)."""
-    ref_state, ref_losses = reference
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
-    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
-    jax.tree.map(close, jax.device_get(state.params), jax.device_get(ref_state.params))
-    meta, ref_meta = jax.device_get(state.fp8_meta), jax.device_get(ref_state.fp8_meta)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), meta, ref_meta)
-    return meta, ref_meta
-
-
-def _gather_key(hlo: str) -> list[tuple[int, ...]]:
-    """The all-gathered shapes, each as its sorted dims (a kernel may come in either layout)."""
-    return sorted(tuple(sorted(s)) for s in _gathered_shapes(hlo))
 
 
 def test_logical_axes_annotate_params_only():
@@ -285,25 +240,6 @@ AMAX_ALL_REDUCES = {
     "fsdp_tp": ([8], 6, 2),  # the same six (the kernels split over data and model)
     "sp": ([8], 6, 3),  # as DP x TP; the plain model's loss sum is an all-reduce of its own here
 }
-
-
-def _all_reduces(hlo: str) -> list[str]:
-    return [line for line in hlo.splitlines() if re.search(r"\sall-reduce(?:-start)?\(", line)]
-
-
-def _is_scalar_reduce(line: str) -> bool:
-    line = re.sub(r"/\*.*?\*/", "", line)  # drop /*index=5*/ comments
-    shapes = re.match(r"\s*%\S+ = \(?([^=]*?)\)? all-reduce", line).group(1)
-    return all(s.strip() == "f32[]" for s in shapes.split(","))
-
-
-def _gathered_shapes(hlo: str) -> list[tuple[int, ...]]:
-    out = []
-    for line in hlo.splitlines():
-        m = re.search(r"= \w+\[([\d,]*)\]\{[^}]*\} all-gather(?:-start)?\(", line)
-        if m:
-            out.append(tuple(int(d) for d in m.group(1).split(",") if d))
-    return out
 
 
 @pytest.mark.parametrize("mode", list(MODES))
