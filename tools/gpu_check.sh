@@ -7,7 +7,8 @@
 # the nvidia-cublas wheel JAX's CUDA plugin installed in this python), runs the whole test suite on
 # the GPU (tests/ops/test_gemm.py included; every op test runs under both implementations, the
 # fp8jax kernel and XLA's compilation of the jnp reference, ids [kernel] and [xla]), runs the
-# benchmarks (benchmarks/gemm.py included, as bench/gemm.json; benchmarks/implementations.py
+# benchmarks (benchmarks/gemm.py included, as bench/gemm.json; benchmarks/norm.py, the norms with
+# the fused FP8 cast against XLA, as bench/norm.json; benchmarks/implementations.py
 # compares the two implementations' outputs bit for bit and times both, as
 # bench/implementations.json, and fails on a mismatch), and writes into OUT (at most 8 files,
 # one folder level):

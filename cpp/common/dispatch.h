@@ -29,4 +29,19 @@ ffi::Error DispatchWideFp8(const char* op, WideKind w, Fp8Kind f, Fn&& fn) {
   }
 }
 
+// Calls fn.template operator()<W>() for the runtime high-precision kind W.
+template <typename Fn>
+ffi::Error DispatchWide(const char* op, WideKind w, Fn&& fn) {
+  switch (w) {
+    case WideKind::kF32:
+      return fn.template operator()<WideKind::kF32>();
+    case WideKind::kBF16:
+      return fn.template operator()<WideKind::kBF16>();
+    case WideKind::kF16:
+      return fn.template operator()<WideKind::kF16>();
+    default:
+      return BadArg(op, "high-precision buffer must be float32, bfloat16 or float16");
+  }
+}
+
 }  // namespace fp8jax

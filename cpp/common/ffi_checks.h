@@ -88,6 +88,40 @@ inline ffi::Error MatrixShapeOf(const std::string& op, ffi::AnyBuffer::Dimension
   return ffi::Error::Success();
 }
 
+// Shapes for a norm: x is `groups * rows` rows of `h` values (vmap's groups
+// in front), gamma (and beta, when given) `groups` rows of `h`.
+struct NormShape {
+  int64_t groups = 1;
+  int64_t rows = 0;
+  int64_t h = 0;
+};
+
+inline ffi::Error NormShapeOf(const std::string& op, ffi::AnyBuffer::Dimensions dims,
+                              const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
+                              NormShape* out) {
+  if (dims.size() < 2 || dims[dims.size() - 1] < 1) {
+    return BadArg(op, "x must have rank >= 2 and a non-empty last dim");
+  }
+  int64_t numel = 1;
+  for (size_t i = 0; i < dims.size(); ++i) numel *= dims[i];
+  const int64_t h = dims[dims.size() - 1];
+  const int64_t n = gamma.element_count();
+  if (n < h || n % h != 0 || (numel / h) % (n / h) != 0) {
+    return BadArg(op, "gamma must hold h values per group of rows");
+  }
+  if (beta != nullptr && beta->element_count() != n) {
+    return BadArg(op, "beta must have gamma's size");
+  }
+  if (WideKindOf(gamma.element_type()) == WideKind::kInvalid ||
+      (beta != nullptr && WideKindOf(beta->element_type()) == WideKind::kInvalid)) {
+    return BadArg(op, "gamma and beta must be float32, bfloat16 or float16");
+  }
+  out->h = h;
+  out->groups = n / h;
+  out->rows = numel / h / out->groups;
+  return ffi::Error::Success();
+}
+
 // The amax-history update: `rows` independent states of length `len`.
 struct HistoryShape {
   int64_t rows = 0;

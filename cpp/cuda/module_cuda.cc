@@ -20,6 +20,11 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxQuantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxDequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardFp8Cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardFp8Cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxNormBackwardCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmCuda);
 
@@ -89,6 +94,11 @@ NB_MODULE(_fp8jax_cuda, m) {
     d["fp8jax_dequantize"] = Capsule(Fp8jaxDequantizeCuda);
     d["fp8jax_cast_transpose"] = Capsule(Fp8jaxCastTransposeCuda);
     d["fp8jax_update_fp8_state"] = Capsule(Fp8jaxUpdateFp8StateCuda);
+    d["fp8jax_layernorm_forward"] = Capsule(Fp8jaxLayerNormForwardCuda);
+    d["fp8jax_rmsnorm_forward"] = Capsule(Fp8jaxRmsNormForwardCuda);
+    d["fp8jax_layernorm_forward_fp8"] = Capsule(Fp8jaxLayerNormForwardFp8Cuda);
+    d["fp8jax_rmsnorm_forward_fp8"] = Capsule(Fp8jaxRmsNormForwardFp8Cuda);
+    d["fp8jax_norm_backward"] = Capsule(Fp8jaxNormBackwardCuda);
     // The GEMM's initialize stage creates the cuBLASLt handle and runs the
     // heuristic query outside CUDA-graph capture; execute only calls cublasLtMatmul.
     nb::dict gemm;
@@ -104,7 +114,9 @@ NB_MODULE(_fp8jax_cuda, m) {
     nb::dict d;
     const auto compatible = static_cast<int64_t>(XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
     for (const char* name : {"fp8jax_quantize", "fp8jax_dequantize", "fp8jax_cast_transpose",
-                             "fp8jax_update_fp8_state", "fp8jax_gemm"}) {
+                             "fp8jax_update_fp8_state", "fp8jax_gemm", "fp8jax_layernorm_forward",
+                             "fp8jax_rmsnorm_forward", "fp8jax_layernorm_forward_fp8",
+                             "fp8jax_rmsnorm_forward_fp8", "fp8jax_norm_backward"}) {
       d[name] = compatible;
     }
     return d;

@@ -257,10 +257,19 @@ def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
     )
 
 
+NORM_WORKSPACE_SLOTS = 256
+"""Rows of the backward's workspace: per-block partial ``dgamma``/``dbeta`` rows that the kernels
+add in a fixed order (at most this many blocks of rows; a constant, so every device of a mesh
+has the same shape). An output of the custom call, so that XLA owns the memory and the CUDA
+handler stays CUDA-graph compatible; the public function drops it."""
+
+
 def _backward_reference(dy, x, mu, rsigma, gamma, *, norm_type, zero_centered_gamma):
-    return norm_backward_reference(
+    dx, dgamma, dbeta = norm_backward_reference(
         dy, x, mu, rsigma, gamma, norm_type=norm_type, zero_centered_gamma=zero_centered_gamma
     )
+    workspace = jnp.zeros((*gamma.shape[:-1], NORM_WORKSPACE_SLOTS, 2, gamma.shape[-1]))
+    return dx, dgamma, dbeta, workspace  # XLA drops the unused zeros
 
 
 _FORWARD = {t: _make_forward(t) for t in NORM_TYPES}
@@ -274,8 +283,12 @@ _BACKWARD = _opdef.OpDef(
         _opdef.like(dy, dy.dtype),
         _opdef.like(gamma, jnp.float32),
         _opdef.like(gamma, jnp.float32),
+        _opdef.like(
+            gamma, jnp.float32, shape=(*gamma.shape[:-1], NORM_WORKSPACE_SLOTS, 2, gamma.shape[-1])
+        ),
     ),
-    factors=lambda *ndims: (["m h", "m h", "m", "m", "h"], ["m h", "h", "h"]),
+    # The workspace's slot and pair dims are factors of their own (never split).
+    factors=lambda *ndims: (["m h", "m h", "m", "m", "h"], ["m h", "h", "h", "w t h"]),
     attrs=lambda *, norm_type, zero_centered_gamma: {
         "norm_type": np.int64(_NORM_CODES[norm_type]),
         "zero_centered_gamma": np.int64(zero_centered_gamma),
@@ -453,7 +466,8 @@ def norm_backward(
     """The backward pass of :func:`norm_forward`; returns ``(dx, dgamma, dbeta)``.
 
     Args:
-      dy: the gradient of ``y``, ``x.shape``, float32, bfloat16 or float16.
+      dy: the gradient of ``y``, ``x.shape``, float32, bfloat16 or float16 (usually ``x``'s
+        dtype; another one is fine: both are then widened to float32 for the kernel).
       x: the forward's input (rank > 2: the leading dims are rows).
       mu, rsigma: :func:`norm_forward`'s outputs, float32 ``x.shape[:-1]``.
       gamma: ``[h]``, as given to the forward.
@@ -478,9 +492,12 @@ def norm_backward(
             )
     gamma = _vector_arg(op, "gamma", gamma, x.shape[-1])
     m = math.prod(lead)
-    dx, dgamma, dbeta = _BACKWARD(
-        _rows(dy),
-        _rows(x),
+    # The kernels take dy and x in one dtype: a mixed pair is widened (exactly) to float32,
+    # and dx rounded once to dy's dtype, as the reference does.
+    common = x.dtype if dy.dtype == x.dtype else jnp.dtype(jnp.float32)
+    dx, dgamma, dbeta, _ = _BACKWARD(
+        _rows(dy.astype(common)),
+        _rows(x.astype(common)),
         jnp.reshape(mu, (m,)),
         jnp.reshape(rsigma, (m,)),
         gamma,
@@ -488,7 +505,7 @@ def norm_backward(
         zero_centered_gamma=bool(zero_centered_gamma),
         implementation=implementation,
     )
-    return dx.reshape(x.shape), dgamma, dbeta
+    return dx.astype(dy.dtype).reshape(x.shape), dgamma, dbeta
 
 
 # ------------------------------------------------------------------------------- differentiable
@@ -500,7 +517,7 @@ def _norm(x, gamma, beta, cfg):
 
 
 def _norm_fwd(x, gamma, beta, cfg):
-    norm_type, epsilon, zero_centered_gamma, impl = cfg
+    norm_type, epsilon, zero_centered_gamma, impl, _ = cfg
     y, mu, rsigma = norm_forward(
         x,
         gamma,
@@ -510,12 +527,12 @@ def _norm_fwd(x, gamma, beta, cfg):
         zero_centered_gamma=zero_centered_gamma,
         implementation=impl,
     )
-    return y, (x, mu, rsigma, gamma, beta is None)
+    return y, (x, mu, rsigma, gamma)
 
 
 def _norm_bwd(cfg, residuals, dy):
-    norm_type, _, zero_centered_gamma, impl = cfg
-    x, mu, rsigma, gamma, no_beta = residuals
+    norm_type, _, zero_centered_gamma, impl, beta_dtype = cfg
+    x, mu, rsigma, gamma = residuals
     dx, dgamma, dbeta = norm_backward(
         dy,
         x,
@@ -526,7 +543,7 @@ def _norm_bwd(cfg, residuals, dy):
         zero_centered_gamma=zero_centered_gamma,
         implementation=impl,
     )
-    dbeta = None if no_beta else dbeta.astype(gamma.dtype)  # beta's dtype: checked equal below
+    dbeta = None if beta_dtype is None else dbeta.astype(beta_dtype)
     return dx.astype(x.dtype), dgamma.astype(gamma.dtype), dbeta
 
 
@@ -537,14 +554,10 @@ def _differentiable(op, norm_type, x, gamma, beta, epsilon, zero_centered_gamma,
     norm_type = _norm_type_arg(op, norm_type)
     x = _matrix_arg(op, "x", x)
     gamma, beta = _params_args(op, norm_type, x, gamma, beta)
-    if beta is not None and beta.dtype != gamma.dtype:
-        raise TypeError(
-            f"{op}: beta must have gamma's dtype {gamma.dtype} (its gradient comes back in "
-            f"it), got {beta.dtype}"
-        )
     eps = _epsilon_arg(op, epsilon)
     impl = _implementation.choose(op, "norm", implementation)
-    return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl))
+    beta_dtype = None if beta is None else jnp.dtype(beta.dtype).name  # dbeta comes back in it
+    return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl, beta_dtype))
 
 
 def layernorm(
@@ -560,7 +573,7 @@ def layernorm(
 
     The forward is :func:`norm_forward` (``norm_type="layernorm"``), the backward
     :func:`norm_backward`; the gradients of ``x``, ``gamma`` and ``beta`` come back in their
-    dtypes (``beta`` must have ``gamma``'s). ``implementation`` (``"kernel"``/``"xla"``) is
+    dtypes. ``implementation`` (``"kernel"``/``"xla"``) is
     resolved when this is called and used by both passes.
     """
     return _differentiable(

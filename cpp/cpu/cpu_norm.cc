@@ -1,0 +1,414 @@
+// CPU FFI handlers of the norms: LayerNorm / RMSNorm forward, the forward
+// fused with the FP8 cast and transpose, and the backward.
+//
+// One row per work item, rows split over XLA's intra-op pool (ParallelFor).
+// A row is widened to float32 once, into a scratch row that stays in L1/L2,
+// and the passes of the two-pass mean/variance and the output pass read that
+// scratch row; the per-element and per-row arithmetic is common/norm_row.h's
+// (shared with the CUDA kernels). The row sums use NormLanes (16 lanes,
+// combined pairwise), which the compiler vectorises without reassociating.
+//
+// The FP8 form rounds y to x's dtype into a scratch row and quantizes that
+// with loops::QuantizeRange, the quantize kernel's own loop, so q and amax are
+// bit-identical to quantize(norm_forward(x)); strips of 64 rows are then
+// transposed from q, still in cache, into q_t (as in cast_transpose).
+//
+// The backward's dgamma/dbeta: every block of kNormRowsPerPartial rows (of one
+// vmap group) writes its own partial row into a workspace, rows added in
+// order; a second pass adds the partials of each column in block order. The
+// order depends only on the shapes, so the bits do not depend on the threads.
+//
+// Shapes: x is [groups * rows, h] in memory (vmap's groups in front); gamma,
+// beta are [groups, h]; the FP8 scale has one value per group.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/dispatch.h"
+#include "common/ffi_checks.h"
+#include "common/fp8_numerics.h"
+#include "common/norm_row.h"
+#include "cpu/cpu_loops.h"
+#include "cpu/cpu_parallel.h"
+#include "cpu/cpu_transpose.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+namespace {
+
+constexpr int64_t kGrain = int64_t{1} << 15;  // elements per chunk of work
+constexpr int64_t kStripRows = 64;            // rows per transpose strip (FP8 form)
+
+// Element i of a float32/bf16/f16 buffer as float, whatever its runtime dtype
+// (for the small gamma/beta vectors).
+float LoadAny(const ffi::AnyBuffer& b, int64_t i) {
+  switch (WideKindOf(b.element_type())) {
+    case WideKind::kF32:
+      return static_cast<const float*>(b.untyped_data())[i];
+    case WideKind::kBF16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(b.untyped_data())[i]);
+    default:
+      return F16BitsToFloat(static_cast<const uint16_t*>(b.untyped_data())[i]);
+  }
+}
+
+// gamma (as the scale applied: NormGamma) and beta (zeros when absent) of
+// every group, in float32.
+struct Params {
+  std::vector<float> g, b;
+};
+
+Params ParamsOf(const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, bool zero_centered) {
+  const int64_t n = gamma.element_count();
+  Params p;
+  p.g.resize(n);
+  p.b.assign(n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) p.g[i] = NormGamma(LoadAny(gamma, i), zero_centered);
+  if (beta != nullptr) {
+    for (int64_t i = 0; i < n; ++i) p.b[i] = LoadAny(*beta, i);
+  }
+  return p;
+}
+
+template <WideKind W>
+FP8JAX_INLINE void StoreW(void* p, int64_t i, float v) {
+  if constexpr (W == WideKind::kF32) {
+    static_cast<float*>(p)[i] = v;
+  } else if constexpr (W == WideKind::kBF16) {
+    static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
+  } else {
+    static_cast<uint16_t*>(p)[i] = FloatToF16Bits(v);
+  }
+}
+
+// ----------------------------------------------------------------- row loops
+
+template <WideKind W>
+FP8JAX_INLINE void WidenRow(const void* x, int64_t off, int64_t h, float* out) {
+  for (int64_t i = 0; i < h; ++i) out[i] = BitsToFloat(loops::LoadBits<W>(x, off + i));
+}
+
+// Row `off` of x as float32: x itself when it is float32, else widened into
+// `scratch`.
+template <WideKind W>
+FP8JAX_INLINE const float* RowF32(const void* x, int64_t off, int64_t h, float* scratch) {
+  if constexpr (W == WideKind::kF32) {
+    return static_cast<const float*>(x) + off;
+  } else {
+    WidenRow<W>(x, off, h, scratch);
+    return scratch;
+  }
+}
+
+// sum over i of f(i), in NormLanes order.
+template <typename F>
+FP8JAX_INLINE float LaneSum(int64_t h, const F& f) {
+  NormLanes s;
+  int64_t i = 0;
+  for (; i + kNormLanes <= h; i += kNormLanes) {
+    for (int j = 0; j < kNormLanes; ++j) s.v[j] += f(i + j);
+  }
+  for (int j = 0; i < h; ++i, ++j) s.v[j] += f(i);
+  return s.Total();
+}
+
+// One row: xr (float32) -> y (x's dtype, at element y_off of y), mu, rsigma.
+template <WideKind W, bool kLayer>
+FP8JAX_INLINE void NormRow(const float* xr, int64_t h, const float* g, const float* b, float eps,
+                           void* y, int64_t y_off, float* mu_out, float* rs_out) {
+  float mu = 0.0f;
+  if constexpr (kLayer) mu = RowMean(LaneSum(h, [&](int64_t i) { return xr[i]; }), h);
+  const float sq = LaneSum(h, [&](int64_t i) {
+    const float d = NormCentred(xr[i], mu);
+    return d * d;
+  });
+  const float rs = RowRsigma(sq, h, eps);
+  for (int64_t i = 0; i < h; ++i) {
+    StoreW<W>(y, y_off + i, NormOut<kLayer>(xr[i], mu, rs, g[i], b[i]));
+  }
+  *mu_out = mu;
+  *rs_out = rs;
+}
+
+// The forward over rows [r0, r1) of a [groups * rows, h] x.
+struct FwdArgs {
+  const void* x;
+  const float* g;  // [groups, h]
+  const float* b;  // [groups, h]
+  float eps;
+  int64_t rows;  // per group
+  int64_t h;
+  void* y;
+  float* mu;
+  float* rs;
+};
+
+template <WideKind W, bool kLayer>
+FP8JAX_INLINE void ForwardRowsBody(const FwdArgs& a, int64_t r0, int64_t r1, float* scratch) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t grp = r / a.rows;
+    const float* xr = RowF32<W>(a.x, r * a.h, a.h, scratch);
+    NormRow<W, kLayer>(xr, a.h, a.g + grp * a.h, a.b + grp * a.h, a.eps, a.y, r * a.h, a.mu + r,
+                       a.rs + r);
+  }
+}
+
+// The FP8 form over one strip [r0, r1) of one group's matrix: y rows into
+// ybuf (x's dtype), quantized into q; then the strip transposed into q_t.
+struct Fp8Args {
+  FwdArgs f;
+  float scale;
+  uint8_t* q;   // this group's [rows, h]
+  uint8_t* qt;  // this group's [h, rows]
+};
+
+template <WideKind W, typename F, bool kLayer>
+FP8JAX_INLINE uint32_t Fp8StripBody(const Fp8Args& a, int64_t grp, int64_t r0, int64_t r1,
+                                    float* scratch, void* ybuf) {
+  const FwdArgs& f = a.f;
+  uint32_t amax = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t row = grp * f.rows + r;
+    const float* xr = RowF32<W>(f.x, row * f.h, f.h, scratch);
+    NormRow<W, kLayer>(xr, f.h, f.g + grp * f.h, f.b + grp * f.h, f.eps, ybuf, 0, f.mu + row,
+                       f.rs + row);
+    loops::QuantizeRange<W, F>(ybuf, a.scale, a.q + r * f.h, 0, f.h, &amax);
+  }
+  TransposeRows(a.q, a.qt, f.rows, f.h, r0, r1);
+  return amax;
+}
+
+// Instantiated for the baseline ISA and for AVX2 (no FMA: nothing is fused).
+template <WideKind W, bool kLayer>
+void ForwardRowsBase(const FwdArgs& a, int64_t r0, int64_t r1, float* s) {
+  ForwardRowsBody<W, kLayer>(a, r0, r1, s);
+}
+template <WideKind W, typename F, bool kLayer>
+uint32_t Fp8StripBase(const Fp8Args& a, int64_t g, int64_t r0, int64_t r1, float* s, void* yb) {
+  return Fp8StripBody<W, F, kLayer>(a, g, r0, r1, s, yb);
+}
+#if defined(FP8JAX_MULTIVERSION)
+template <WideKind W, bool kLayer>
+FP8JAX_AVX2 void ForwardRowsAvx2(const FwdArgs& a, int64_t r0, int64_t r1, float* s) {
+  ForwardRowsBody<W, kLayer>(a, r0, r1, s);
+}
+template <WideKind W, typename F, bool kLayer>
+FP8JAX_AVX2 uint32_t Fp8StripAvx2(const Fp8Args& a, int64_t g, int64_t r0, int64_t r1, float* s,
+                                  void* yb) {
+  return Fp8StripBody<W, F, kLayer>(a, g, r0, r1, s, yb);
+}
+#endif
+
+template <WideKind W, bool kLayer>
+void ForwardRows(const FwdArgs& a, int64_t r0, int64_t r1, float* s) {
+#if defined(FP8JAX_MULTIVERSION)
+  if (loops::HasAvx2()) return ForwardRowsAvx2<W, kLayer>(a, r0, r1, s);
+#endif
+  ForwardRowsBase<W, kLayer>(a, r0, r1, s);
+}
+
+template <WideKind W, typename F, bool kLayer>
+uint32_t Fp8Strip(const Fp8Args& a, int64_t g, int64_t r0, int64_t r1, float* s, void* yb) {
+#if defined(FP8JAX_MULTIVERSION)
+  if (loops::HasAvx2()) return Fp8StripAvx2<W, F, kLayer>(a, g, r0, r1, s, yb);
+#endif
+  return Fp8StripBase<W, F, kLayer>(a, g, r0, r1, s, yb);
+}
+
+// ------------------------------------------------------------------ forward
+
+ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
+                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
+                       int64_t n_stats) {
+  NormShape s;
+  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
+  if (y.element_type() != x.element_type() || y.element_count() != x.element_count() ||
+      n_stats != s.groups * s.rows) {
+    return BadArg(op, "outputs must be y like x and mu, rsigma with one value per row");
+  }
+  const Params p = ParamsOf(gamma, beta, zero_centered != 0);
+  const FwdArgs a{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h,
+                  y.untyped_data(), mu,         rs};
+  const int64_t grain = std::max<int64_t>(1, kGrain / s.h);
+  return DispatchWide(op, WideKindOf(x.element_type()), [&]<WideKind W>() {
+    ParallelFor(&pool, s.groups * s.rows, grain, [&](int64_t r0, int64_t r1) {
+      std::vector<float> scratch(s.h);
+      if (layer) {
+        ForwardRows<W, true>(a, r0, r1, scratch.data());
+      } else {
+        ForwardRows<W, false>(a, r0, r1, scratch.data());
+      }
+    });
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error LayerNormForward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
+                            ffi::AnyBuffer beta, float eps, int64_t zcg,
+                            ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> mu,
+                            ffi::Result<ffi::Buffer<ffi::F32>> rs) {
+  return ForwardImpl("layernorm_forward", true, pool, x, gamma, &beta, eps, zcg, *y,
+                     mu->typed_data(), rs->typed_data(), mu->element_count());
+}
+
+ffi::Error RmsNormForward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma, float eps,
+                          int64_t zcg, ffi::Result<ffi::AnyBuffer> y,
+                          ffi::Result<ffi::Buffer<ffi::F32>> mu,
+                          ffi::Result<ffi::Buffer<ffi::F32>> rs) {
+  return ForwardImpl("rmsnorm_forward", false, pool, x, gamma, nullptr, eps, zcg, *y,
+                     mu->typed_data(), rs->typed_data(), mu->element_count());
+}
+
+// ------------------------------------------------------------ forward, FP8
+
+struct Fp8Outs {
+  ffi::AnyBuffer* q;
+  ffi::AnyBuffer* qt;
+  float* scale_inv;
+  float* amax;
+  float* mu;
+  float* rs;
+  int64_t n_stats;
+};
+
+ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
+                          const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
+                          const ffi::AnyBuffer* beta, const ffi::Buffer<ffi::F32>& scale, float eps,
+                          int64_t zero_centered, const Fp8Outs& o) {
+  NormShape s;
+  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
+  if (scale.element_count() != s.groups) return BadArg(op, "scale must hold one value per group");
+  if (o.q->element_type() != o.qt->element_type() || o.q->element_count() != x.element_count() ||
+      o.qt->element_count() != x.element_count() || o.n_stats != s.groups * s.rows) {
+    return BadArg(op, "outputs must be q, q_t like x and mu, rsigma with one value per row");
+  }
+  const Params p = ParamsOf(gamma, beta, zero_centered != 0);
+  const FwdArgs f{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h, nullptr, o.mu, o.rs};
+  uint8_t* q = static_cast<uint8_t*>(o.q->untyped_data());
+  uint8_t* qt = static_cast<uint8_t*>(o.qt->untyped_data());
+  const float* sc = scale.typed_data();
+  const int64_t strips = (s.rows + kStripRows - 1) / kStripRows;
+  std::unique_ptr<std::atomic<uint32_t>[]> amax_bits(new std::atomic<uint32_t>[s.groups]());
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, kStripRows * s.h));
+  const int64_t wide_bytes = WideKindOf(x.element_type()) == WideKind::kF32 ? 4 : 2;
+  auto err = DispatchWideFp8(
+      op, WideKindOf(x.element_type()), Fp8KindOf(o.q->element_type()),
+      [&]<WideKind W, typename F>() {
+        ParallelFor(&pool, s.groups * strips, grain, [&](int64_t begin, int64_t end) {
+          std::vector<float> scratch(s.h);
+          std::vector<uint8_t> ybuf(s.h * wide_bytes);
+          for (int64_t item = begin; item < end; ++item) {
+            const int64_t grp = item / strips;
+            const int64_t r0 = (item % strips) * kStripRows;
+            const int64_t r1 = std::min(s.rows, r0 + kStripRows);
+            const Fp8Args a{f, sc[grp], q + grp * s.rows * s.h, qt + grp * s.rows * s.h};
+            const uint32_t m =
+                layer ? Fp8Strip<W, F, true>(a, grp, r0, r1, scratch.data(), ybuf.data())
+                      : Fp8Strip<W, F, false>(a, grp, r0, r1, scratch.data(), ybuf.data());
+            uint32_t cur = amax_bits[grp].load(std::memory_order_relaxed);
+            while (m > cur && !amax_bits[grp].compare_exchange_weak(cur, m)) {
+            }
+          }
+        });
+        return ffi::Error::Success();
+      });
+  if (!err.success()) return err;
+  for (int64_t g = 0; g < s.groups; ++g) {
+    o.amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
+    o.scale_inv[g] = 1.0f / sc[g];
+  }
+  return ffi::Error::Success();
+}
+
+using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
+
+ffi::Error LayerNormForwardFp8(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
+                               ffi::AnyBuffer beta, ffi::Buffer<ffi::F32> scale, float eps,
+                               int64_t zcg, ffi::Result<ffi::AnyBuffer> q,
+                               ffi::Result<ffi::AnyBuffer> qt, F32Out scale_inv, F32Out amax,
+                               F32Out mu, F32Out rs) {
+  const Fp8Outs o{&*q,
+                  &*qt,
+                  scale_inv->typed_data(),
+                  amax->typed_data(),
+                  mu->typed_data(),
+                  rs->typed_data(),
+                  mu->element_count()};
+  return ForwardFp8Impl("layernorm_forward_fp8", true, pool, x, gamma, &beta, scale, eps, zcg, o);
+}
+
+ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
+                             ffi::Buffer<ffi::F32> scale, float eps, int64_t zcg,
+                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+                             F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
+  const Fp8Outs o{&*q,
+                  &*qt,
+                  scale_inv->typed_data(),
+                  amax->typed_data(),
+                  mu->typed_data(),
+                  rs->typed_data(),
+                  mu->element_count()};
+  return ForwardFp8Impl("rmsnorm_forward_fp8", false, pool, x, gamma, nullptr, scale, eps, zcg, o);
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardCpu, fp8jax::LayerNormForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardCpu, fp8jax::RmsNormForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardFp8Cpu, fp8jax::LayerNormForwardFp8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardFp8Cpu, fp8jax::RmsNormForwardFp8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,0 +1,807 @@
+// CUDA FFI handlers of the norms: LayerNorm / RMSNorm forward, the forward
+// fused with the FP8 cast (q; q_t by a second, byte-transpose pass), and the
+// backward with deterministic dgamma/dbeta.
+//
+// Same target names and numerics as cpp/cpu/cpu_norm.cc: the per-element and
+// per-row arithmetic is common/norm_row.h's, the grid, the row groups, the
+// chunk each thread owns and the vector/scalar choice are common/norm_plan.h's
+// (tested on the host). A row group (a warp, or up to 16 warps for long rows)
+// works on one row at a time: pass 1 sums the row (layernorm), pass 2 sums the
+// centred squares, pass 3 writes y (or q); passes 2 and 3 read the row again,
+// from L1/L2 (each thread re-reads the chunks it read before). Sums: each
+// thread adds its chunks in order, then a fixed xor-butterfly over the warp
+// (every lane ends with the same bits, as a + b == b + a) and, for rows of
+// several warps, the warps' sums in warp order through shared memory.
+//
+// Every handler allocates nothing (the backward's partial sums live in a
+// workspace output), never synchronises the host and enqueues the same work
+// for the same shapes, so it is CUDA-graph compatible (kCmdBufferCompatible).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "common/dispatch.h"
+#include "common/ffi_checks.h"
+#include "common/fp8_device_convert.h"
+#include "common/fp8_numerics.h"
+#include "common/norm_plan.h"
+#include "common/norm_row.h"
+#include "cuda/cuda_util.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+namespace {
+
+constexpr int kMaxThreads = plan::kNormMaxRowThreads;  // a block has at most this many
+constexpr int kMaxWarps = kMaxThreads / 32;
+
+// ------------------------------------------------------------ element access
+
+template <WideKind W>
+__device__ __forceinline__ float LoadElem(const void* p, int64_t i) {
+  if constexpr (W == WideKind::kF32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (W == WideKind::kBF16) {
+    return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
+  } else {
+    return F16BitsToFloatFast(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+template <WideKind W>
+__device__ __forceinline__ uint16_t HalfBits(float v) {
+  if constexpr (W == WideKind::kBF16) {
+    return FloatToBf16Bits(v);
+  } else {
+    return FloatToF16BitsFast(v);
+  }
+}
+
+// v rounded to W and back: the value a W buffer would hold.
+template <WideKind W>
+__device__ __forceinline__ float RoundTo(float v) {
+  if constexpr (W == WideKind::kF32) {
+    return v;
+  } else if constexpr (W == WideKind::kBF16) {
+    return Bf16BitsToFloat(FloatToBf16Bits(v));
+  } else {
+    return F16BitsToFloatFast(FloatToF16BitsFast(v));
+  }
+}
+
+// The `count` (1..VEC) elements of a chunk at i into v (the missing ones as
+// 0): one 16-byte access when kVector (the plan chose it only for 16-byte
+// aligned rows, where every chunk is whole), else element by element.
+template <WideKind W, bool kVector, int VEC>
+__device__ __forceinline__ void LoadVec(const void* p, int64_t i, int count, float (&v)[VEC]) {
+  if constexpr (!kVector) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = j < count ? LoadElem<W>(p, i + j) : 0.0f;
+  } else if constexpr (W == WideKind::kF32) {
+    static_assert(VEC == 4);
+    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  } else {
+    static_assert(VEC == 8);
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (W == WideKind::kBF16) {
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+      } else {
+        v[2 * k] = F16BitsToFloatFast(static_cast<uint16_t>(w[k] & 0xFFFFu));
+        v[2 * k + 1] = F16BitsToFloatFast(static_cast<uint16_t>(w[k] >> 16));
+      }
+    }
+  }
+}
+
+template <WideKind W, bool kVector, int VEC>
+__device__ __forceinline__ void StoreVec(void* p, int64_t i, int count, const float (&v)[VEC]) {
+  if constexpr (!kVector) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (j < count) {
+        if constexpr (W == WideKind::kF32) {
+          static_cast<float*>(p)[i + j] = v[j];
+        } else {
+          static_cast<uint16_t*>(p)[i + j] = HalfBits<W>(v[j]);
+        }
+      }
+    }
+  } else if constexpr (W == WideKind::kF32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = static_cast<uint32_t>(HalfBits<W>(v[2 * k])) |
+             (static_cast<uint32_t>(HalfBits<W>(v[2 * k + 1])) << 16);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The `count` FP8 codes of a chunk at i: one VEC-byte access when kVector
+// (q's rows are then VEC-byte aligned), else byte by byte.
+template <bool kVector, int VEC>
+__device__ __forceinline__ void StoreCodes(uint8_t* p, int64_t i, int count,
+                                           const uint8_t (&c)[VEC]) {
+  if constexpr (!kVector) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (j < count) p[i + j] = c[j];
+    }
+  } else if constexpr (VEC == 4) {
+    *reinterpret_cast<uint32_t*>(p + i) =
+        static_cast<uint32_t>(c[0]) | (static_cast<uint32_t>(c[1]) << 8) |
+        (static_cast<uint32_t>(c[2]) << 16) | (static_cast<uint32_t>(c[3]) << 24);
+  } else {
+    uint64_t w = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w |= static_cast<uint64_t>(c[j]) << (8 * j);
+    *reinterpret_cast<uint64_t*>(p + i) = w;
+  }
+}
+
+// gamma / beta element i, whatever their dtype (a block-uniform switch; they
+// are small and stay in L1/L2).
+__device__ __forceinline__ float LoadParam(const void* p, WideKind k, int64_t i) {
+  switch (k) {
+    case WideKind::kF32:
+      return LoadElem<WideKind::kF32>(p, i);
+    case WideKind::kBF16:
+      return LoadElem<WideKind::kBF16>(p, i);
+    default:
+      return LoadElem<WideKind::kF16>(p, i);
+  }
+}
+
+// ---------------------------------------------------------------- reductions
+
+// Sums each v[n] over the row group (threads_per_row threads, whole warps);
+// every thread of the group gets the same bits. Called by every thread of the
+// block at the same point (it synchronises the block when a row spans warps).
+template <int N>
+__device__ __forceinline__ void GroupSum(float (&v)[N], int threads_per_row, float* red) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v[n] = NAdd(v[n], __shfl_xor_sync(0xFFFFFFFFu, v[n], o));
+  }
+  if (threads_per_row == 32) return;  // block-uniform
+  const int warp = threadIdx.x / 32;
+  const int warps = threads_per_row / 32;
+  const int first = warp / warps * warps;
+  if (threadIdx.x % 32 == 0) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) red[n * kMaxWarps + warp] = v[n];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float s = red[n * kMaxWarps + first];
+    for (int w = 1; w < warps; ++w) s = NAdd(s, red[n * kMaxWarps + first + w]);
+    v[n] = s;
+  }
+  __syncthreads();  // red may be written again by the next call
+}
+
+// The warp's max of m into amax_bits[group] (one atomic per warp); every lane
+// of the warp calls it with the same group.
+__device__ __forceinline__ void FlushAmax(uint32_t* amax_bits, int64_t group, uint32_t m) {
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if (threadIdx.x % 32 == 0 && group >= 0) atomicMax(amax_bits + group, m);
+}
+
+// ------------------------------------------------------------------- forward
+
+struct FwdArgs {
+  const void* x;
+  const void* gamma;
+  const void* beta;  // null for rmsnorm
+  WideKind gamma_kind, beta_kind;
+  int zero_centered;
+  float eps;
+  int64_t rows;  // all rows (groups * rows per group)
+  int64_t rows_per_group;
+  int64_t h;
+  void* y;              // forward: y; FP8 form: null
+  uint8_t* q;           // FP8 form: q
+  const float* scale;   // FP8 form: one per group
+  uint32_t* amax_bits;  // FP8 form: one per group, zeroed before the launch
+  float* scale_inv;     // FP8 form
+  int64_t groups;
+  float* mu;
+  float* rs;
+  plan::NormPlan p;
+};
+
+// F = void: the plain forward (writes y); else the FP8 form (writes q, amax).
+// kVector: 16-byte accesses (aligned rows), else element by element.
+template <WideKind W, bool kVector, bool kLayer, typename F>
+__global__ void __launch_bounds__(kMaxThreads, 1) NormForwardKernel(FwdArgs a) {
+  constexpr int VEC = 16 / (W == WideKind::kF32 ? 4 : 2);
+  constexpr bool kFp8 = !std::is_void_v<F>;
+  __shared__ float red[kMaxWarps];
+  const plan::NormPlan p = a.p;
+  const int grp = threadIdx.x / p.threads_per_row;
+  const int t = threadIdx.x % p.threads_per_row;
+  if constexpr (kFp8) {
+    if (blockIdx.x == 0) {
+      for (int64_t g = threadIdx.x; g < a.groups; g += blockDim.x) {
+        a.scale_inv[g] = 1.0f / a.scale[g];
+      }
+    }
+  }
+  uint32_t amax = 0;
+  int64_t amax_group = -1;
+  const int64_t iters = plan::NormIterations(p, a.rows);
+  for (int64_t it = 0; it < iters; ++it) {
+    const int64_t row = plan::NormForwardRow(p, blockIdx.x, grp, it);
+    const bool valid = row < a.rows;
+    const int64_t base = row * a.h;
+    const int64_t group = valid ? row / a.rows_per_group : 0;
+    float mu = 0.0f;
+    if constexpr (kLayer) {
+      float s[1] = {0.0f};
+      for (int k = 0; valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k); ++k) {
+        const int64_t c0 = plan::NormChunkStart(p, t, k);
+        const int n = plan::NormChunkCount(p, a.h, c0);
+        float v[VEC];
+        LoadVec<W, kVector>(a.x, base + c0, n, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if (j < n) s[0] = NAdd(s[0], v[j]);
+        }
+      }
+      GroupSum(s, p.threads_per_row, red);
+      mu = RowMean(s[0], a.h);
+    }
+    float sq[1] = {0.0f};
+    for (int k = 0; valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k); ++k) {
+      const int64_t c0 = plan::NormChunkStart(p, t, k);
+      const int n = plan::NormChunkCount(p, a.h, c0);
+      float v[VEC];
+      LoadVec<W, kVector>(a.x, base + c0, n, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = NormCentred(v[j], mu);
+        if (j < n) sq[0] = NAdd(sq[0], NMul(d, d));
+      }
+    }
+    GroupSum(sq, p.threads_per_row, red);
+    const float rs = RowRsigma(sq[0], a.h, a.eps);
+    if (kFp8 && valid && group != amax_group) {  // warp-uniform: a warp works on one row
+      FlushAmax(a.amax_bits, amax_group, amax);
+      amax = 0;
+      amax_group = group;
+    }
+    const int64_t pbase = group * a.h;
+    for (int k = 0; valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k); ++k) {
+      const int64_t c0 = plan::NormChunkStart(p, t, k);
+      const int n = plan::NormChunkCount(p, a.h, c0);
+      float v[VEC];
+      LoadVec<W, kVector>(a.x, base + c0, n, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (j < n) {
+          const float g =
+              NormGamma(LoadParam(a.gamma, a.gamma_kind, pbase + c0 + j), a.zero_centered != 0);
+          const float b = kLayer ? LoadParam(a.beta, a.beta_kind, pbase + c0 + j) : 0.0f;
+          v[j] = NormOut<kLayer>(v[j], mu, rs, g, b);
+        }
+      }
+      if constexpr (kFp8) {
+        const float sc = a.scale[group];
+        uint8_t c[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float yw = RoundTo<W>(v[j]);  // y as norm_forward returns it
+          if (j < n) amax = max(amax, AbsBits(yw));
+          c[j] = CvtFp8<F>(yw, sc);
+        }
+        StoreCodes<kVector>(a.q, base + c0, n, c);
+      } else {
+        StoreVec<W, kVector>(a.y, base + c0, n, v);
+      }
+    }
+    if (valid && t == 0) {
+      a.mu[row] = mu;
+      a.rs[row] = rs;
+    }
+  }
+  if constexpr (kFp8) FlushAmax(a.amax_bits, amax_group, amax);
+}
+
+// q [rows, cols] -> q_t [cols, rows] for each of `matrices` byte matrices,
+// through a 64 x 64 shared tile (tiles from plan::NormTileAt).
+__global__ void __launch_bounds__(plan::kNormTransposeThreads)
+    NormTransposeKernel(const uint8_t* q, uint8_t* qt, int64_t matrices, int64_t rows,
+                        int64_t cols) {
+  constexpr int kT = plan::kNormTransposeTile;
+  constexpr int kStep = plan::kNormTransposeThreads / kT;
+  __shared__ uint8_t tile[kT][kT + 4];
+  const int tx = threadIdx.x % kT;
+  const int ty = threadIdx.x / kT;
+  const int64_t tiles = plan::NormTiles(matrices, rows, cols);
+  for (int64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    const plan::NormTile tl = plan::NormTileAt(i, rows, cols);
+    const uint8_t* src = q + tl.matrix * rows * cols;
+    uint8_t* dst = qt + tl.matrix * rows * cols;
+    for (int r = ty; r < kT; r += kStep) {
+      if (tl.row0 + r < rows && tl.col0 + tx < cols) {
+        tile[r][tx] = src[(tl.row0 + r) * cols + tl.col0 + tx];
+      }
+    }
+    __syncthreads();
+    for (int c = ty; c < kT; c += kStep) {
+      if (tl.col0 + c < cols && tl.row0 + tx < rows) {
+        dst[(tl.col0 + c) * rows + tl.row0 + tx] = tile[tx][c];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// ------------------------------------------------------------------ backward
+
+struct BwdArgs {
+  const void* dy;
+  const void* x;
+  const float* mu;
+  const float* rs;
+  const void* gamma;
+  WideKind gamma_kind;
+  int zero_centered;
+  int64_t groups;
+  int64_t rows;  // per group
+  int64_t h;
+  int64_t ws_slots;  // workspace rows per group
+  void* dx;
+  float* ws;  // [groups, ws_slots, 2, h]
+  plan::NormPlan p;
+};
+
+// Each row group is one slot: for every vmap group it runs rows slot, slot +
+// slots, ... in order, writes dx, and keeps its columns' dgamma/dbeta in
+// registers (plan: at most kNormMaxThreadElems per thread), then writes them
+// as its partial row of the workspace.
+template <WideKind W, bool kVector, bool kLayer>
+__global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) {
+  constexpr int VEC = 16 / (W == WideKind::kF32 ? 4 : 2);
+  constexpr int kMaxK = plan::kNormMaxThreadElems / VEC;
+  __shared__ float red[2 * kMaxWarps];
+  const plan::NormPlan p = a.p;
+  const int grp = threadIdx.x / p.threads_per_row;
+  const int t = threadIdx.x % p.threads_per_row;
+  const int64_t slot = plan::NormSlot(p, blockIdx.x, grp);
+  const int64_t iters = plan::CeilDiv(a.rows, p.slots);
+  for (int64_t g = 0; g < a.groups; ++g) {
+    float dg[kMaxK][VEC];
+    float db[kMaxK][VEC];
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) dg[k][j] = db[k][j] = 0.0f;
+    }
+    const int64_t pbase = g * a.h;
+    for (int64_t it = 0; it < iters; ++it) {
+      const int64_t r = slot + it * p.slots;
+      const bool valid = r < a.rows;
+      const int64_t row = g * a.rows + r;
+      const int64_t base = row * a.h;
+      const float mu = valid && kLayer ? a.mu[row] : 0.0f;
+      const float rs = valid ? a.rs[row] : 0.0f;
+      float s[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < kMaxK; ++k) {
+        if (valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k)) {
+          const int64_t c0 = plan::NormChunkStart(p, t, k);
+          const int n = plan::NormChunkCount(p, a.h, c0);
+          float x[VEC], dy[VEC];
+          LoadVec<W, kVector>(a.x, base + c0, n, x);
+          LoadVec<W, kVector>(a.dy, base + c0, n, dy);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            if (j < n) {
+              const float gm =
+                  NormGamma(LoadParam(a.gamma, a.gamma_kind, pbase + c0 + j), a.zero_centered != 0);
+              const float dz = NMul(dy[j], gm);
+              s[0] = NAdd(s[0], dz);
+              s[1] = NAdd(s[1], NMul(dz, NormXhat(x[j], mu, rs)));
+            }
+          }
+        }
+      }
+      GroupSum(s, p.threads_per_row, red);
+      const float c1 = kLayer ? RowMean(s[0], a.h) : 0.0f;
+      const float c2 = RowMean(s[1], a.h);
+#pragma unroll
+      for (int k = 0; k < kMaxK; ++k) {
+        if (valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k)) {
+          const int64_t c0 = plan::NormChunkStart(p, t, k);
+          const int n = plan::NormChunkCount(p, a.h, c0);
+          float x[VEC], dy[VEC];
+          LoadVec<W, kVector>(a.x, base + c0, n, x);
+          LoadVec<W, kVector>(a.dy, base + c0, n, dy);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            if (j < n) {
+              const float gm =
+                  NormGamma(LoadParam(a.gamma, a.gamma_kind, pbase + c0 + j), a.zero_centered != 0);
+              const float xhat = NormXhat(x[j], mu, rs);
+              dg[k][j] = NAdd(dg[k][j], NMul(dy[j], xhat));
+              if constexpr (kLayer) db[k][j] = NAdd(db[k][j], dy[j]);
+              x[j] = NormDx(NMul(dy[j], gm), xhat, rs, c1, c2);
+            }
+          }
+          StoreVec<W, kVector>(a.dx, base + c0, n, x);
+        }
+      }
+    }
+    float* part = a.ws + (g * a.ws_slots + slot) * 2 * a.h;
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {
+      if (k < p.chunks_per_thread && plan::NormChunkValid(p, t, k)) {
+        const int64_t c0 = plan::NormChunkStart(p, t, k);
+        const int n = plan::NormChunkCount(p, a.h, c0);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if (j < n) {
+            part[c0 + j] = dg[k][j];
+            part[a.h + c0 + j] = db[k][j];
+          }
+        }
+      }
+    }
+  }
+}
+
+// dgamma/dbeta of every (group, column): the slots' partials in slot order.
+__global__ void __launch_bounds__(plan::kThreads)
+    NormColumnSumKernel(const float* ws, int64_t groups, int64_t ws_slots, int64_t slots, int64_t h,
+                        float* dgamma, float* dbeta) {
+  const int64_t n = groups * h;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t g = i / h;
+    const float* w = ws + g * ws_slots * 2 * h + i % h;
+    float sg = 0.0f, sb = 0.0f;
+    for (int64_t s = 0; s < slots; ++s) {
+      sg = NAdd(sg, w[s * 2 * h]);
+      sb = NAdd(sb, w[s * 2 * h + h]);
+    }
+    dgamma[i] = sg;
+    dbeta[i] = sb;
+  }
+}
+
+// ------------------------------------------------------------------ handlers
+
+uint64_t Addr(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+template <WideKind W>
+constexpr int kWideBytes = W == WideKind::kF32 ? 4 : 2;
+
+// Plans for `rows` rows, queries the occupancy for the planned block size and
+// plans again with it (forward kernels).
+template <typename Kernel>
+ffi::Error PlanForward(const char* op, Kernel kernel, cudaStream_t stream, int64_t rows, int64_t h,
+                       int elem_bytes, bool aligned, plan::NormPlan* out) {
+  plan::NormPlan p = plan::PlanNorm(rows, h, elem_bytes, aligned, 1, 0);
+  int64_t resident = 0;
+  if (auto err =
+          ResidentBlocks(op, stream, reinterpret_cast<const void*>(kernel), p.threads, &resident);
+      !err.success()) {
+    return err;
+  }
+  *out = plan::PlanNorm(rows, h, elem_bytes, aligned, resident, 0);
+  return ffi::Error::Success();
+}
+
+template <WideKind W, bool kLayer, typename F, bool kVector>
+ffi::Error LaunchForward(const char* op, cudaStream_t stream, FwdArgs a, bool aligned) {
+  auto* kernel = NormForwardKernel<W, kVector, kLayer, F>;
+  if (auto err = PlanForward(op, kernel, stream, a.rows, a.h, kWideBytes<W>, aligned, &a.p);
+      !err.success()) {
+    return err;
+  }
+  return Launch(op, kernel, a.p.grid, a.p.threads, stream, a);
+}
+
+template <WideKind W, bool kLayer, typename F>
+ffi::Error LaunchForwardAny(const char* op, cudaStream_t stream, const FwdArgs& a, bool aligned) {
+  return aligned ? LaunchForward<W, kLayer, F, true>(op, stream, a, true)
+                 : LaunchForward<W, kLayer, F, false>(op, stream, a, false);
+}
+
+bool RowsAligned(int64_t h, int elem_bytes, std::initializer_list<const void*> ptrs) {
+  if ((h * elem_bytes) % 16 != 0) return false;
+  for (const void* p : ptrs) {
+    if (Addr(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+int ElemBytes(ffi::DataType t) { return WideKindOf(t) == WideKind::kF32 ? 4 : 2; }
+
+ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
+                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
+                       int64_t n_stats) {
+  NormShape s;
+  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
+  if (y.element_type() != x.element_type() || y.element_count() != x.element_count() ||
+      n_stats != s.groups * s.rows) {
+    return BadArg(op, "outputs must be y like x and mu, rsigma with one value per row");
+  }
+  if (s.groups * s.rows == 0) return ffi::Error::Success();
+  FwdArgs a{};
+  a.x = x.untyped_data();
+  a.gamma = gamma.untyped_data();
+  a.beta = beta != nullptr ? beta->untyped_data() : nullptr;
+  a.gamma_kind = WideKindOf(gamma.element_type());
+  a.beta_kind = beta != nullptr ? WideKindOf(beta->element_type()) : WideKind::kF32;
+  a.zero_centered = zero_centered != 0;
+  a.eps = eps;
+  a.rows = s.groups * s.rows;
+  a.rows_per_group = s.rows;
+  a.h = s.h;
+  a.y = y.untyped_data();
+  a.groups = s.groups;
+  a.mu = mu;
+  a.rs = rs;
+  const bool aligned = RowsAligned(s.h, ElemBytes(x.element_type()), {a.x, a.y});
+  return DispatchWide(op, WideKindOf(x.element_type()), [&]<WideKind W>() {
+    return layer ? LaunchForwardAny<W, true, void>(op, stream, a, aligned)
+                 : LaunchForwardAny<W, false, void>(op, stream, a, aligned);
+  });
+}
+
+using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
+using Stream = ffi::PlatformStream<cudaStream_t>;
+
+ffi::Error LayerNormForward(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
+                            ffi::AnyBuffer beta, float eps, int64_t zcg,
+                            ffi::Result<ffi::AnyBuffer> y, F32Out mu, F32Out rs) {
+  return ForwardImpl("layernorm_forward", true, stream, x, gamma, &beta, eps, zcg, *y,
+                     mu->typed_data(), rs->typed_data(), mu->element_count());
+}
+
+ffi::Error RmsNormForward(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma, float eps,
+                          int64_t zcg, ffi::Result<ffi::AnyBuffer> y, F32Out mu, F32Out rs) {
+  return ForwardImpl("rmsnorm_forward", false, stream, x, gamma, nullptr, eps, zcg, *y,
+                     mu->typed_data(), rs->typed_data(), mu->element_count());
+}
+
+ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
+                          const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
+                          const ffi::Buffer<ffi::F32>& scale, float eps, int64_t zero_centered,
+                          ffi::AnyBuffer& q, ffi::AnyBuffer& qt, float* scale_inv, float* amax,
+                          float* mu, float* rs, int64_t n_stats) {
+  NormShape s;
+  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
+  if (scale.element_count() != s.groups) return BadArg(op, "scale must hold one value per group");
+  if (q.element_type() != qt.element_type() || q.element_count() != x.element_count() ||
+      qt.element_count() != x.element_count() || n_stats != s.groups * s.rows) {
+    return BadArg(op, "outputs must be q, q_t like x and mu, rsigma with one value per row");
+  }
+  if (const cudaError_t err = cudaMemsetAsync(amax, 0, s.groups * sizeof(float), stream);
+      err != cudaSuccess) {
+    return CudaError(op, "cudaMemsetAsync", err);
+  }
+  FwdArgs a{};
+  a.x = x.untyped_data();
+  a.gamma = gamma.untyped_data();
+  a.beta = beta != nullptr ? beta->untyped_data() : nullptr;
+  a.gamma_kind = WideKindOf(gamma.element_type());
+  a.beta_kind = beta != nullptr ? WideKindOf(beta->element_type()) : WideKind::kF32;
+  a.zero_centered = zero_centered != 0;
+  a.eps = eps;
+  a.rows = s.groups * s.rows;
+  a.rows_per_group = s.rows;
+  a.h = s.h;
+  a.q = static_cast<uint8_t*>(q.untyped_data());
+  a.scale = scale.typed_data();
+  a.amax_bits = reinterpret_cast<uint32_t*>(amax);
+  a.scale_inv = scale_inv;
+  a.groups = s.groups;
+  a.mu = mu;
+  a.rs = rs;
+  const bool aligned = RowsAligned(s.h, ElemBytes(x.element_type()), {a.x, a.q});
+  // The row kernel runs even for empty tensors: it writes scale_inv.
+  auto err = DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q.element_type()),
+                             [&]<WideKind W, typename F>() {
+                               return layer ? LaunchForwardAny<W, true, F>(op, stream, a, aligned)
+                                            : LaunchForwardAny<W, false, F>(op, stream, a, aligned);
+                             });
+  if (!err.success()) return err;
+  const int64_t tiles = plan::NormTiles(s.groups, s.rows, s.h);
+  if (tiles == 0) return ffi::Error::Success();
+  int64_t resident = 0;
+  if (auto e = ResidentBlocks(op, stream, reinterpret_cast<const void*>(NormTransposeKernel),
+                              plan::kNormTransposeThreads, &resident);
+      !e.success()) {
+    return e;
+  }
+  return Launch(op, NormTransposeKernel, tiles < resident ? tiles : resident,
+                plan::kNormTransposeThreads, stream, static_cast<const uint8_t*>(q.untyped_data()),
+                static_cast<uint8_t*>(qt.untyped_data()), s.groups, s.rows, s.h);
+}
+
+ffi::Error LayerNormForwardFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
+                               ffi::AnyBuffer beta, ffi::Buffer<ffi::F32> scale, float eps,
+                               int64_t zcg, ffi::Result<ffi::AnyBuffer> q,
+                               ffi::Result<ffi::AnyBuffer> qt, F32Out scale_inv, F32Out amax,
+                               F32Out mu, F32Out rs) {
+  return ForwardFp8Impl("layernorm_forward_fp8", true, stream, x, gamma, &beta, scale, eps, zcg, *q,
+                        *qt, scale_inv->typed_data(), amax->typed_data(), mu->typed_data(),
+                        rs->typed_data(), mu->element_count());
+}
+
+ffi::Error RmsNormForwardFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
+                             ffi::Buffer<ffi::F32> scale, float eps, int64_t zcg,
+                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+                             F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
+  return ForwardFp8Impl("rmsnorm_forward_fp8", false, stream, x, gamma, nullptr, scale, eps, zcg,
+                        *q, *qt, scale_inv->typed_data(), amax->typed_data(), mu->typed_data(),
+                        rs->typed_data(), mu->element_count());
+}
+
+template <WideKind W, bool kLayer, bool kVector>
+ffi::Error LaunchBackward(const char* op, cudaStream_t stream, const BwdArgs& a) {
+  return Launch(op, NormBackwardKernel<W, kVector, kLayer>, a.p.grid, a.p.threads, stream, a);
+}
+
+ffi::Error NormBackward(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
+                        ffi::Buffer<ffi::F32> mu, ffi::Buffer<ffi::F32> rs, ffi::AnyBuffer gamma,
+                        int64_t norm_type, int64_t zero_centered, ffi::Result<ffi::AnyBuffer> dx,
+                        F32Out dgamma, F32Out dbeta, F32Out workspace) {
+  const char* op = "norm_backward";
+  NormShape s;
+  if (auto err = NormShapeOf(op, x.dimensions(), gamma, nullptr, &s); !err.success()) return err;
+  if (norm_type != static_cast<int64_t>(NormType::kLayerNorm) &&
+      norm_type != static_cast<int64_t>(NormType::kRmsNorm)) {
+    return BadArg(op, "norm_type must be 0 (layernorm) or 1 (rmsnorm)");
+  }
+  const int64_t n_rows = s.groups * s.rows;
+  if (dy.element_type() != x.element_type() || dy.element_count() != x.element_count() ||
+      dx->element_type() != x.element_type() || dx->element_count() != x.element_count() ||
+      mu.element_count() != n_rows || rs.element_count() != n_rows ||
+      dgamma->element_count() != gamma.element_count() ||
+      dbeta->element_count() != gamma.element_count()) {
+    return BadArg(op,
+                  "dy, dx must be like x; mu, rsigma one value per row; dgamma, dbeta like gamma");
+  }
+  const int64_t ws_slots = workspace->element_count() / (s.groups * 2 * s.h);
+  if (ws_slots < 1 || workspace->element_count() != s.groups * ws_slots * 2 * s.h) {
+    return BadArg(op, "workspace must be [groups, slots, 2, h]");
+  }
+  const int eb = ElemBytes(x.element_type());
+  const bool aligned =
+      RowsAligned(s.h, eb, {dy.untyped_data(), x.untyped_data(), dx->untyped_data()});
+  BwdArgs a{};
+  a.dy = dy.untyped_data();
+  a.x = x.untyped_data();
+  a.mu = mu.typed_data();
+  a.rs = rs.typed_data();
+  a.gamma = gamma.untyped_data();
+  a.gamma_kind = WideKindOf(gamma.element_type());
+  a.zero_centered = zero_centered != 0;
+  a.groups = s.groups;
+  a.rows = s.rows;
+  a.h = s.h;
+  a.ws_slots = ws_slots;
+  a.dx = dx->untyped_data();
+  a.ws = workspace->typed_data();
+  a.p = plan::PlanNorm(s.rows, s.h, eb, aligned, 0, ws_slots);
+  if (!a.p.backward_ok) {
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "fp8jax norm_backward: hidden size " + std::to_string(s.h) +
+                          " is too large for the CUDA kernel (at most " +
+                          std::to_string(plan::kNormMaxThreadElems * plan::kNormMaxRowThreads) +
+                          "); use implementation='xla' for the norm family");
+  }
+  const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
+  if (s.rows > 0) {
+    auto err = DispatchWide(op, WideKindOf(x.element_type()), [&]<WideKind W>() {
+      if (!a.p.vector) {
+        return layer ? LaunchBackward<W, true, false>(op, stream, a)
+                     : LaunchBackward<W, false, false>(op, stream, a);
+      }
+      return layer ? LaunchBackward<W, true, true>(op, stream, a)
+                   : LaunchBackward<W, false, true>(op, stream, a);
+    });
+    if (!err.success()) return err;
+  }
+  const int64_t slots = s.rows > 0 ? a.p.slots : 0;  // no rows: zero partials, sums are 0
+  const int64_t cols = s.groups * s.h;
+  const int64_t grid = plan::Clamp(plan::CeilDiv(cols, plan::kThreads), 1, 4096);
+  return Launch(op, NormColumnSumKernel, grid, plan::kThreads, stream, a.ws, s.groups, ws_slots,
+                slots, s.h, dgamma->typed_data(), dbeta->typed_data());
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardCuda, fp8jax::LayerNormForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardCuda, fp8jax::RmsNormForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardFp8Cuda, fp8jax::LayerNormForwardFp8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardFp8Cuda, fp8jax::RmsNormForwardFp8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("epsilon")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxNormBackwardCuda, fp8jax::NormBackward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("norm_type")
+                                  .Attr<int64_t>("zero_centered_gamma")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>(),
+                              {ffi::Traits::kCmdBufferCompatible});
