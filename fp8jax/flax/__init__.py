@@ -10,6 +10,8 @@
 - :class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`zero_probes`,
   :func:`accumulate_gradients`, :func:`all_finite`: the train step (see
   :mod:`fp8jax.flax.train`).
+- :class:`DotProductAttention`, :class:`MultiHeadAttention`, :class:`RelativePositionBiases`:
+  attention with TransformerEngine's argument names (FP8 projections, high-precision core).
 - :func:`calibrate`: FP8 scales for inference from a few forward passes.
 
 FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"``
@@ -17,6 +19,7 @@ FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp
 """
 
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
+from fp8jax.flax.attention import DotProductAttention, MultiHeadAttention, RelativePositionBiases
 from fp8jax.flax.calibration import calibrate
 from fp8jax.flax.dense import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8Einsum
 from fp8jax.flax.layernorm import LayerNorm, LayerNormDenseGeneral
@@ -34,12 +37,15 @@ __all__ = [
     "FP8_META",
     "FP8_PROBE",
     "DenseGeneral",
+    "DotProductAttention",
     "Fp8DotGeneral",
     "Fp8Einsum",
     "Fp8TrainState",
     "LayerNorm",
     "LayerNormDenseGeneral",
     "LayerNormMLP",
+    "MultiHeadAttention",
+    "RelativePositionBiases",
     "accumulate_gradients",
     "all_finite",
     "calibrate",

@@ -1,0 +1,440 @@
+"""Flax Linen ``DotProductAttention`` with TransformerEngine's argument names, computed with
+:func:`jax.nn.dot_product_attention`.
+
+The attention core runs in high precision (the input dtype, logits and softmax in float32);
+FP8 applies to the projections around it (:class:`~fp8jax.flax.MultiHeadAttention`). Masks
+follow TE's convention: ``True`` means *masked out* (the opposite of
+:func:`jax.nn.dot_product_attention`'s ``mask``).
+
+>>> import jax, jax.numpy as jnp
+>>> from fp8jax.flax import DotProductAttention
+>>> q = k = v = jnp.ones((2, 5, 4, 8))                       # (batch, seq, heads, head_dim)
+>>> lengths = jnp.array([5, 3])                              # the second sequence is padded
+>>> valid = jnp.arange(5)[None, :] < lengths[:, None]       # (batch, seq): True = a real token
+>>> mask = ~(valid[:, None, :, None] & valid[:, None, None, :])  # True = masked out
+>>> mask.shape                                               # (batch, 1, seq_q, seq_kv)
+(2, 1, 5, 5)
+>>> attn = DotProductAttention(head_dim=8, num_attention_heads=4, attn_mask_type="padding",
+...                            transpose_batch_sequence=False)
+>>> attn.apply({}, q, k, v, mask).shape
+(2, 5, 4, 8)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "ATTN_BIAS_TYPES",
+    "ATTN_MASK_TYPES",
+    "DotProductAttention",
+    "attention_with_dropout",
+    "segment_mask",
+]
+
+#: Accepted ``attn_mask_type`` values (``"causal_padding"`` is an alias of
+#: ``"padding_causal"``, as in TE).
+ATTN_MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal", "causal_padding")
+#: Accepted ``attn_bias_type`` values (``None``: ``"post_scale_bias"`` when a bias is given,
+#: else ``"no_bias"``).
+ATTN_BIAS_TYPES = ("no_bias", "pre_scale_bias", "post_scale_bias")
+_QKV_LAYOUTS = ("bshd_bshd_bshd", "bshd_bs2hd", "bs3hd")
+
+
+def canonical_mask_type(value: Any, name: str = "attn_mask_type") -> str:
+    """``value`` as one of ``no_mask``, ``padding``, ``causal``, ``padding_causal``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str in {ATTN_MASK_TYPES}, got {value!r}")
+    out = value.lower().strip()
+    if out not in ATTN_MASK_TYPES:
+        raise ValueError(f"{name} must be one of {ATTN_MASK_TYPES}, got {value!r}")
+    return "padding_causal" if out == "causal_padding" else out
+
+
+def check_heads(owner: str, num_attention_heads: Any, num_gqa_groups: Any) -> tuple[int, int]:
+    """``(heads, groups)`` validated: positive ints, ``groups`` divides ``heads``."""
+    pairs = (("num_attention_heads", num_attention_heads), ("num_gqa_groups", num_gqa_groups))
+    for name, v in pairs:
+        if v is None and name == "num_gqa_groups":
+            continue
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
+    heads = int(num_attention_heads)
+    groups = heads if num_gqa_groups is None else int(num_gqa_groups)
+    if heads % groups:
+        raise ValueError(
+            f"{owner}: num_gqa_groups={groups} must divide num_attention_heads={heads}"
+        )
+    return heads, groups
+
+
+def check_window(owner: str, window_size: Any) -> tuple[int, int] | None:
+    """TE's ``window_size``: ``None`` or ``(left, right)`` ints, negative meaning unbounded."""
+    if window_size is None:
+        return None
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{owner}: window_size must be None or a pair (left, right) of ints, got "
+            f"{window_size!r}"
+        ) from None
+    for v in (left, right):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise TypeError(f"{owner}: window_size must hold ints, got {window_size!r}")
+    return int(left), int(right)
+
+
+def _bool_mask(owner: str, name: str, mask: Any, shape: tuple[int, int, int, int]) -> jax.Array:
+    """TE's mask (``True``/nonzero = masked out) validated against ``(b, h, sq, skv)``."""
+    mask = jnp.asarray(mask)
+    if not (mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)):
+        raise TypeError(
+            f"{owner}: {name} must be a bool (or integer 0/1) array with True = masked out, got "
+            f"dtype {mask.dtype}; pass an additive mask as the bias"
+        )
+    b, h, sq, skv = shape
+    ok = (
+        mask.ndim == 4
+        and mask.shape[0] in (1, b)
+        and mask.shape[1] in (1, h)
+        and mask.shape[2] in (1, sq)
+        and mask.shape[3] in (1, skv)
+    )
+    if not ok:
+        raise ValueError(
+            f"{owner}: {name} must have shape (batch|1, 1|heads, seq_q|1, seq_kv|1) = "
+            f"({b}, 1 or {h}, {sq}, {skv}), got {mask.shape}"
+        )
+    return mask if mask.dtype == jnp.bool_ else mask != 0
+
+
+def segment_mask(q_ids: jax.Array, kv_ids: jax.Array) -> jax.Array:
+    """``(b, 1, sq, skv)`` mask in TE's convention (True = masked out) from segment ids:
+    a query attends to the keys of its own segment; id 0 marks padding (never attended)."""
+    allowed = (q_ids[:, :, None] == kv_ids[:, None, :]) & (kv_ids[:, None, :] != 0)
+    return ~allowed[:, None]
+
+
+def _segment_ids(owner: str, segment_ids: Any, b: int, sq: int, skv: int) -> jax.Array:
+    if isinstance(segment_ids, (tuple, list)):
+        if len(segment_ids) != 2:
+            raise ValueError(
+                f"{owner}: segment_ids must be an array or a pair (q_ids, kv_ids), got "
+                f"{len(segment_ids)} items"
+            )
+        q_ids, kv_ids = (jnp.asarray(s) for s in segment_ids)
+    else:
+        q_ids = kv_ids = jnp.asarray(segment_ids)
+    for name, ids, s in (("q", q_ids, sq), ("kv", kv_ids, skv)):
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise TypeError(f"{owner}: segment_ids ({name}) must be integers, got {ids.dtype}")
+        if ids.shape != (b, s):
+            raise ValueError(
+                f"{owner}: segment_ids ({name}) must have shape (batch, seq) = {(b, s)}, got "
+                f"{ids.shape}"
+            )
+    return segment_mask(q_ids, kv_ids)
+
+
+def _large_negative() -> jax.Array:
+    return jnp.asarray(-0.7 * float(np.finfo(np.float32).max), jnp.float32)
+
+
+def _window_allowed(sq: int, skv: int, window: tuple[int, int]) -> jax.Array:
+    qp, kp = jnp.arange(sq)[:, None], jnp.arange(skv)[None, :]
+    return (kp >= qp - window[0]) & (kp <= qp + window[1])
+
+
+def attention_with_dropout(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    allowed: jax.Array | None,
+    *,
+    is_causal: bool,
+    window: tuple[int, int] | None,
+    scale: float,
+    rate: float,
+    rng: jax.Array,
+) -> jax.Array:
+    """Attention with dropout on the probabilities, the formula of
+    :func:`jax.nn.dot_product_attention`'s XLA path (float32 logits and softmax, masked logits
+    set to a large negative number) plus ``where(keep, p / (1 - rate), 0)`` with ``keep`` drawn
+    by ``jax.random.bernoulli(rng, 1 - rate, (b, groups, heads_per_group, sq, skv))``.
+
+    ``q`` ``(b, sq, h, d)``, ``k``/``v`` ``(b, skv, g, d)``; ``bias`` and ``allowed`` (True =
+    attend) broadcastable to ``(b, h, sq, skv)``."""
+    b, sq, h, d = q.shape
+    skv, g = k.shape[1], k.shape[2]
+    qg = q.reshape(b, sq, g, h // g, d)
+    presets = {
+        jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+        jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32,
+    }
+    prec = presets.get(jnp.dtype(q.dtype))
+    logits = jnp.einsum("bqgrd,bkgd->bgrqk", qg, k, precision=prec,
+                        preferred_element_type=jnp.float32)  # fmt: skip
+    logits = logits * jnp.float32(scale)
+
+    def grouped(t: jax.Array) -> jax.Array:
+        t = jnp.broadcast_to(t, (t.shape[0], h if t.shape[1] == h else 1, sq, skv))
+        if t.shape[1] == h:
+            return t.reshape(t.shape[0], g, h // g, sq, skv)
+        return t[:, :, None]
+
+    if bias is not None:
+        logits = logits + grouped(jnp.asarray(bias)).astype(jnp.float32)
+    keep_mask = None if allowed is None else grouped(allowed)
+    if is_causal:
+        c = jnp.tril(jnp.ones((sq, skv), bool))
+        keep_mask = c if keep_mask is None else keep_mask & c
+    if window is not None:
+        w = _window_allowed(sq, skv, window)
+        keep_mask = w if keep_mask is None else keep_mask & w
+    if keep_mask is not None:
+        logits = jnp.where(keep_mask, logits, _large_negative())
+    probs = jax.nn.softmax(logits, axis=-1)
+    keep = jax.random.bernoulli(rng, 1.0 - rate, probs.shape)
+    probs = jnp.where(keep, probs / jnp.float32(1.0 - rate), 0.0).astype(v.dtype)
+    out = jnp.einsum("bgrqk,bkgd->bqgrd", probs, v)
+    return out.reshape(b, sq, h, d)
+
+
+class DotProductAttention(nn.Module):
+    """Scaled dot-product attention ``softmax(scale * q k^T (+ bias), masked) v`` with
+    TransformerEngine's arguments, grouped-query attention, masks, sliding windows and
+    attention dropout; no params.
+
+    The core is :func:`jax.nn.dot_product_attention` (``implementation=None``: JAX's choice,
+    which in JAX 0.10 is its XLA path; ``"cudnn"`` asks for cuDNN's fused kernel, which raises
+    where cuDNN's constraints do not hold). With an active attention dropout (``rate > 0`` and
+    not ``deterministic``), which that function lacks, the same formula runs in XLA with the
+    dropout applied to the probabilities (:func:`attention_with_dropout`), using the
+    ``dropout_rng_name`` RNG stream.
+
+    Call: ``attn(query, key, value, sequence_descriptor=None, bias=None, *,
+    deterministic=False, mask=None, segment_ids=None)``; returns the attention output with
+    ``query``'s shape (``qkv_layout="bs3hd"``: ``[b, s, h, d]`` without the packed axis).
+
+    - ``query`` ``[b, sq, h, d]``, ``key``/``value`` ``[b, skv, g, d]`` (``g`` =
+      ``num_gqa_groups`` dividing ``h``), or ``[s, b, ...]`` with ``transpose_batch_sequence``;
+      ``qkv_layout="bshd_bs2hd"``: ``key`` is ``[b, skv, 2, g, d]`` (k, v) and ``value`` is
+      ignored; ``"bs3hd"``: ``query`` is ``[b, s, 3, h, d]``, ``key``/``value`` ignored.
+    - ``sequence_descriptor`` (or its deprecated alias ``mask``): TE's mask, a bool array
+      broadcastable to ``(b, h, sq, skv)``, ``True`` = masked out (the docstring example above
+      builds one from sequence lengths); used by ``"padding"``/``"padding_causal"`` (without a
+      mask or ``segment_ids`` they mask nothing, or only causally; TE requires one), ignored
+      by ``"no_mask"``/``"causal"`` (as TE).
+    - ``segment_ids`` (fp8jax's, for packed sequences): ``(b, s)`` ints, or a pair ``(q_ids,
+      kv_ids)``; tokens attend within their own segment, id 0 is padding. Needs a padding mask
+      type; combined (and-ed) with ``sequence_descriptor``. Windows and the causal mask count
+      absolute positions, which equal positions within a segment for contiguous segments.
+    - ``bias``: added to the logits, broadcastable to ``(b, h, sq, skv)`` (e.g. from
+      :class:`~fp8jax.flax.RelativePositionBiases`); ``"post_scale_bias"``: ``scale * qk + bias``,
+      ``"pre_scale_bias"``: ``scale * (qk + bias)``.
+
+    A query whose keys are all masked gets the mean of the values (the masked logits are a
+    large finite negative number, as in :func:`jax.nn.dot_product_attention`).
+
+    Differences from TE: ``dtype`` is the computation/output dtype (default: ``query``'s),
+    not a param dtype; ``float32_logits`` has no further effect (the logits and softmax are
+    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects, context parallelism
+    and ``max_segments_per_seq`` are not supported (use ``segment_ids``); fully masked rows
+    average the values; the dropout mask layout differs from TE's kernels (same distribution).
+    ``recipe.fp8_dpa`` is rejected by :class:`~fp8jax.recipe.DelayedScaling` (no FP8 attention
+    core yet).
+
+    Attributes:
+      head_dim, num_attention_heads: per-head width and query heads (checked against inputs).
+      num_gqa_groups: key/value heads (default: ``num_attention_heads``); must divide it.
+      attention_dropout: dropout probability on the attention probabilities.
+      attn_mask_type: ``"no_mask"``, ``"padding"``, ``"causal"``, ``"padding_causal"``
+        (alias ``"causal_padding"``). Default ``"causal"`` (TE's).
+      attn_bias_type: ``None``, ``"no_bias"``, ``"pre_scale_bias"``, ``"post_scale_bias"``.
+      dtype: see above. dropout_rng_name: RNG stream of the dropout (default ``"dropout"``).
+      float32_logits: accepted for TE compatibility (see above).
+      qkv_layout: ``"bshd_bshd_bshd"`` (default), ``"bshd_bs2hd"`` or ``"bs3hd"``.
+      scale_factor: logit scale (default ``1/sqrt(head_dim)``).
+      transpose_batch_sequence: inputs are ``[seq, batch, ...]`` (TE's default ``True``).
+      window_size: ``(left, right)``: query ``i`` sees keys ``i-left .. i+right`` (negative:
+        unbounded); ``None``: no window.
+      implementation: passed to :func:`jax.nn.dot_product_attention` (fp8jax's).
+    """
+
+    head_dim: int
+    num_attention_heads: int
+    num_gqa_groups: int | None = None
+    attention_dropout: float = 0.0
+    attn_mask_type: str = "causal"
+    attn_bias_type: str | None = None
+    dtype: Any = None
+    dropout_rng_name: str = "dropout"
+    float32_logits: bool = False
+    qkv_layout: str = "bshd_bshd_bshd"
+    scale_factor: float | None = None
+    transpose_batch_sequence: bool = True
+    window_size: tuple[int, int] | None = None
+    implementation: str | None = None
+
+    def _config(self) -> tuple[int, int, str, tuple[int, int] | None, str]:
+        owner = "DotProductAttention"
+        heads, groups = check_heads(owner, self.num_attention_heads, self.num_gqa_groups)
+        if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1:
+            raise ValueError(f"{owner}: head_dim must be a positive int, got {self.head_dim!r}")
+        mask_type = canonical_mask_type(self.attn_mask_type)
+        window = check_window(owner, self.window_size)
+        if not 0.0 <= float(self.attention_dropout) < 1.0:
+            raise ValueError(
+                f"{owner}: attention_dropout must be in [0, 1), got {self.attention_dropout!r}"
+            )
+        layout = str(self.qkv_layout).lower()
+        if layout not in _QKV_LAYOUTS:
+            raise ValueError(
+                f"{owner}: qkv_layout must be one of {_QKV_LAYOUTS} (the THD layouts are not "
+                f"supported; use segment_ids for packed sequences), got {self.qkv_layout!r}"
+            )
+        if self.implementation not in (None, "xla", "cudnn"):
+            raise ValueError(
+                f"{owner}: implementation must be None, 'xla' or 'cudnn', got "
+                f"{self.implementation!r}"
+            )
+        return heads, groups, mask_type, window, layout
+
+    def _unpack(self, layout: str, query: Any, key: Any, value: Any) -> tuple[jax.Array, ...]:
+        owner = "DotProductAttention"
+        query = jnp.asarray(query)
+        if layout == "bs3hd":
+            if query.ndim != 5 or query.shape[2] != 3:
+                raise ValueError(
+                    f"{owner}: with qkv_layout='bs3hd' query must be [b, s, 3, h, d], got "
+                    f"{query.shape}"
+                )
+            return query[:, :, 0], query[:, :, 1], query[:, :, 2]
+        key = jnp.asarray(key)
+        if layout == "bshd_bs2hd":
+            if key.ndim != 5 or key.shape[2] != 2:
+                raise ValueError(
+                    f"{owner}: with qkv_layout='bshd_bs2hd' key must be [b, s, 2, g, d], got "
+                    f"{key.shape}"
+                )
+            return query, key[:, :, 0], key[:, :, 1]
+        if value is None:
+            raise ValueError(f"{owner}: value is required with qkv_layout='bshd_bshd_bshd'")
+        return query, key, jnp.asarray(value)
+
+    @nn.compact
+    def __call__(
+        self,
+        query: jax.Array,
+        key: jax.Array | None,
+        value: jax.Array | None,
+        sequence_descriptor: jax.Array | None = None,
+        bias: jax.Array | None = None,
+        *,
+        deterministic: bool = False,
+        mask: jax.Array | None = None,
+        segment_ids: Any = None,
+    ) -> jax.Array:
+        owner = "DotProductAttention"
+        heads, groups, mask_type, window, layout = self._config()
+        if mask is not None:
+            if sequence_descriptor is not None:
+                raise ValueError(f"{owner}: pass sequence_descriptor or mask, not both")
+            sequence_descriptor = mask
+        q, k, v = self._unpack(layout, query, key, value)
+        for name, t in (("query", q), ("key", k), ("value", v)):
+            if t.ndim != 4 or not jnp.issubdtype(t.dtype, jnp.floating):
+                raise ValueError(
+                    f"{owner}: {name} must be a rank-4 float array [b, s, heads, head_dim], got "
+                    f"shape {t.shape} dtype {t.dtype}"
+                )
+        if self.transpose_batch_sequence:
+            q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
+        b, sq = q.shape[:2]
+        skv = k.shape[1]
+        if q.shape[2] != heads or q.shape[3] != self.head_dim:
+            raise ValueError(
+                f"{owner}: query must have {heads} heads of width head_dim={self.head_dim} "
+                f"(num_attention_heads), got {q.shape[2:]}"
+            )
+        if k.shape[2:] != (groups, self.head_dim) or v.shape != k.shape:
+            raise ValueError(
+                f"{owner}: key and value must have {groups} heads (num_gqa_groups) of width "
+                f"{self.head_dim} and equal shapes, got key {k.shape} value {v.shape}"
+            )
+        if k.shape[0] != b:
+            raise ValueError(f"{owner}: query and key batch sizes differ: {b} vs {k.shape[0]}")
+        dtype = self.dtype or jnp.result_type(q, k, v)
+        q, k, v = (t.astype(dtype) for t in (q, k, v))
+
+        shape = (b, heads, sq, skv)
+        keep = None  # jax's convention: True = attend
+        if mask_type in ("padding", "padding_causal"):
+            masked = None
+            if sequence_descriptor is not None:
+                masked = _bool_mask(owner, "mask", sequence_descriptor, shape)
+            if segment_ids is not None:
+                seg = _segment_ids(owner, segment_ids, b, sq, skv)
+                masked = seg if masked is None else masked | seg
+            keep = None if masked is None else ~masked  # no mask: nothing is padded
+        elif segment_ids is not None:
+            raise ValueError(
+                f"{owner}: segment_ids need attn_mask_type 'padding' or 'padding_causal', got "
+                f"{self.attn_mask_type!r}"
+            )
+        is_causal = mask_type in ("causal", "padding_causal")
+
+        bias_type = self.attn_bias_type
+        if bias_type is None:
+            bias_type = "no_bias" if bias is None else "post_scale_bias"
+        if bias_type not in ATTN_BIAS_TYPES:
+            raise ValueError(f"{owner}: attn_bias_type must be None or one of {ATTN_BIAS_TYPES}, "
+                             f"got {self.attn_bias_type!r}")  # fmt: skip
+        if (bias is None) != (bias_type == "no_bias"):
+            raise ValueError(
+                f"{owner}: attn_bias_type={bias_type!r} "
+                + ("takes no bias" if bias is not None else "needs a bias")
+            )
+        scale = 1.0 / math.sqrt(self.head_dim) if self.scale_factor is None else self.scale_factor
+        if bias is not None:
+            bias = jnp.asarray(bias)
+            if (
+                bias.ndim != 4
+                or any(bias.shape[i] not in (1, shape[i]) for i in range(4))
+                or not jnp.issubdtype(bias.dtype, jnp.floating)
+            ):
+                raise ValueError(
+                    f"{owner}: bias must be a float array broadcastable to (b, h, sq, skv) = "
+                    f"{shape}, got {bias.shape} {bias.dtype}"
+                )
+            if bias_type == "pre_scale_bias":
+                bias = bias * jnp.asarray(scale, bias.dtype)
+
+        jax_window = None
+        if window is not None:
+            big = max(sq, skv)
+            left, right = (big if w < 0 else w for w in window)
+            if left < big or right < big:
+                jax_window = (left, right)
+
+        if not deterministic and self.attention_dropout > 0.0:
+            out = attention_with_dropout(
+                q, k, v, bias, keep, is_causal=is_causal, window=jax_window, scale=scale,
+                rate=float(self.attention_dropout), rng=self.make_rng(self.dropout_rng_name),
+            )  # fmt: skip
+        else:
+            out = jax.nn.dot_product_attention(
+                q, k, v, bias, keep, scale=scale, is_causal=is_causal,
+                local_window_size=jax_window, implementation=self.implementation,
+            )  # fmt: skip
+        if self.transpose_batch_sequence:
+            out = jnp.swapaxes(out, 0, 1)
+        return out
