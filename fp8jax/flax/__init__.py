@@ -7,6 +7,7 @@
 - :class:`Fp8Einsum`: FP8 two-operand ``jnp.einsum`` with a weight.
 - :class:`LayerNorm`, :class:`LayerNormDenseGeneral`, :class:`LayerNormMLP`: norms and the norm
   fused into FP8 dense layers and a whole MLP block, with TransformerEngine's argument names.
+- :class:`TransformerLayer` (:class:`TransformerLayerType`): a whole encoder or decoder layer.
 - :class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`zero_probes`,
   :func:`accumulate_gradients`, :func:`all_finite`: the train step (see
   :mod:`fp8jax.flax.train`).
@@ -31,6 +32,7 @@ from fp8jax.flax.train import (
     update_fp8_variables,
     zero_probes,
 )
+from fp8jax.flax.transformer import TransformerLayer, TransformerLayerType
 
 __all__ = [
     "DEFAULT_RULES",
@@ -46,6 +48,8 @@ __all__ = [
     "LayerNormMLP",
     "MultiHeadAttention",
     "RelativePositionBiases",
+    "TransformerLayer",
+    "TransformerLayerType",
     "accumulate_gradients",
     "all_finite",
     "calibrate",

@@ -21,8 +21,8 @@ NO_DROPOUT = dict(hidden_dropout=0.0, attention_dropout=0.0, intermediate_dropou
 
 
 def _layer(**kw):
-    return TransformerLayer(hidden_size=HIDDEN, mlp_hidden_size=MLP, num_attention_heads=HEADS,
-                            **{**NO_DROPOUT, **kw})  # fmt: skip
+    base = dict(hidden_size=HIDDEN, mlp_hidden_size=MLP, num_attention_heads=HEADS, **NO_DROPOUT)
+    return TransformerLayer(**{**base, **kw})  # fmt: skip
 
 
 class TinyLM(nn.Module):
@@ -78,7 +78,8 @@ def _train(model, recipe, steps):
     for _ in range(steps):
         state, loss = step(state)
         losses.append(float(loss))
-        scales.append(np.concatenate([np.ravel(s) for s in jax.tree.leaves(state.fp8_meta)]))
+        leaves = [np.ravel(s) for s in jax.tree.leaves(state.fp8_meta)]
+        scales.append(np.concatenate(leaves) if leaves else np.zeros(0))
     return losses, scales
 
 
