@@ -282,3 +282,61 @@ def test_scan_over_layers_and_remat_with_the_fp8_policy():
     (node,) = jax.tree.leaves(s0.fp8_meta, is_leaf=lambda t: "scale" in t)
     scales = np.asarray(node["scale"])
     assert not np.allclose(scales[0], scales[1])  # each layer its own state
+
+
+def test_layernorm_dense_five_delayed_steps_match_flax_fp8_ops():
+    """LayerNormDenseGeneral vs LayerNorm + DenseGeneral(dot_general_cls=Fp8DirectDotGeneralOp)
+    over five SGD steps: losses, params and the next step's scales (Flax derives them from its
+    amax history when it next runs) agree to 2e-3 (see tests/flax/test_flax_mlp.py)."""
+    import functools
+
+    from flax.linen import fp8_ops
+
+    from fp8jax.flax import update_fp8_variables
+
+    class Fp8Twin(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            op = functools.partial(fp8_ops.Fp8DirectDotGeneralOp, amax_history_length=4)
+            ln = nn.LayerNorm(epsilon=1e-6, name="ln")(x)
+            return nn.DenseGeneral((2, 8), use_bias=True, dot_general_cls=op, name="dense")(ln)
+
+    ours = LayerNormDenseGeneral((2, 8), use_bias=True)
+    twin = Fp8Twin()
+    x, y = _rand((4, 6, H), 20, 2.0), _rand((4, 6, 2, 8), 21)
+    with fp8jax.autocast(enabled=True, recipe=RECIPE):
+        v = ours.init(jax.random.key(0), x)
+    v = {**v, "params": {**v["params"], "bias": _rand((2, 8), 22, 0.1)}}
+    ow = fp8_ops.OVERWRITE_WITH_GRADIENT
+    tv = {"params": _twin_params(v["params"]), ow: twin.init(jax.random.key(0), x)[ow]}
+
+    @jax.jit
+    def step(v):
+        def loss(p, probes):
+            with fp8jax.autocast(enabled=True, recipe=RECIPE):
+                out, _ = ours.apply({"params": p, "fp8_meta": v["fp8_meta"],
+                                     "fp8_probe": probes}, x)  # fmt: skip
+            return jnp.mean((out - y) ** 2)
+
+        value, (g, pg) = jax.value_and_grad(loss, argnums=(0, 1))(v["params"], v["fp8_probe"])
+        params = jax.tree.map(lambda p, g: p - 0.1 * g, v["params"], g)
+        meta = update_fp8_variables(v["fp8_meta"], pg, RECIPE)
+        return {"params": params, "fp8_meta": meta, "fp8_probe": v["fp8_probe"]}, value
+
+    @jax.jit
+    def tstep(tv):
+        value, g = jax.value_and_grad(lambda tv: jnp.mean((twin.apply(tv, x) - y) ** 2))(tv)
+        params = jax.tree.map(lambda p, g: p - 0.1 * g, tv["params"], g["params"])
+        return {"params": params, ow: g[ow]}, value
+
+    for _ in range(5):
+        v, loss = step(v)
+        tv, tloss = tstep(tv)
+        np.testing.assert_allclose(float(loss), float(tloss), rtol=2e-3)
+    for a, b in zip(jax.tree.leaves(_twin_params(v["params"])), jax.tree.leaves(tv["params"]),
+                    strict=True):  # fmt: skip
+        assert _rel(a, b) < 2e-3
+    (op,) = tv[ow]["dense"].values()
+    fmax = {"input": 448.0, "kernel": 448.0, "output_grad": 57344.0}
+    theirs = [fmax[r] / float(jnp.max(op[f"{r}_amax_history"])) for r in fmax]
+    np.testing.assert_allclose(np.asarray(v["fp8_meta"]["scale"]), theirs, rtol=2e-3)
