@@ -58,7 +58,7 @@ def _residuals(fn, params, x, seq: int) -> tuple[int, int, list[str]]:
     for a in res:
         n = int(np.prod(a.shape)) * a.dtype.itemsize
         traced += n
-        square = a.ndim >= 2 and a.shape[-1] == seq and a.shape[-2] == seq
+        square = a.ndim >= 4 and a.shape[-1] == seq and a.shape[-2] == seq  # [.., heads, q, k]
         flash += 0 if square else n
         items.append(f"{a.dtype}{list(a.shape)}: {n} B{' (seq x seq)' if square else ''}")
     return traced, flash, items
