@@ -151,3 +151,78 @@ def test_rank_and_decode_errors():
     with pytest.raises(ValueError, match="decode"):
         _layer().init(jax.random.key(0), jnp.ones((2, SEQ, HIDDEN)), deterministic=True,
                       decode=True)  # fmt: skip
+
+
+def _mlp_twin(p, x):
+    """The MLP block from flax.linen layers with the LayerNormMLP's params (relu)."""
+    ln = nn.LayerNorm(epsilon=1e-6).apply({"params": {"scale": p["scale"], "bias": p["ln_bias"]}},
+                                          x)  # fmt: skip
+    h = nn.DenseGeneral((1, p["wi_kernel"].shape[-1]), use_bias=False).apply(
+        {"params": {"kernel": p["wi_kernel"]}}, ln
+    )
+    return nn.Dense(x.shape[-1], use_bias=False).apply(
+        {"params": {"kernel": p["wo_kernel"]}}, jax.nn.relu(h[..., 0, :])
+    )
+
+
+@pytest.mark.parametrize("layer_type", [TransformerLayerType.ENCODER, TransformerLayerType.DECODER])
+def test_fp8_off_matches_a_plain_flax_twin(layer_type):
+    """The layer with FP8 off against the same layer written with flax.linen layers and
+    jax.nn.dot_product_attention (the attention twin of tests/flax/test_flax_mha.py), the same
+    params: forward, input and parameter gradients to float32 summation order."""
+    from test_flax_mha import HEADS as T_HEADS
+    from test_flax_mha import HID
+    from test_flax_mha import twin as attention_twin
+
+    from fp8jax.flax import RelativePositionBiases
+
+    decoder = layer_type is TransformerLayerType.DECODER
+    layer = TransformerLayer(hidden_size=HID, mlp_hidden_size=24, num_attention_heads=T_HEADS,
+                             layer_type=layer_type, **NO_DROPOUT)  # fmt: skip
+    x = jax.random.normal(jax.random.key(4), (2, 6, HID))
+    enc = jax.random.normal(jax.random.key(5), (2, 7, HID)) if decoder else None
+    params = layer.init(jax.random.key(6), x, enc, deterministic=True)["params"]
+    c = jax.random.normal(jax.random.key(7), x.shape)
+
+    def ours(p, x):
+        return jnp.sum(layer.apply({"params": p}, x, enc, deterministic=True) * c)
+
+    def theirs(p, x):
+        rel = RelativePositionBiases(num_buckets=32, max_distance=128,
+                                     num_attention_heads=T_HEADS)  # fmt: skip
+        bias = rel.apply({"params": p["relpos_bias"]}, 6, 6, not decoder)
+        name = "self_attention" if decoder else "attention"
+        h = x + attention_twin(p[name], x, None, {"attn_mask_type": "causal"}, bias=bias)
+        if decoder:
+            h = h + attention_twin(p["encoder_decoder_attention"], h, enc,
+                                   {"attn_mask_type": "no_mask"})  # fmt: skip
+        return jnp.sum((h + _mlp_twin(p["mlp"], h)) * c)
+
+    np.testing.assert_allclose(float(ours(params, x)), float(theirs(params, x)), rtol=1e-6)
+    g = jax.grad(ours, argnums=(0, 1))(params, x)
+    tg = jax.grad(theirs, argnums=(0, 1))(params, x)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(tg), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_fp8_on_is_within_fp8_bounds_of_fp8_off():
+    """Current scaling against the same layer with FP8 off (itself equal to the plain-Flax
+    twin, above): forward within 10%, every gradient within 30% (Frobenius)."""
+    layer = _layer()
+    x = jax.random.normal(jax.random.key(8), (2, SEQ, HIDDEN))
+    params = layer.init(jax.random.key(9), x, deterministic=True)["params"]
+    c = jax.random.normal(jax.random.key(10), x.shape)
+
+    def loss(p, x, enabled):
+        with fp8jax.autocast(enabled=enabled, recipe=Float8CurrentScaling()):
+            return jnp.sum(layer.apply({"params": p}, x, deterministic=True) * c)
+
+    rel = lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+    with fp8jax.autocast(enabled=True, recipe=Float8CurrentScaling()):
+        y8 = layer.apply({"params": params}, x, deterministic=True)
+    y = layer.apply({"params": params}, x, deterministic=True)
+    assert rel(y8 - x, y - x) < 0.1  # the branch outputs (the residual is exact)
+    g8 = jax.grad(loss, argnums=(0, 1))(params, x, True)
+    g = jax.grad(loss, argnums=(0, 1))(params, x, False)
+    for a, b in zip(jax.tree.leaves(g8), jax.tree.leaves(g), strict=True):
+        assert rel(a, b) < 0.3
