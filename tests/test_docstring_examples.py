@@ -15,6 +15,7 @@ MODULES = [
     "fp8jax.flax.dense",
     "fp8jax.flax.layernorm",
     "fp8jax.flax.mlp",
+    "fp8jax.flax.transformer",
 ]
 
 
