@@ -41,20 +41,40 @@ fi
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-status=0
-for src in ${FP8JAX_PTXAS_SOURCES:-cpp/cuda/*.cu}; do
-  for arch in $archs; do
-    log="$tmp/$(basename "$src").sm_$arch.log"
+gencodes=()
+for arch in $archs; do
+  gencodes+=(-gencode "arch=compute_$arch,code=sm_$arch")
+done
+# One nvcc call per source for all archs (the front end runs once), sources in parallel.
+sources=(${FP8JAX_PTXAS_SOURCES:-cpp/cuda/*.cu})
+max_jobs="$(nproc 2>/dev/null || echo 2)"
+for src in "${sources[@]}"; do
+  base="$tmp/$(basename "$src")"
+  (
     # shellcheck disable=SC2086 # FP8JAX_PTXAS_FLAGS is a list of flags
-    if ! nvcc -std=c++20 -O3 -arch="sm_$arch" -Icpp -isystem "$ffi_inc" -Xptxas -v \
-      ${FP8JAX_PTXAS_FLAGS:-} -c "$src" -o "$tmp/out.o" >"$log" 2>&1; then
-      cat "$log" >&2
-      echo "ptxas_report: FAIL: $src does not compile for sm_$arch" >&2
-      status=1
-      continue
-    fi
+    rc=0
+    nvcc -std=c++20 -O3 "${gencodes[@]}" -Icpp -isystem "$ffi_inc" -Xptxas -v \
+      ${FP8JAX_PTXAS_FLAGS:-} -c "$src" -o "$base.o" >"$base.log" 2>&1 || rc=$?
+    echo "$rc" >"$base.rc"
+  ) &
+  while (($(jobs -rp | wc -l) >= max_jobs)); do
+    wait -n || true
+  done
+done
+wait
+status=0
+for src in "${sources[@]}"; do
+  base="$tmp/$(basename "$src")"
+  if [[ "$(cat "$base.rc")" != 0 ]]; then
+    cat "$base.log" >&2
+    echo "ptxas_report: FAIL: $src does not compile for sm_{${archs// /,}}" >&2
+    status=1
+    continue
+  fi
+  for arch in $archs; do
     echo "== $src sm_$arch"
-    "$py" - "$log" <<'PY' || status=1
+    log="$base.log"
+    "$py" - "$log" "$arch" <<'PY' || status=1
 import re
 import subprocess
 import sys
@@ -66,7 +86,7 @@ smem_re = re.compile(r"(\d+) bytes smem")
 rows, name, stack = [], None, None
 for line in open(sys.argv[1]):
     if m := entry.search(line):
-        name, stack = m.group(1), None
+        name, stack = (m.group(1) if m.group(2) == sys.argv[2] else None), None
     elif name and (m := frame.search(line)):
         stack = tuple(int(v) for v in m.groups())
     elif name and (m := used.search(line)):
@@ -75,7 +95,7 @@ for line in open(sys.argv[1]):
         rows.append((name, regs, smem, *(stack or (0, 0, 0))))
         name = None
 if not rows:
-    sys.exit("ptxas_report: no kernels found in the ptxas output")
+    sys.exit(f"ptxas_report: no sm_{sys.argv[2]} kernels found in the ptxas output")
 filt = next((t for t in ("cu++filt", "c++filt") if subprocess.run(
     ["which", t], capture_output=True).returncode == 0), None)
 names = [r[0] for r in rows]

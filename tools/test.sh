@@ -6,6 +6,8 @@
 # AUTO|ON|OFF, default AUTO). Then: ruff lint, ruff format check, the test suite, and the
 # multi-device tests (tests/distributed, if present) on 8 emulated CPU devices.
 # Extra arguments go to both pytest runs (e.g. -k quantize, -x). Exits non-zero on any failure.
+# Both runs spread the tests over FP8JAX_TEST_JOBS pytest-xdist workers (default: one per CPU
+# core, at most 4; 1 runs them in one process).
 
 set -euo pipefail
 
@@ -26,7 +28,18 @@ echo "== ruff format --check"
 
 # The multi-device tests need XLA_FLAGS set before JAX starts, so they run in their own process
 # (and are left out of the main run, which could not give them 8 devices).
-main_args=(-q tests)
+jobs="${FP8JAX_TEST_JOBS:-}"
+if [[ -z "$jobs" ]]; then
+  jobs="$(nproc 2>/dev/null || echo 1)"
+  jobs=$((jobs > 4 ? 4 : jobs))
+fi
+xdist=()
+if [[ "$jobs" -gt 1 ]]; then
+  xdist=(-n "$jobs")
+  # On a GPU, each worker would otherwise reserve most of its memory up front.
+  export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}"
+fi
+main_args=(-q "${xdist[@]}" tests)
 if [[ -d tests/distributed ]]; then
   main_args+=(--ignore=tests/distributed)
 fi
@@ -39,7 +52,7 @@ if [[ -d tests/distributed ]]; then
   rc=0
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=8" \
     JAX_PLATFORMS=cpu \
-    "$FP8JAX_PY" -m pytest -q tests/distributed "$@" || rc=$?
+    "$FP8JAX_PY" -m pytest -q "${xdist[@]}" tests/distributed "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
     echo "tests/distributed holds no tests yet (pytest exit 5); not a failure"
   elif [[ $rc -ne 0 ]]; then

@@ -299,7 +299,7 @@ def test_sp_gathers(kind):
     n = 1 if kind == "ln_dense" else 2
     assert gathered_shapes(fp8) == [half] * n, gathered_shapes(fp8)
     gathers = [line for line in fp8.splitlines() if re.search(r"\sall-gather(?:-start)?\(", line)]
-    assert all("= f32[" in line and "/reshape" in line for line in gathers), gathers
+    assert all("= f32[" in line for line in gathers), gathers
     if kind == "gelu":  # FP32: wo's and wi's kernels and wi's bias over model, no activation
         assert sorted(gathered_shapes(plain)) == [(1, MLP), (EMBED, 1, MLP), (MLP, EMBED)]
     elif kind == "ln_dense":  # FP32: the norm's output (the norm ran on the split sequence)
