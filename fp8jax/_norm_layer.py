@@ -89,8 +89,10 @@ def norm_fp8(
     norm: tuple[str, float, bool],
     keep_output: bool = False,
 ):
-    """The norm of ``x`` [M, H] cast to the forward FP8 format: ``(q, q_t, scale_inv, amax, mu,
-    rsigma, y)`` where ``y`` (the norm in ``x.dtype``) is ``None`` unless ``keep_output``.
+    """The norm of ``x`` ``[..., H]`` cast to the forward FP8 format: ``(q [M, H], q_t [H, M],
+    scale_inv, amax, mu, rsigma, y)`` (``M`` the rows, flattened after the norm; ``mu``,
+    ``rsigma`` and ``y`` in ``x``'s shape), ``y`` (the norm in ``x.dtype``) ``None`` unless
+    ``keep_output``.
 
     Delayed scaling runs the fused kernel; current scaling (which needs the output's amax
     before the cast) and ``keep_output`` run the norm, then ``cast_transpose``: the same
@@ -98,14 +100,17 @@ def norm_fp8(
     norm_type, epsilon, zero_centered = norm
     kw = dict(norm_type=norm_type, epsilon=epsilon, zero_centered_gamma=zero_centered)
     impl = setup.implementation("norm")
+    hidden = x.shape[-1]
     if setup.current_scaling or keep_output:
         y, mu, rsigma = norm_forward(x, gamma, beta, implementation=impl, **kw)
-        q, q_t, sinv, amax = cast_t(setup, y, scale, setup.fwd_dtype)
+        q, q_t, sinv, amax = cast_t(setup, y.reshape(-1, hidden), scale, setup.fwd_dtype)
         return q, q_t, sinv, amax, mu, rsigma, (y if keep_output else None)
+    # [..., H] unflattened, so that rows split in several dims (batch and sequence) stay split
+    # through the norm; the flattening after it gathers FP8 codes where a split must go.
     q, q_t, sinv, amax, mu, rsigma = norm_forward_fp8(
         x, gamma, beta, scale, setup.fwd_dtype, amax_reduction="mesh", implementation=impl, **kw
     )
-    return q, q_t, sinv, amax, mu, rsigma, None
+    return q.reshape(-1, hidden), q_t, sinv, amax, mu, rsigma, None
 
 
 class NormResiduals(NamedTuple):
@@ -126,11 +131,14 @@ def input_forward(
     norm: tuple[str, float, bool] | None,
     keep_output: bool,
 ):
-    """A layer's first GEMM input: ``x`` [M, H] normalised (``norm``; ``None``: as it is) and
-    cast to FP8 -> ``(q, q_t, scale_inv, amax, output or None, NormResiduals or None)``, the
-    FP8 tensors as checkpoint-named codes (:data:`fp8jax.dense.CHECKPOINT_NAMES`). ``output``
-    (the norm's output in ``x.dtype``, or ``x``) is kept when ``keep_output``."""
+    """A layer's first GEMM input: ``x`` ``[..., H]`` normalised (``norm``; ``None``: as it
+    is) and cast to FP8 -> ``(q [M, H], q_t [H, M], scale_inv, amax, output or None,
+    NormResiduals or None)``, the FP8 tensors as checkpoint-named codes
+    (:data:`fp8jax.dense.CHECKPOINT_NAMES`). ``output`` (the norm's output in ``x.dtype``, or
+    ``x``; ``[M, H]``) is kept when ``keep_output``."""
+    hidden = x.shape[-1]
     if norm is None:
+        x = x.reshape(-1, hidden)
         q, q_t, sinv, amax = cast_t(setup, x, scale, setup.fwd_dtype)
         out, res = (x if keep_output else None), None
     else:
@@ -138,6 +146,7 @@ def input_forward(
             setup, x, gamma, beta, scale, norm, keep_output=keep_output
         )
         res = NormResiduals(x, gamma, mu, rsigma)
+        out = None if out is None else out.reshape(-1, hidden)
     q, q_t = named(codes(q), 2), named(codes(q_t), 0)
     return q, q_t, named(sinv, 4), named(amax, 5), out, res
 
@@ -150,14 +159,15 @@ def input_backward(
     d_out: Any,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
     """The gradient of :func:`input_forward`'s input and norm params from the gradient
-    ``d_in`` of the GEMM input (plus ``d_out``, the kept output's cotangent, if any):
-    ``(dx, dgamma, dbeta)`` (float32 ``dgamma``/``dbeta``; ``None`` without a norm)."""
+    ``d_in [M, H]`` of the GEMM input (plus ``d_out``, the kept output's cotangent, if any):
+    ``(dx, dgamma, dbeta)`` (float32 ``dgamma``/``dbeta``; ``None`` without a norm); ``dx``
+    ``[M, H]`` without a norm, else in the norm's input's shape."""
     if d_out is not None and not isinstance(d_out, jax.custom_derivatives.SymbolicZero):
         d_in = (d_in.astype(jnp.float32) + d_out.astype(jnp.float32)).astype(d_in.dtype)
     if norm is None:
         return d_in, None, None
     norm_type, _, zero_centered = norm
     return norm_backward(
-        d_in, res.x, res.mu, res.rsigma, res.gamma, norm_type=norm_type,
+        d_in.reshape(res.x.shape), res.x, res.mu, res.rsigma, res.gamma, norm_type=norm_type,
         zero_centered_gamma=zero_centered, implementation=setup.implementation("norm"),
     )  # fmt: skip

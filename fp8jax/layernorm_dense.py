@@ -200,8 +200,8 @@ def _layernorm_dense(
         dtype=dtype,
         dtypes=tuple(None if v is None else v.dtype for v in (x, gamma, beta, w, bias)),
     )
-    y2, ln2, seen = _ln_dense2d(
-        cfg, x.reshape(m, hidden), gamma, beta, w.reshape(hidden, n), b, scale, probe
-    )
+    # the norm takes x unflattened (see fp8jax._norm_layer.norm_fp8)
+    x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
+    y2, ln2, seen = _ln_dense2d(cfg, x_in, gamma, beta, w.reshape(hidden, n), b, scale, probe)
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
     return y2.reshape(*lead, *features), ln, seen

@@ -107,7 +107,7 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
         h, w1_amax, r1 = _gemm1_grouped(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
     else:
         h, w1_amax, r1 = g8.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
-        h = h.reshape(x.shape[0], len(cfg.activations), -1)
+        h = h.reshape(ln_q.shape[0], len(cfg.activations), -1)
     a_q, a_t, a_sinv, a_amax = _activation_fp8(cfg, h, scale[3], mask)
     a_q, a_t = g8.named(g8.codes(a_q), 2), g8.named(g8.codes(a_t), 0)
     a_sinv, a_amax = g8.named(a_sinv, 4), g8.named(a_amax, 5)
@@ -364,9 +364,9 @@ def _layernorm_mlp(
         ),
     )
     w1 = w1 if grouped else w1.reshape(hidden, -1)
-    y2, ln2, seen = _mlp2d(
-        cfg, x.reshape(m, hidden), gamma, beta, w1, b1, w2, b2, scale, probe, mask2
-    )
+    # the norm takes x unflattened (see fp8jax._norm_layer.norm_fp8)
+    x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
+    y2, ln2, seen = _mlp2d(cfg, x_in, gamma, beta, w1, b1, w2, b2, scale, probe, mask2)
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
     return y2.reshape(*lead, out), ln, seen
 

@@ -24,15 +24,18 @@ touching memory.
 ``dbeta`` are column sums over the rows, computed in a fixed order (per-block partial sums, then
 the blocks in order), so they are the same bits on every run whatever the thread count.
 
-Sharding: rows (``m``) may be split any way (sequence parallelism splits tokens); the hidden
-dimension ``h`` is never split (an operand split along it is gathered first). ``mu`` and
-``rsigma`` follow the rows, ``amax`` is made global with one ``pmax`` over the axes that split
-``x``, and ``dgamma``/``dbeta`` with one ``psum`` over the axes that split the rows.
+Ranks: the ops take ``x`` of rank >= 2, every leading dimension a dimension of rows (``y``,
+``mu`` and ``rsigma`` come back in ``x``'s leading shape; ``q_t`` is ``[h, rows]`` of the
+flattened rows). :func:`jax.vmap` adds batch dimensions of its own, each batch element its own
+tensor (own ``gamma``, own ``scale`` and ``amax``).
 
-Ranks: the ops take ``x`` of rank >= 2 and flatten the leading dimensions into rows (``y``, ``mu``
-and ``rsigma`` come back in ``x``'s leading shape; ``q_t`` is ``[h, rows]`` of the flattened
-rows). :func:`jax.vmap` adds batch dimensions of its own, each batch element its own tensor
-(own ``gamma``, own ``scale`` and ``amax``).
+Sharding: each leading dimension of rows may be split any way, independently (batch over one
+mesh axis and sequence over another, as sequence parallelism does: the kernels see
+``[batch, seq, h]`` unflattened, since flattening a sequence-split ``[batch, seq]`` would gather
+it first); the hidden dimension ``h`` is never split (an operand split along it is gathered
+first). ``mu`` and ``rsigma`` follow the rows, ``amax`` is made global with one ``pmax`` over the
+axes that split ``x``, and ``dgamma``/``dbeta`` with one ``psum`` over the axes that split the
+rows.
 """
 
 from __future__ import annotations
@@ -185,16 +188,35 @@ def _forward_outputs(x, gamma, *rest, **_):
     return _opdef.like(x, x.dtype), _per_row(x), _per_row(x)
 
 
+def _row_factors(ndim: int) -> str:
+    """``x``'s dims of rows, one factor each: ``"r0 r1"`` for ``[batch, seq, h]``."""
+    return _opdef.lead(ndim - 1, "r")
+
+
+def _transposed(q: jax.Array) -> jax.Array:
+    """``q [*rows, h]`` -> ``[h, *rows]``: the bytes of ``[h, prod(rows)]``, the layout the
+    kernels write."""
+    return jnp.moveaxis(q, -1, 0)
+
+
 def _fp8_outputs(x, gamma, *rest, fp8_dtype, **_):
     scale = rest[-1]
+    n_rows = x.ndim - gamma.ndim  # x: [*vmap, *rows, h], gamma: [*vmap, h]
     return (
         _opdef.like(x, fp8_dtype),
-        _opdef.like(x, fp8_dtype, transpose=True),
+        # [*vmap, h, *rows]: per vmap element, the [h, prod(rows)] matrix the kernels write
+        _opdef.like(x, fp8_dtype, dims=(-1, *range(-n_rows - 1, -1)), core=n_rows + 1),
         _opdef.like(scale, jnp.float32),
         _opdef.like(scale, jnp.float32),
         _per_row(x),
         _per_row(x),
     )
+
+
+def _forward_factors(params: list[str], ndim: int) -> tuple[list[str], list[str]]:
+    r = _row_factors(ndim)
+    ins = [p.replace("m", r) for p in params]
+    return ins, [f"{r} h", r, r]
 
 
 def _make_forward(norm_type: str) -> _opdef.OpDef:
@@ -217,7 +239,7 @@ def _make_forward(norm_type: str) -> _opdef.OpDef:
         target=f"fp8jax_{norm_type}_forward",
         reference=reference,
         outputs=_forward_outputs,
-        factors=lambda *ndims: (params, ["m h", "m", "m"]),
+        factors=lambda *ndims: _forward_factors(params, ndims[0]),
         attrs=_attrs,
         need_replication=("h",),
     )
@@ -229,7 +251,7 @@ def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
 
     def reference(x, gamma, *rest, fp8_dtype, epsilon, zero_centered_gamma):
         beta = rest[0] if with_beta else None
-        return norm_forward_fp8_reference(
+        q, _, sinv, amax, mu, rs = norm_forward_fp8_reference(
             x,
             gamma,
             beta,
@@ -239,10 +261,12 @@ def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
             epsilon=epsilon,
             zero_centered_gamma=zero_centered_gamma,
         )
+        return q, _transposed(q), sinv, amax, mu, rs
 
     def factors(*ndims):
-        s = "s" * ndims[-1]
-        return [*params, s], ["m h", "h m", s, s, "m", "m"]
+        s, r = "s" * ndims[-1], _row_factors(ndims[0])
+        ins = [p.replace("m", r) for p in params]
+        return [*ins, s], [f"{r} h", f"h {r}", s, s, r, r]
 
     return _opdef.OpDef(
         name=f"{norm_type}_forward_fp8",
@@ -265,11 +289,18 @@ handler stays CUDA-graph compatible; the public function drops it."""
 
 
 def _backward_reference(dy, x, mu, rsigma, gamma, *, norm_type, zero_centered_gamma):
+    h = x.shape[-1]
     dx, dgamma, dbeta = norm_backward_reference(
-        dy, x, mu, rsigma, gamma, norm_type=norm_type, zero_centered_gamma=zero_centered_gamma
-    )
+        dy.reshape(-1, h), x.reshape(-1, h), mu.reshape(-1), rsigma.reshape(-1), gamma,
+        norm_type=norm_type, zero_centered_gamma=zero_centered_gamma,
+    )  # fmt: skip
+    dx = dx.reshape(x.shape)
     workspace = jnp.zeros((*gamma.shape[:-1], NORM_WORKSPACE_SLOTS, 2, gamma.shape[-1]))
     return dx, dgamma, dbeta, workspace  # XLA drops the unused zeros
+
+
+def _backward_factors(r: str) -> tuple[list[str], list[str]]:
+    return [f"{r} h", f"{r} h", r, r, "h"], [f"{r} h", "h", "h", "w t h"]
 
 
 _FORWARD = {t: _make_forward(t) for t in NORM_TYPES}
@@ -288,7 +319,7 @@ _BACKWARD = _opdef.OpDef(
         ),
     ),
     # The workspace's slot and pair dims are factors of their own (never split).
-    factors=lambda *ndims: (["m h", "m h", "m", "m", "h"], ["m h", "h", "h", "w t h"]),
+    factors=lambda *ndims: _backward_factors(_row_factors(ndims[0])),
     attrs=lambda *, norm_type, zero_centered_gamma: {
         "norm_type": np.int64(_NORM_CODES[norm_type]),
         "zero_centered_gamma": np.int64(zero_centered_gamma),
@@ -346,10 +377,6 @@ def _params_args(
     return gamma, _vector_arg(op, "beta", beta, h)
 
 
-def _rows(x: jax.Array) -> jax.Array:
-    return x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
-
-
 # ------------------------------------------------------------------------------- public ops
 
 
@@ -392,13 +419,13 @@ def norm_forward(
     eps = _epsilon_arg(op, epsilon)
     params = (gamma,) if beta is None else (gamma, beta)
     y, mu, rs = _FORWARD[norm_type](
-        _rows(x),
+        x,
         *params,
         epsilon=eps,
         zero_centered_gamma=bool(zero_centered_gamma),
         implementation=implementation,
     )
-    return y.reshape(x.shape), mu.reshape(x.shape[:-1]), rs.reshape(x.shape[:-1])
+    return y, mu, rs
 
 
 def norm_forward_fp8(
@@ -439,7 +466,7 @@ def norm_forward_fp8(
     reduction = _checks.amax_reduction_arg(op, amax_reduction)
     params = (gamma,) if beta is None else (gamma, beta)
     q, q_t, scale_inv, amax, mu, rs = _FORWARD_FP8[norm_type](
-        _rows(x),
+        x,
         *params,
         scale,
         fp8_dtype=dt,
@@ -448,8 +475,7 @@ def norm_forward_fp8(
         amax_reduction=reduction,
         implementation=implementation,
     )
-    lead = x.shape[:-1]
-    return q.reshape(x.shape), q_t, scale_inv, amax, mu.reshape(lead), rs.reshape(lead)
+    return q, q_t.reshape(x.shape[-1], math.prod(x.shape[:-1])), scale_inv, amax, mu, rs
 
 
 def norm_backward(
@@ -491,21 +517,20 @@ def norm_backward(
                 f"{op}: {name} must be float32 of shape {lead}, got {v.dtype}{list(v.shape)}"
             )
     gamma = _vector_arg(op, "gamma", gamma, x.shape[-1])
-    m = math.prod(lead)
     # The kernels take dy and x in one dtype: a mixed pair is widened (exactly) to float32,
     # and dx rounded once to dy's dtype, as the reference does.
     common = x.dtype if dy.dtype == x.dtype else jnp.dtype(jnp.float32)
     dx, dgamma, dbeta, _ = _BACKWARD(
-        _rows(dy.astype(common)),
-        _rows(x.astype(common)),
-        jnp.reshape(mu, (m,)),
-        jnp.reshape(rsigma, (m,)),
+        dy.astype(common),
+        x.astype(common),
+        mu,
+        rsigma,
         gamma,
         norm_type=norm_type,
         zero_centered_gamma=bool(zero_centered_gamma),
         implementation=implementation,
     )
-    return dx.astype(dy.dtype).reshape(x.shape), dgamma, dbeta
+    return dx.astype(dy.dtype), dgamma, dbeta
 
 
 # ------------------------------------------------------------------------------- differentiable

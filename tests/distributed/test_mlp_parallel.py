@@ -15,9 +15,10 @@ dtypes are not compared), has no other collective that the FP32 model does not h
 exactly one all-reduce per step: every amax of a split tensor is reduced over the whole mesh,
 which XLA combines into one all-reduce. The gated block's first GEMM keeps the activation pair
 as its own dim (fp8jax/_grouped_gemm.py); before, its 2-D reshape gathered ``wi_kernel``,
-``wi_bias`` and the activation gradient under TP. In SP the fused layers gather their input
-before the norm where the FP32 blocks do otherwise (``_SP_ROWS``): xfailed in
-``test_collectives`` and pinned by ``test_sp_gathers``.
+``wi_bias`` and the activation gradient under TP. In SP the fused layers run the norm on the
+sequence-split input and gather its FP8 output before GEMM1 (Megatron's sequence parallelism),
+where the FP32 blocks keep the sequence split through the GEMMs and gather the kernels instead
+(``_SP_ROWS``): xfailed in ``test_collectives`` and pinned by ``test_sp_gathers``.
 """
 
 from __future__ import annotations
@@ -244,19 +245,19 @@ def test_matches_single_device(kind, mode):
 
 # Where the FP8 step communicates otherwise than the FP32 one (the results match in every case):
 _SP_ROWS = (
-    "the (batch, length) -> rows reshape before the fused norm: Shardy keeps no split of "
-    "length (model) through it, so the FP8 block gathers its input along the sequence before "
-    "the norm (and the output gradient in the backward), Megatron's pair of gathers, where the "
-    "FP32 block, which contracts the 3-D input directly, runs the norm on the split sequence "
-    "and gathers the kernels and wi's bias over model instead (LayerNormDenseGeneral: the "
-    "norm's output); see test_sp_gathers"
+    "fp8jax's GEMMs read [rows, k]: the norm runs on the sequence-split [batch, length, "
+    "embed] input, and the (batch, length) -> rows flattening of its FP8 output gathers the "
+    "sequence (Shardy keeps no split of length through it) before GEMM1, Megatron's sequence "
+    "parallelism (the FP8 output and its transposed copy, and in the MLP block the output "
+    "gradient in the backward), where the FP32 block, which contracts the 3-D input directly, "
+    "keeps the sequence split through both GEMMs and gathers the kernels and wi's bias over "
+    "model instead (LayerNormDenseGeneral: the norm's output); see test_sp_gathers"
 )
 COLLECTIVE_XFAILS = {
     ("gelu", "sp"): _SP_ROWS,
     ("gated", "sp"): _SP_ROWS,
-    ("ln_dense", "sp"): f"{_SP_ROWS}; here FP32 gathers the norm's output and all-reduces its "
-    "gradient (f32, before slicing it back to the split sequence), which the FP8 layer, whose "
-    "norm ran on the whole sequence, does not: one all-reduce fewer than FP32 + the amax one",
+    ("ln_dense", "sp"): f"{_SP_ROWS}; here FP32 gathers the norm's output (f32) where the FP8 "
+    "layer gathers its FP8 codes and their transposed copy",
 }
 
 
@@ -290,16 +291,26 @@ def test_collectives(kind, mode):
 
 @pytest.mark.parametrize("kind", ["gelu", "gated", "ln_dense"])
 def test_sp_gathers(kind):
-    """What the FP8 layers communicate under SP (see ``_SP_ROWS``): the input, gathered along
-    the sequence as f32 before the norm, and for the MLP block (whose output is split along the
-    sequence again) its output gradient in the backward; no other gather, all-to-all or
-    permute of its own, and one amax all-reduce over the whole mesh."""
+    """What the FP8 layers communicate under SP (see ``_SP_ROWS``): the fused norm runs on the
+    local part of the sequence ``[batch / 2, length / 4, embed]``; gathered along the sequence
+    are its FP8 output (``[batch / 2, length, embed]``, never the f32 input) and the transposed
+    FP8 copy for GEMM1's weight gradient (``[embed, batch / 2, length]``), and for the MLP block
+    (whose output is split along the sequence again) its output gradient in the backward; no
+    other gather, all-to-all or permute of its own, and one amax all-reduce over the whole
+    mesh, ``dgamma``/``dbeta`` summed over the whole mesh too."""
     fp8, plain = _compiled(kind, "sp")[-1], _compiled(kind, "sp", enabled=False)[-1]
-    half = (BATCH // 2, LENGTH, EMBED)
-    n = 1 if kind == "ln_dense" else 2
-    assert gathered_shapes(fp8) == [half] * n, gathered_shapes(fp8)
+    half, half_t = (BATCH // 2, LENGTH, EMBED), (EMBED, BATCH // 2, LENGTH)
+    want = [half, half_t] if kind == "ln_dense" else [half, half_t, half]
+    assert sorted(gathered_shapes(fp8)) == sorted(want), gathered_shapes(fp8)
     gathers = [line for line in fp8.splitlines() if re.search(r"\sall-gather(?:-start)?\(", line)]
-    assert all("= f32[" in line for line in gathers), gathers
+    # the norm's output is gathered as FP8 codes (the CPU backend widens them to f16 to move
+    # them; a GPU moves the bytes); only the MLP's output gradient is f32
+    assert sum("= f32[" in line for line in gathers) == (0 if kind == "ln_dense" else 1), gathers
+    norms = [
+        line for line in fp8.splitlines() if 'custom_call_target="fp8jax_layernorm_forward' in line
+    ]
+    local = f"f32[{BATCH // 2},{LENGTH // 4},{EMBED}]"
+    assert len(norms) == 1 and f"operand_layout_constraints={{{local}" in norms[0], norms
     if kind == "gelu":  # FP32: wo's and wi's kernels and wi's bias over model, no activation
         assert sorted(gathered_shapes(plain)) == [(1, MLP), (EMBED, 1, MLP), (MLP, EMBED)]
     elif kind == "ln_dense":  # FP32: the norm's output (the norm ran on the split sequence)

@@ -184,3 +184,38 @@ def test_grad_of_layernorm_with_rows_split(impl):
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-5, atol=1e-5)
     for i in (1, 2):
         _everywhere(got[i], want[i], exact=False)
+
+
+def test_batch_and_sequence_split_separately_stay_split():
+    """``[batch, seq, h]`` with batch over ``data`` and the sequence over ``model`` (sequence
+    parallelism): the kernels run on the local rows as they are, with no gather (flattening
+    ``[batch, seq]`` first would gather the sequence, as a merged dim cannot carry the split of
+    its minor part); same bits as one device, amax and dgamma reduced over all 8 devices.
+    (``q_t``, ``[h, rows]`` of the flattened rows, is itself such a merge: returning it gathers
+    the sequence, in FP8.)"""
+    mesh = _mesh("2x4")
+    x, g, b, dy = (v.reshape(4, 8, 64) if v.ndim == 2 else v for v in _data())
+    kw = dict(norm_type="layernorm", epsilon=EPS, implementation="kernel")
+    scale = jnp.float32(2.0)
+    sh = NamedSharding(mesh, P("data", "model"))
+    xs, dys = jax.device_put(x, sh), jax.device_put(dy, sh)
+
+    def step(x, dy, g, b, with_t=False):
+        q, q_t, _, amax, mu, rs = ops.norm_forward_fp8(x, g, b, scale, jnp.float8_e4m3fn, **kw)
+        bwd = ops.norm_backward(dy, x, mu, rs, g, norm_type="layernorm", implementation="kernel")
+        return (q, amax, mu, rs, *bwd) + ((q_t,) if with_t else ())
+
+    f = jax.jit(step)
+    hlo = f.lower(xs, dys, g, b).compile().as_text()
+    _no_gather(hlo)
+    assert set(all_reduce_group_sizes(hlo)) == {8}, all_reduce_group_sizes(hlo)
+    got = f(xs, dys, g, b)
+    want = step(_one(x), _one(dy), _one(g), _one(b), with_t=True)
+    for i in range(5):  # q, amax, mu, rsigma, dx
+        _same(got[i], want[i])
+    for i in (5, 6):  # dgamma, dbeta
+        _everywhere(got[i], want[i], exact=False)
+    assert got[0].sharding.spec[:2] == ("data", "model")
+    q_t = jax.jit(lambda *a: step(*a, with_t=True)[-1])(xs, dys, g, b)
+    assert q_t.shape == (64, 32)
+    _same(q_t, want[-1])

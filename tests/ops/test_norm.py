@@ -249,6 +249,31 @@ def test_vmap(implementation):
     assert ("fp8jax_layernorm_forward_fp8" in hlo) == (implementation == "kernel")
 
 
+def test_vmap_of_rank3(implementation):
+    """vmap over ``[batch, seq, h]`` inputs (rows in two dims, kept unflattened by the ops):
+    each element as its own call, ``q_t`` ``[h, batch * seq]``."""
+    rng = np.random.default_rng(10)
+    xs = jnp.asarray(rng.standard_normal((2, 3, 5, 24)), jnp.float32)
+    gs = jnp.asarray(1 + 0.1 * rng.standard_normal((2, 24)), jnp.float32)
+    scales = jnp.asarray([2.0, 0.5], jnp.float32)
+    kw = dict(norm_type="rmsnorm", epsilon=EPS, implementation=implementation)
+
+    def step(x, g, s):
+        q, q_t, _, amax, mu, rs = ops.norm_forward_fp8(x, g, None, s, jnp.float8_e4m3fn, **kw)
+        dx, dg, _ = ops.norm_backward(
+            x, x, mu, rs, g, norm_type="rmsnorm", implementation=implementation
+        )
+        return q, q_t, amax, rs, dx, dg
+
+    got = jax.jit(jax.vmap(step))(xs, gs, scales)
+    assert got[1].shape == (2, 24, 15)
+    for i in range(2):
+        for a, w in zip(got, step(xs[i], gs[i], scales[i]), strict=True):
+            np.testing.assert_array_equal(
+                np.atleast_1d(a[i]).view(np.uint8), np.atleast_1d(w).view(np.uint8)
+            )
+
+
 def test_grad_of_vmap_and_vmap_of_grad():
     rng = np.random.default_rng(9)
     xs = jnp.asarray(rng.standard_normal((2, 4, 16)), jnp.float32)
