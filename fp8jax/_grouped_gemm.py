@@ -1,5 +1,6 @@
-"""The gated MLP's FP8 GEMMs with the activation pair kept as its own dim, so that tensor
-parallelism splits them without resharding.
+"""FP8 GEMMs whose kernel has a small group dim of its own, ``(hidden, g, N)``, kept as such so
+that tensor parallelism splits them without resharding: the gated MLP's first GEMM (``g = 2``,
+the activation pair) and the fused QKV (``g = 3``) and KV (``g = 2``) projections.
 
 A gated ``LayerNormMLP`` has ``kernel_1`` ``(hidden, 2, inter)``; its GEMMs run on the 2-D view
 ``(hidden, 2 * inter)``. Under tensor parallelism ``inter`` is split, and the merged dim
@@ -12,7 +13,9 @@ the 2-D kernel, which is therefore run exactly as on one device:
 * :func:`gemm_n` ``out[M, g, N] = a[M, K] . b[g, N, K]^T (+ bias[g, N])``: the forward GEMM
   (``b`` the kernel's transposed FP8 copy) and the wgrad (``a`` the norm output's transposed
   copy ``[hidden, M]``, ``b`` the activation gradient's ``[g, inter, M]``);
-* :func:`gemm_k` ``out[M, N] = a[M, g, K] . b[N, g, K]^T``, contracting ``(g, K)``: the dgrad.
+* :func:`gemm_k` ``out[M, N] = a[M, g, K] . b[N, g, K]^T``, contracting ``(g, K)``: the dgrad;
+* :func:`forward`, :func:`cast_grad` and :func:`backward`: a layer's GEMM on them (kernel cast,
+  output-gradient cast with its bias gradient, dgrad and wgrad).
 
 Splits are decided as :mod:`fp8jax.ops._gemm_partition` decides them for the 2-D GEMM (M as the
 activations' rows, N column parallel, K split: float32 partial products summed with one psum,
@@ -31,11 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp8jax import _fp8_gemm as g8
 from fp8jax.ops import _partition
 from fp8jax.ops._gemm_partition import _dims, _plan_mnk
 from fp8jax.ops.gemm import _local, gemm_codes
+from fp8jax.ops.quantize import quantize
 
-__all__ = ["gemm_k", "gemm_n", "usable"]
+__all__ = ["backward", "cast_grad", "forward", "gemm_k", "gemm_n", "usable"]
 
 
 def usable(implementation: str) -> bool:
@@ -229,3 +234,46 @@ def gemm_k(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, reuse, accumulate="split"
         m = _axes(a, 0)
         call = _typed(call, (m, tuple(x for x in _axes(b, 0) if x not in m)))
     return call(a, b, a_sinv, b_sinv, *reuse)
+
+
+def forward(s: g8.Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
+    """A layer's grouped GEMM ``y [M, g, N]`` from its input's FP8 codes ``x_q [M, hidden]``
+    and the high-precision kernel ``w (hidden, g, N)``, cast here (one quantize; its transposed
+    copy ``(g, N, hidden)`` a transpose of the codes) -> ``(y, w's amax, residuals)`` as
+    :func:`fp8jax._fp8_gemm.gemm_forward`'s."""
+    fwd = s.fwd_dtype
+    q, sinv, amax = quantize(
+        w, g8.scale_for(s, w, scale, fwd), fwd, amax_reduction="mesh",
+        implementation=s.implementation("cast"),
+    )  # fmt: skip
+    w_q = g8.named(g8.codes(q), 1)
+    w_t = g8.named(jnp.transpose(w_q, (1, 2, 0)), 3)
+    sinv, amax = g8.named(sinv, 4), g8.named(amax, 5)
+    y = gemm_n(x_q, w_t, x_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=bias,
+               accumulate="fast")  # fmt: skip
+    return y, amax, g8.GemmResiduals(w_q, w_t, sinv)
+
+
+def cast_grad(s: g8.Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
+    """The output gradient ``dy [M, g, N]`` cast to the backward format -> ``(codes [M, g, N],
+    transposed codes [g, N, M], scale_inv, amax, dbias [g, N] (float32) or None)``."""
+    bwd = s.bwd_dtype
+    q, sinv, amax = quantize(
+        dy, g8.scale_for(s, dy, scale, bwd), bwd, amax_reduction="mesh",
+        implementation=s.implementation("cast"),
+    )  # fmt: skip
+    q = g8.codes(q)
+    dbias = jnp.sum(dy.astype(jnp.float32), axis=0) if with_bias else None
+    return q, jnp.transpose(q, (1, 2, 0)), sinv, amax, dbias
+
+
+def backward(s: g8.Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt):
+    """dgrad ``[M, hidden]`` and wgrad ``(hidden, g, N)`` of :func:`forward` from the output
+    gradient's codes ``g_q [M, g, N]`` and ``g_t [g, N, M]``."""
+    fwd, bwd = s.fwd_dtype, s.bwd_dtype
+    dx = gemm_k(
+        g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), out_dtype=x_dt,
+        reuse=(res.w_t, x_t),
+    )  # fmt: skip
+    dw = gemm_n(x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dt, accumulate="split")
+    return dx, dw

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import _fp8_gemm as g8
+from fp8jax import _grouped_gemm
 from fp8jax._norm_layer import (
     check_norm_args,
     check_norm_params,
@@ -38,6 +39,7 @@ class _Config(NamedTuple):
     norm: tuple[str, float, bool] | None  # None: no norm
     has_bias: bool
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
+    grouped: bool  # kernel (hidden, g, N) kept 3-D (fp8jax._grouped_gemm), e.g. fused QKV
     dtype: Any
     dtypes: tuple[Any, ...]  # x, gamma, beta, kernel, bias
 
@@ -47,7 +49,8 @@ def _forward(cfg: _Config, x, gamma, beta, w, b, scale):
     ln_q, ln_t, ln_sinv, ln_amax, ln, norm_res = input_forward(
         s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
-    y, w_amax, r = g8.gemm_forward(s, ln_q, ln_sinv, w, scale[1], b, cfg.dtype)
+    gemm = _grouped_gemm.forward if cfg.grouped else g8.gemm_forward
+    y, w_amax, r = gemm(s, ln_q, ln_sinv, w, scale[1], b, cfg.dtype)
     seen = jnp.stack([ln_amax, w_amax, jnp.float32(jnp.nan)]).reshape(_N)
     res = (norm_res, ln_t, ln_sinv, r, scale[2], ln_amax, w_amax)
     return (y, ln, seen), res
@@ -73,9 +76,13 @@ def _ln_dense2d_bwd(cfg: _Config, res, cts):
     norm_res, ln_t, ln_sinv, r, g_scale, ln_amax, w_amax = res
     x_dt, gamma_dt, beta_dt, w_dt, b_dt = cfg.dtypes
     dy = g8.zeros_if_symbolic(cts[0])
-    g_q, g_t, g_sinv, g_amax, db = g8.cast_dbias(s, dy, g_scale, cfg.has_bias)
-    g_q, g_t = g8.codes(g_q), g8.codes(g_t)
-    dln, dw = g8.gemm_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
+    if cfg.grouped:
+        g_q, g_t, g_sinv, g_amax, db = _grouped_gemm.cast_grad(s, dy, g_scale, cfg.has_bias)
+        dln, dw = _grouped_gemm.backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
+    else:
+        g_q, g_t, g_sinv, g_amax, db = g8.cast_dbias(s, dy, g_scale, cfg.has_bias)
+        g_q, g_t = g8.codes(g_q), g8.codes(g_t)
+        dln, dw = g8.gemm_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
     dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)
     observed = jnp.stack([ln_amax, w_amax, g_amax]).reshape(_N)
     return (
@@ -191,17 +198,27 @@ def _layernorm_dense(
     m = int(np.prod(lead, dtype=np.int64))
     n = int(np.prod(features, dtype=np.int64))
     w = kernel if jnp.dtype(kernel.dtype) in g8.WIDE else kernel.astype(dtype)
-    b = None if bias is None else bias.astype(dtype).reshape(n)
+    # a (hidden, g, N) kernel (fused QKV: g = 3) keeps its group dim, so that a split of N
+    # (tensor parallelism) needs no resharding; with delayed scaling and the kernel GEMM
+    grouped = (
+        kernel.ndim == 3
+        and not setup.current_scaling
+        and _grouped_gemm.usable(setup.implementation("gemm"))
+    )
+    b = None if bias is None else bias.astype(dtype)
+    b = b if b is None or grouped else b.reshape(n)
     cfg = _Config(
         setup=setup,
         norm=norm,
         has_bias=b is not None,
         keep_ln=bool(return_layernorm_output),
+        grouped=grouped,
         dtype=dtype,
         dtypes=tuple(None if v is None else v.dtype for v in (x, gamma, beta, w, bias)),
     )
     # the norm takes x unflattened (see fp8jax._norm_layer.norm_fp8)
     x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
-    y2, ln2, seen = _ln_dense2d(cfg, x_in, gamma, beta, w.reshape(hidden, n), b, scale, probe)
+    w = w if grouped else w.reshape(hidden, n)
+    y2, ln2, seen = _ln_dense2d(cfg, x_in, gamma, beta, w, b, scale, probe)
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
     return y2.reshape(*lead, *features), ln, seen

@@ -39,7 +39,6 @@ from fp8jax.ops.activation import (
     dactivation,
     dactivation_cast_transpose_dbias,
 )
-from fp8jax.ops.quantize import quantize
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
 
@@ -104,7 +103,7 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
         s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
     if cfg.grouped:
-        h, w1_amax, r1 = _gemm1_grouped(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
+        h, w1_amax, r1 = _grouped_gemm.forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
     else:
         h, w1_amax, r1 = g8.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
         h = h.reshape(ln_q.shape[0], len(cfg.activations), -1)
@@ -117,39 +116,6 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     fwd_seen = jnp.stack([ln_amax, w1_amax, a_amax, w2_amax]).reshape(4)
     res = (norm_res, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask)
     return (y, ln, seen), res
-
-
-def _gemm1_grouped(s: g8.Fp8Setup, ln_q, ln_sinv, w1, scale, b1, dtype):
-    """GEMM1 of a gated block with the pair as its own dim: ``h [M, 2, I]`` from the norm's FP8
-    output and ``w1 (hidden, 2, I)``, cast here (one quantize, its transposed copy ``(2, I,
-    hidden)`` as a transpose of the codes); ``(h, w1's amax, residuals)`` as
-    :func:`fp8jax._fp8_gemm.gemm_forward`'s."""
-    fwd = s.fwd_dtype
-    q, sinv, amax = quantize(
-        w1, g8.scale_for(s, w1, scale, fwd), fwd, amax_reduction="mesh",
-        implementation=s.implementation("cast"),
-    )  # fmt: skip
-    w_q = g8.named(g8.codes(q), 1)
-    w_t = g8.named(jnp.transpose(w_q, (1, 2, 0)), 3)
-    sinv, amax = g8.named(sinv, 4), g8.named(amax, 5)
-    h = _grouped_gemm.gemm_n(
-        ln_q, w_t, ln_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=b1, accumulate="fast"
-    )
-    return h, amax, g8.GemmResiduals(w_q, w_t, sinv)
-
-
-def _gemm1_grouped_backward(s: g8.Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt):
-    """dgrad ``[M, hidden]`` and wgrad ``(hidden, 2, I)`` of :func:`_gemm1_grouped` from the
-    activation gradient's codes ``g_q [M, 2, I]`` and ``g_t [2, I, M]``."""
-    fwd, bwd = s.fwd_dtype, s.bwd_dtype
-    dx = _grouped_gemm.gemm_k(
-        g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), out_dtype=x_dt,
-        reuse=(res.w_t, x_t),
-    )  # fmt: skip
-    dw = _grouped_gemm.gemm_n(
-        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dt, accumulate="split"
-    )
-    return dx, dw
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -180,7 +146,7 @@ def _mlp2d_bwd(cfg: _Config, res, cts):
     dh_q, dh_t, dh_sinv, dh_amax, db1 = _dactivation_fp8(cfg, da, h, scale[2])
     dh_q, dh_t = g8.codes(dh_q), g8.codes(dh_t)
     if cfg.grouped:
-        dln, dw1 = _gemm1_grouped_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
+        dln, dw1 = _grouped_gemm.backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     else:
         dln, dw1 = g8.gemm_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)

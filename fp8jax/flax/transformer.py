@@ -87,10 +87,20 @@ class TransformerLayer(nn.Module):
       drop_path: stochastic depth rate (whole residual branches dropped per example).
       fuse_qkv_params, transpose_batch_sequence, scale_attn_logits, scaled_query_init,
         window_size: passed to the attentions (see :class:`MultiHeadAttention`).
+      logical_axes: annotate every param with logical axis names and constrain each block's
+        input to ``("batch", "length", "embed")`` (``("length", "batch", "embed")`` with
+        ``transpose_batch_sequence``), the names :data:`~fp8jax.flax.DEFAULT_RULES` maps:
+        ``embed`` (model width), ``heads`` (QKV output, output projection input), ``mlp``
+        (FFN width), ``act`` (the gated pair), ``relpos_buckets``. Map them to a mesh with
+        :func:`flax.linen.logical_axis_rules`: ``DEFAULT_RULES`` for data x tensor
+        parallelism, ``("embed", "data")`` added for FSDP, ``("length", "model")`` for sequence
+        parallelism. ``init`` then returns :class:`flax.linen.LogicallyPartitioned` params
+        (``nn.unbox`` them, or use ``nn.get_partition_spec`` for their shardings).
 
     Differences from TE: ``dtype``/``param_dtype`` follow Flax; LoRA and ``decode`` (the
     key/value cache) are not supported; ``enable_sequence_parallel`` is accepted for
-    compatibility (sequence parallelism comes from logical axis rules here).
+    compatibility (sequence parallelism comes from logical axis rules here); logical axis
+    names are opt-in (``logical_axes``; TE always annotates, with its own names).
     """
 
     hidden_size: int = 512
@@ -131,6 +141,17 @@ class TransformerLayer(nn.Module):
     scale_attn_logits: bool = False
     scaled_query_init: bool = True
     window_size: tuple[int, int] | None = None
+    logical_axes: bool = False
+
+    def _input_axes(self) -> tuple[str, ...]:
+        if not self.logical_axes:
+            return ()
+        return ("length", "batch", "embed") if self.transpose_batch_sequence else (
+            "batch", "length", "embed")  # fmt: skip
+
+    def _axes(self, **names: tuple[str | None, ...]) -> dict[str, tuple[str | None, ...]]:
+        """Submodule axis-name arguments: ``names`` with ``logical_axes``, else none."""
+        return names if self.logical_axes else {}
 
     def _check(self, inputs: jax.Array, encoded: jax.Array | None, decode: bool) -> None:
         owner = "TransformerLayer"
@@ -196,7 +217,13 @@ class TransformerLayer(nn.Module):
             window_size=self.window_size,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-        )
+            layernorm_input_axes=self._input_axes(),
+            **self._axes(
+                scale_axes=("embed",), ln_bias_axes=("embed",), qkv_kernel_axes=("embed", "heads"),
+                qkv_bias_axes=("heads",), out_kernel_axes=("heads", "embed"),
+                out_bias_axes=("embed",),
+            ),
+        )  # fmt: skip
         kw.update(overrides)
         return MultiHeadAttention(name=name, **kw)
 
@@ -240,7 +267,7 @@ class TransformerLayer(nn.Module):
                 rel = RelativePositionBiases(
                     num_buckets=32, max_distance=128, num_attention_heads=self.num_attention_heads,
                     embedding_init=nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                    name="relpos_bias",
+                    **self._axes(embedding_axes=("heads", "relpos_buckets")), name="relpos_bias",
                 )  # fmt: skip
             length = inputs.shape[seq_dim]
             bias = rel(length, length, not decoder)
@@ -276,8 +303,14 @@ class TransformerLayer(nn.Module):
             bias_init=self.bias_init,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            layernorm_input_axes=self._input_axes(),
+            **self._axes(
+                scale_axes=("embed",), ln_bias_axes=("embed",),
+                kernel_axes_1=("embed", "act", "mlp"), kernel_axes_2=("mlp", "embed"),
+                bias_axes_1=("act", "mlp"), bias_axes_2=("embed",),
+            ),
             name="mlp",
-        )(mlp_input, deterministic=deterministic)
+        )(mlp_input, deterministic=deterministic)  # fmt: skip
         residual = ln if self.apply_residual_connection_post_layernorm else mlp_input
         z = self._dropout(z, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
         z = self._drop_path(z, deterministic)
@@ -287,5 +320,6 @@ class TransformerLayer(nn.Module):
                 epsilon=self.layernorm_epsilon, layernorm_type=self.layernorm_type,
                 zero_centered_gamma=self.zero_centered_gamma, dtype=self.dtype,
                 param_dtype=self.param_dtype, name="output_layernorm",
+                **self._axes(scale_axes=("embed",), bias_axes=("embed",)),
             )(z)  # fmt: skip
         return z.astype(inputs.dtype)
