@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling
@@ -29,11 +30,18 @@ class TinyLM(nn.Module):
     """Embedding -> 2 decoder-only layers (encoder layers with a causal mask) -> logits."""
 
     scan: bool = False
+    body: str | None = None  # "plain" or "remat": layers in _Body (remat: nn.remat with the FP8
+    # policy, fp8jax.save_fp8_operands)
 
     @nn.compact
     def __call__(self, tokens):
         x = nn.Embed(VOCAB, HIDDEN)(tokens)
-        if self.scan:
+        if self.body is not None:
+            remat = nn.remat(_Body, policy=fp8jax.save_fp8_operands)
+            body = remat if self.body == "remat" else _Body
+            for i in range(2):
+                x = body(name=f"layer_{i}")(x)
+        elif self.scan:
             block = nn.scan(
                 _ScanBody, variable_axes={"params": 0, "fp8_meta": 0, "fp8_probe": 0},
                 split_rngs={"params": True}, length=2,
@@ -43,6 +51,14 @@ class TinyLM(nn.Module):
             for i in range(2):
                 x = _layer(self_attn_mask_type="causal", name=f"layer_{i}")(x, deterministic=True)
         return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+
+class _Body(nn.Module):
+    """One causal layer taking only arrays (what nn.remat differentiates through)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return _layer(self_attn_mask_type="causal", name="layer")(x, deterministic=True)
 
 
 class _ScanBody(nn.Module):
@@ -100,6 +116,38 @@ def test_two_layer_decoder_trains_with_current_scaling():
 def test_scan_over_layers():
     losses, _ = _train(TinyLM(scan=True), DelayedScaling(amax_history_len=4), 5)
     assert losses[-1] < losses[0]
+
+
+def test_remat_with_the_fp8_policy_keeps_the_numbers():
+    """Each layer under ``nn.remat(policy=fp8jax.save_fp8_operands)`` (the FP8 codes and scales
+    saved, the rest recomputed): the same losses and FP8 state over three delayed-scaling steps
+    as without remat."""
+    recipe = DelayedScaling(amax_history_len=4)
+    plain_losses, plain_states = _train(TinyLM(body="plain"), recipe, 3)
+    losses, states = _train(TinyLM(body="remat"), recipe, 3)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-6)
+    for a, b in zip(states, plain_states, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_logical_axes_name_every_param():
+    """``logical_axes=True``: every param boxed with its logical names (the names
+    ``DEFAULT_RULES`` maps); off (the default): plain arrays."""
+    x = jax.random.normal(jax.random.key(1), (2, SEQ, HIDDEN))
+    v = _layer(logical_axes=True, use_bias=True).init(jax.random.key(0), x, deterministic=True)
+    specs = nn.get_partition_spec(v)["params"]
+    assert specs["attention"]["qkv"]["kernel"] == P("embed", None, "heads")
+    assert specs["attention"]["out"]["kernel"] == P("heads", "embed")
+    assert specs["mlp"]["wi_kernel"] == P("embed", "act", "mlp")
+    assert specs["mlp"]["wo_kernel"] == P("mlp", "embed")
+    assert specs["relpos_bias"]["rel_embedding"] == P("heads", "relpos_buckets")
+    boxed = jax.tree.leaves(v["params"], is_leaf=lambda b: isinstance(b, nn.Partitioned))
+    assert all(isinstance(b, nn.LogicallyPartitioned) for b in boxed)
+    plain = _layer().init(jax.random.key(0), x, deterministic=True)
+    assert not any(
+        isinstance(b, nn.Partitioned)
+        for b in jax.tree.leaves(plain, is_leaf=lambda b: isinstance(b, nn.Partitioned))
+    )
 
 
 def test_encoder_and_decoder_layers():
@@ -165,11 +213,24 @@ def _mlp_twin(p, x):
     )
 
 
+# layer arguments -> the attention twin's config (tests/flax/test_flax_mha.py)
+VARIANTS = {
+    "relbias": {},
+    "gqa_rotary": dict(num_gqa_groups=2, enable_rotary_pos_emb=True,
+                       enable_relative_embedding=False),
+    "alternate_rotary_separate_qkv": dict(enable_rotary_pos_emb=True, fuse_qkv_params=False,
+                                          rotary_pos_emb_group_method="alternate"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("layer_type", [TransformerLayerType.ENCODER, TransformerLayerType.DECODER])
-def test_fp8_off_matches_a_plain_flax_twin(layer_type):
+def test_fp8_off_matches_a_plain_flax_twin(layer_type, variant):
     """The layer with FP8 off against the same layer written with flax.linen layers and
     jax.nn.dot_product_attention (the attention twin of tests/flax/test_flax_mha.py), the same
-    params: forward, input and parameter gradients to float32 summation order."""
+    params: forward, input and parameter gradients to float32 summation order. Variants: the
+    T5 relative bias; GQA with rotary embeddings (consecutive); separate Q/K/V params with
+    rotary embeddings (alternate)."""
     from test_flax_mha import HEADS as T_HEADS
     from test_flax_mha import HID
     from test_flax_mha import twin as attention_twin
@@ -177,8 +238,10 @@ def test_fp8_off_matches_a_plain_flax_twin(layer_type):
     from fp8jax.flax import RelativePositionBiases
 
     decoder = layer_type is TransformerLayerType.DECODER
+    kw = VARIANTS[variant]
     layer = TransformerLayer(hidden_size=HID, mlp_hidden_size=24, num_attention_heads=T_HEADS,
-                             layer_type=layer_type, **NO_DROPOUT)  # fmt: skip
+                             layer_type=layer_type, **NO_DROPOUT, **kw)  # fmt: skip
+    cfg = {k: v for k, v in kw.items() if k != "enable_relative_embedding"}
     x = jax.random.normal(jax.random.key(4), (2, 6, HID))
     enc = jax.random.normal(jax.random.key(5), (2, 7, HID)) if decoder else None
     params = layer.init(jax.random.key(6), x, enc, deterministic=True)["params"]
@@ -188,14 +251,16 @@ def test_fp8_off_matches_a_plain_flax_twin(layer_type):
         return jnp.sum(layer.apply({"params": p}, x, enc, deterministic=True) * c)
 
     def theirs(p, x):
-        rel = RelativePositionBiases(num_buckets=32, max_distance=128,
-                                     num_attention_heads=T_HEADS)  # fmt: skip
-        bias = rel.apply({"params": p["relpos_bias"]}, 6, 6, not decoder)
+        bias = None
+        if kw.get("enable_relative_embedding", True):
+            rel = RelativePositionBiases(num_buckets=32, max_distance=128,
+                                         num_attention_heads=T_HEADS)  # fmt: skip
+            bias = rel.apply({"params": p["relpos_bias"]}, 6, 6, not decoder)
         name = "self_attention" if decoder else "attention"
-        h = x + attention_twin(p[name], x, None, {"attn_mask_type": "causal"}, bias=bias)
+        h = x + attention_twin(p[name], x, None, {**cfg, "attn_mask_type": "causal"}, bias=bias)
         if decoder:
             h = h + attention_twin(p["encoder_decoder_attention"], h, enc,
-                                   {"attn_mask_type": "no_mask"})  # fmt: skip
+                                   {**cfg, "attn_mask_type": "no_mask"})  # fmt: skip
         return jnp.sum((h + _mlp_twin(p["mlp"], h)) * c)
 
     np.testing.assert_allclose(float(ours(params, x)), float(theirs(params, x)), rtol=1e-6)
