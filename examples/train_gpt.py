@@ -1,0 +1,372 @@
+"""Train a small byte-level GPT in FP8 and in BF16 on real text, and compare them.
+
+The model is a decoder-only Transformer built from ``fp8jax.flax.TransformerLayer`` (stacked
+with ``nn.scan``, causal self-attention, rotary position embeddings, tied byte embeddings). The
+text is the Python standard library's own ``.py`` sources (every Python has them; split into
+train and validation by file), or any file or folder given with ``--data``. Each run uses the
+same initial params, seed and batch order; by default FP8 with ``DelayedScaling(HYBRID)`` and
+BF16 (the same model with FP8 off), ``--recipes`` adds ``current`` (``Float8CurrentScaling``).
+
+Writes to ``--out`` (default ``gpt_runs``): ``metrics.csv`` (per step), ``summary.json`` and
+``summary.md`` (final validation loss of each run, its difference to BF16, tokens/s, device,
+versions, commit), ``samples.txt`` (text each run generates), ``loss.png`` (needs matplotlib)
+and an orbax checkpoint per run (``--resume`` continues from it).
+
+    python examples/train_gpt.py                      # ~3 minutes on a 2-core CPU
+    python examples/train_gpt.py --preset gpu-small   # 12 layers, hidden 768, sequence 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import pathlib
+import platform
+import subprocess
+import sys
+import sysconfig
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import fp8jax
+from fp8jax import DelayedScaling, Float8CurrentScaling, Format
+from fp8jax.flax import Fp8TrainState, TransformerLayer
+
+PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
+    "cpu": dict(layers=2, hidden=128, heads=4, mlp=512, seq=128, batch=16, steps=800, lr=2e-3),
+    "gpu-small": dict(layers=12, hidden=768, heads=12, mlp=3072, seq=1024, batch=32, steps=2000,
+                      lr=6e-4),
+    "gpu-medium": dict(layers=24, hidden=1024, heads=16, mlp=4096, seq=1024, batch=32,
+                       steps=5000, lr=3e-4),
+}  # fmt: skip
+RECIPES = {
+    "fp8": DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
+    "bf16": None,
+    "current": Float8CurrentScaling(),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    layers: int
+    hidden: int
+    heads: int
+    mlp: int
+    seq: int
+    batch: int
+    steps: int
+    lr: float
+    eval_every: int = 25
+    eval_batches: int = 16
+    seed: int = 0
+
+
+# ------------------------------------------------------------------------------------- data
+
+
+def load_text(path: str | None, max_bytes: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(train bytes, validation bytes, description)``: every 10th file (sorted by path) goes
+    to validation; a single file is split 90/10 instead."""
+    root = pathlib.Path(path) if path else pathlib.Path(sysconfig.get_paths()["stdlib"])
+    if not root.exists():
+        raise SystemExit(f"--data: {root} does not exist")
+    if root.is_file():
+        data = root.read_bytes()[:max_bytes]
+        cut = int(len(data) * 0.9)
+        return _bytes(data[:cut]), _bytes(data[cut:]), str(root)
+    pattern = "*.py" if path is None else "*"
+    files = sorted(p for p in root.rglob(pattern) if p.is_file() and "test" not in p.parts)
+    train, val, size = [], [], 0
+    for i, f in enumerate(files):
+        if size >= max_bytes:
+            break
+        data = f.read_bytes()
+        (val if i % 10 == 9 else train).append(data)
+        size += len(data)
+    if not train or not val:
+        raise SystemExit(f"--data: not enough files under {root}")
+    desc = f"{root} ({len(train)} train / {len(val)} validation files, {size / 1e6:.1f} MB)"
+    return _bytes(b"\n".join(train)), _bytes(b"\n".join(val)), desc
+
+
+def _bytes(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, np.uint8).astype(np.int32)
+
+
+def batch_at(data: np.ndarray, cfg: Config, step: int, salt: int = 0) -> tuple[Any, Any]:
+    """Random windows of ``seq + 1`` bytes, the same for every run at a given step."""
+    rng = np.random.default_rng((cfg.seed, salt, step))
+    starts = rng.integers(0, len(data) - cfg.seq - 1, cfg.batch)
+    windows = np.stack([data[s : s + cfg.seq + 1] for s in starts])
+    return jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
+
+
+# ------------------------------------------------------------------------------------ model
+
+
+class _Block(nn.Module):
+    cfg: Config
+
+    @nn.compact
+    def __call__(self, x, _):
+        c = self.cfg
+        layer = TransformerLayer(
+            hidden_size=c.hidden, mlp_hidden_size=c.mlp, num_attention_heads=c.heads,
+            hidden_dropout=0.0, attention_dropout=0.0, intermediate_dropout=0.0,
+            self_attn_mask_type="causal", enable_relative_embedding=False,
+            enable_rotary_pos_emb=True, mlp_activations=("gelu",), dtype=jnp.bfloat16,
+            name="layer",
+        )  # fmt: skip
+        return layer(x, deterministic=True), None
+
+
+class GPT(nn.Module):
+    """Byte embedding -> ``layers`` scanned ``TransformerLayer``s -> norm -> tied logits."""
+
+    cfg: Config
+
+    @nn.compact
+    def __call__(self, tokens):
+        embed = nn.Embed(256, self.cfg.hidden, embedding_init=nn.initializers.normal(0.02))
+        x = embed(tokens).astype(jnp.bfloat16)
+        blocks = nn.scan(
+            _Block, variable_axes={"params": 0, "fp8_meta": 0, "fp8_probe": 0},
+            split_rngs={"params": True}, length=self.cfg.layers,
+        )  # fmt: skip
+        x, _ = blocks(self.cfg, name="blocks")(x, None)
+        x = nn.LayerNorm(dtype=jnp.float32)(x)
+        return embed.attend(x.astype(jnp.float32))
+
+
+def loss_of(logits, targets):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+# ------------------------------------------------------------------------------------ runs
+
+
+def make_state(cfg: Config, recipe) -> Fp8TrainState:
+    """The same initial params for every run (FP8 state, if any, from the recipe)."""
+    tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, max(1, cfg.steps // 10),
+                                                  cfg.steps, cfg.lr / 10)  # fmt: skip
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
+    # the FP8 layers init their params the same way with FP8 on or off
+    return Fp8TrainState.from_model(
+        GPT(cfg), jax.random.key(cfg.seed), tokens, tx=tx,
+        recipe=recipe or DelayedScaling(amax_history_len=1),
+    )  # fmt: skip
+
+
+def make_steps(recipe):
+    enabled = recipe is not None
+
+    def forward(state, params, probes, tokens):
+        with fp8jax.autocast(enabled=enabled, recipe=recipe):
+            return state.apply_fn(state.variables(params, probes), tokens)
+
+    @jax.jit
+    def train_step(state, tokens, targets):
+        def f(params, probes):
+            return loss_of(forward(state, params, probes, tokens), targets)
+
+        loss, (g, pg) = jax.value_and_grad(f, argnums=(0, 1))(state.params, state.fp8_probe)
+        return state.apply_gradients(grads=g, probe_grads=pg, skip_if_nonfinite=True), loss
+
+    @jax.jit
+    def eval_loss(state, tokens, targets):
+        return loss_of(forward(state, state.params, state.fp8_probe, tokens), targets)
+
+    @jax.jit
+    def logits_at(state, tokens, pos):
+        return forward(state, state.params, state.fp8_probe, tokens)[0, pos]
+
+    return train_step, eval_loss, logits_at
+
+
+def sample(state, logits_at, cfg: Config, prompt: bytes, n: int, seed: int) -> str:
+    """``n`` bytes after ``prompt`` (temperature 0.8), a full forward per byte (no cache)."""
+    buf = np.zeros((1, cfg.seq), np.int32)
+    text = list(prompt[-cfg.seq :])
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        window = text[-cfg.seq :]
+        buf[0, : len(window)] = window
+        logits = np.asarray(logits_at(state, jnp.asarray(buf), len(window) - 1), np.float64)
+        p = np.exp((logits - logits.max()) / 0.8)
+        text.append(int(rng.choice(256, p=p / p.sum())))
+    return bytes(text[len(prompt[-cfg.seq :]) :]).decode("utf-8", errors="replace")
+
+
+def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress) -> dict:
+    import orbax.checkpoint as ocp
+
+    state = make_state(cfg, recipe)
+    ckpt = (out / "checkpoints" / name).absolute()
+    history: list[dict] = []
+    if resume and ckpt.exists():
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        state = ocp.StandardCheckpointer().restore(ckpt, target)
+        history = json.loads((out / "checkpoints" / f"{name}.json").read_text())
+    train_step, eval_loss, logits_at = make_steps(recipe)
+    tokens_per_step = cfg.batch * cfg.seq
+    start = int(state.step)
+    task = progress.add_task(name, total=cfg.steps, completed=start, info="")
+    t0, timed = None, 0
+    for step in range(start, cfg.steps):
+        state, loss = train_step(state, *batch_at(train, cfg, step))
+        loss = float(loss)
+        if step == start:  # the first step compiles
+            t0 = time.perf_counter()
+        else:
+            timed += 1
+        tps = timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9) if timed else 0.0
+        row = {"run": name, "step": step + 1, "train_loss": loss, "val_loss": "",
+               "tokens_per_s": round(tps, 1)}  # fmt: skip
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            vals = [float(eval_loss(state, *batch_at(val, cfg, i, salt=1)))
+                    for i in range(cfg.eval_batches)]  # fmt: skip
+            row["val_loss"] = float(np.mean(vals))
+        history.append(row)
+        progress.update(task, advance=1, info=f"loss {loss:.3f}  {tps:,.0f} tok/s")
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(ckpt, state, force=True)
+    checkpointer.wait_until_finished()
+    (out / "checkpoints" / f"{name}.json").write_text(json.dumps(history))
+    prompt = b"def "
+    text = sample(state, logits_at, cfg, prompt, 80, cfg.seed)
+    return {"history": history, "sample": prompt.decode() + text}
+
+
+# --------------------------------------------------------------------------------- reports
+
+
+def final_val(history: list[dict]) -> float:
+    return next(float(r["val_loss"]) for r in reversed(history) if r["val_loss"] != "")
+
+
+def environment() -> dict:
+    here = pathlib.Path(__file__).parent
+    try:
+        git = ["git", "rev-parse", "--short", "HEAD"]
+        commit = subprocess.run(git, capture_output=True, text=True, cwd=here).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "device": str(jax.devices()[0].device_kind),
+        "platform": jax.default_backend(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "fp8jax": getattr(fp8jax, "__version__", ""),
+        "commit": commit or "unknown",
+    }
+
+
+def write_reports(out: pathlib.Path, results: dict, cfg: Config, data_desc: str) -> dict:
+    rows = [r for res in results.values() for r in res["history"]]
+    with open(out / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    base = final_val(results["bf16"]["history"]) if "bf16" in results else None
+    runs = {}
+    for name, res in results.items():
+        v = final_val(res["history"])
+        tps = [r["tokens_per_s"] for r in res["history"] if r["tokens_per_s"]]
+        runs[name] = {
+            "final_val_loss": round(v, 4),
+            "vs_bf16": None if base is None else round((v - base) / base, 4),
+            "tokens_per_s": tps[-1] if tps else None,
+        }
+    summary = {"runs": runs, "config": dataclasses.asdict(cfg), "data": data_desc,
+               **environment()}  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    lines = ["| run | final val loss | vs BF16 | tokens/s |", "|---|---|---|---|"]
+    for name, r in runs.items():
+        rel = "" if r["vs_bf16"] is None else f"{100 * r['vs_bf16']:+.2f}%"
+        lines.append(f"| {name} | {r['final_val_loss']:.4f} | {rel} | {r['tokens_per_s']} |")
+    env = environment()
+    lines.append(f"\n{env['device']} ({env['platform']}), JAX {env['jax']}, commit "
+                 f"{env['commit']}; data: {data_desc}")  # fmt: skip
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    (out / "samples.txt").write_text(
+        "".join(f"== {name}\n{res['sample']}\n\n" for name, res in results.items())
+    )
+    plot(out, results)
+    return summary
+
+
+def plot(out: pathlib.Path, results: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("loss.png skipped: matplotlib is not installed (pip install fp8jax[demo])")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, res in results.items():
+        h = res["history"]
+        ax.plot([r["step"] for r in h], [r["train_loss"] for r in h], alpha=0.35,
+                label=f"{name} train")  # fmt: skip
+        v = [(r["step"], r["val_loss"]) for r in h if r["val_loss"] != ""]
+        ax.plot(*zip(*v, strict=True), marker="o", label=f"{name} validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per byte)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=list(PRESETS), default="cpu")
+    p.add_argument("--recipes", default="fp8,bf16",
+                   help="comma-separated, of: " + ", ".join(RECIPES))  # fmt: skip
+    p.add_argument("--steps", type=int, help="override the preset's step count")
+    p.add_argument("--data", help="a text file or a folder (default: the stdlib's .py files)")
+    p.add_argument("--max-bytes", type=int, default=8_000_000)
+    p.add_argument("--out", default="gpt_runs")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoints")
+    args = p.parse_args(argv)
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    if bad := [r for r in recipes if r not in RECIPES]:
+        p.error(f"--recipes: unknown {bad}; choose from {list(RECIPES)}")
+    preset = dict(PRESETS[args.preset])
+    if args.steps is not None:
+        preset["steps"] = args.steps
+    cfg = Config(**preset, eval_every=max(1, min(50, preset["steps"] // 4)))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, val, desc = load_text(args.data, args.max_bytes)
+    print(f"data: {desc}\nmodel: {cfg}\ndevice: {jax.devices()[0].device_kind}")
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    results = {}
+    columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"))  # fmt: skip
+    with Progress(*columns, disable=not sys.stdout.isatty()) as progress:
+        for name in recipes:
+            results[name] = run(name, RECIPES[name], cfg, train, val, out, args.resume, progress)
+    summary = write_reports(out, results, cfg, desc)
+    print((out / "summary.md").read_text())
+    print(
+        f"wrote {out}/: metrics.csv, summary.json, summary.md, samples.txt, loss.png, checkpoints"
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    main()
