@@ -244,7 +244,13 @@ def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress
     (out / "checkpoints" / f"{name}.json").write_text(json.dumps(history))
     prompt = b"def "
     text = sample(state, logits_at, cfg, prompt, 80, cfg.seed)
-    return {"history": history, "sample": prompt.decode() + text}
+    return {"history": history, "sample": prompt.decode() + text, "peak_bytes": _peak_bytes()}
+
+
+def _peak_bytes() -> int | None:
+    """Peak device memory so far, where the backend reports it (GPUs; not the CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
 
 
 # --------------------------------------------------------------------------------- reports
@@ -286,6 +292,8 @@ def write_reports(out: pathlib.Path, results: dict, cfg: Config, data_desc: str)
             "final_val_loss": round(v, 4),
             "vs_bf16": None if base is None else round((v - base) / base, 4),
             "tokens_per_s": tps[-1] if tps else None,
+            # cumulative over the runs of this process (the device's peak so far)
+            "peak_bytes": res.get("peak_bytes"),
         }
     summary = {"runs": runs, "config": dataclasses.asdict(cfg), "data": data_desc,
                **environment()}  # fmt: skip
