@@ -42,7 +42,7 @@ fi
 _fp8jax_stamp_now() {
   {
     echo "FP8JAX_CUDA=$FP8JAX_CUDA nvcc=$(command -v nvcc || echo none)"
-    echo "FP8JAX_CUBLAS_ROOT=${FP8JAX_CUBLAS_ROOT:-}"
+    echo "FP8JAX_CUBLAS_ROOT=${FP8JAX_CUBLAS_ROOT:-} FP8JAX_CUDA_ARCHS=${FP8JAX_CUDA_ARCHS:-}"
     "$FP8JAX_PY" -c "import sys; print(sys.version)"
     cat pyproject.toml CMakeLists.txt
     find cpp -type f -print0 | LC_ALL=C sort -z | xargs -0 -r cat

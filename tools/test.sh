@@ -7,7 +7,8 @@
 # multi-device tests (tests/distributed, if present) on 8 emulated CPU devices.
 # Extra arguments go to both pytest runs (e.g. -k quantize, -x). Exits non-zero on any failure.
 # Both runs spread the tests over FP8JAX_TEST_JOBS pytest-xdist workers (default: one per CPU
-# core, at most 4; 1 runs them in one process).
+# core, at most 4; 1 runs them in one process). FP8JAX_TEST_MARKS, when set, selects tests by
+# marker for both runs (pytest -m, e.g. "not slow").
 
 set -euo pipefail
 
@@ -39,7 +40,11 @@ if [[ "$jobs" -gt 1 ]]; then
   # On a GPU, each worker would otherwise reserve most of its memory up front.
   export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}"
 fi
-main_args=(-q "${xdist[@]}" tests)
+marks=()
+if [[ -n "${FP8JAX_TEST_MARKS:-}" ]]; then
+  marks=(-m "$FP8JAX_TEST_MARKS")
+fi
+main_args=(-q "${xdist[@]}" "${marks[@]}" tests)
 if [[ -d tests/distributed ]]; then
   main_args+=(--ignore=tests/distributed)
 fi
@@ -52,7 +57,7 @@ if [[ -d tests/distributed ]]; then
   rc=0
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=8" \
     JAX_PLATFORMS=cpu \
-    "$FP8JAX_PY" -m pytest -q "${xdist[@]}" tests/distributed "$@" || rc=$?
+    "$FP8JAX_PY" -m pytest -q "${xdist[@]}" "${marks[@]}" tests/distributed "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
     echo "tests/distributed holds no tests yet (pytest exit 5); not a failure"
   elif [[ $rc -ne 0 ]]; then

@@ -6,11 +6,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import mlp
 
 
+@pytest.mark.slow
 def test_allow_cpu_smoke(tmp_path):
     out = tmp_path / "mlp.json"
     argv = ["--allow-cpu", "--tokens", "64", "--hidden", "32", "--ffn", "64", "--iters", "2",

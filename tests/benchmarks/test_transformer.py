@@ -6,11 +6,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import transformer
 
 
+@pytest.mark.slow
 def test_allow_cpu_smoke(tmp_path):
     out = tmp_path / "t.json"
     sizes = ["--batch", "1", "--seq", "16", "--hidden", "32", "--ffn", "64", "--heads", "2"]

@@ -25,6 +25,7 @@ def train_gpt():
     sys.modules.pop("train_gpt", None)
 
 
+@pytest.mark.slow
 def test_short_run_reports_and_fp8_tracks_bf16(train_gpt, tmp_path):
     out = tmp_path / "runs"
     summary = train_gpt.main(["--steps", "80", "--out", str(out), "--max-bytes", "2000000"])

@@ -99,6 +99,7 @@ def _train(model, recipe, steps):
     return losses, scales
 
 
+@pytest.mark.slow
 def test_two_layer_decoder_trains_with_delayed_scaling():
     losses, states = _train(TinyLM(), DelayedScaling(amax_history_len=4), 20)
     assert all(np.isfinite(losses))
@@ -107,6 +108,7 @@ def test_two_layer_decoder_trains_with_delayed_scaling():
         assert not np.array_equal(a, b)  # the FP8 state moves every step
 
 
+@pytest.mark.slow
 def test_two_layer_decoder_trains_with_current_scaling():
     losses, states = _train(TinyLM(), Float8CurrentScaling(), 20)
     assert losses[-1] < 0.7 * losses[0], losses
@@ -270,6 +272,7 @@ def test_fp8_off_matches_a_plain_flax_twin(layer_type, variant):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fp8_on_is_within_fp8_bounds_of_fp8_off():
     """Current scaling against the same layer with FP8 off (itself equal to the plain-Flax
     twin, above): forward within 10%, every gradient within 30% (Frobenius)."""
