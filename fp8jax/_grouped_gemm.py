@@ -37,6 +37,7 @@ import numpy as np
 from fp8jax import _fp8_gemm as g8
 from fp8jax.ops import _partition
 from fp8jax.ops._gemm_partition import _dims, _plan_mnk
+from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
 from fp8jax.ops.gemm import _local, gemm_codes
 from fp8jax.ops.quantize import quantize
 
@@ -256,8 +257,17 @@ def forward(s: g8.Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
 
 def cast_grad(s: g8.Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
     """The output gradient ``dy [M, g, N]`` cast to the backward format -> ``(codes [M, g, N],
-    transposed codes [g, N, M], scale_inv, amax, dbias [g, N] (float32) or None)``."""
+    transposed codes [g, N, M], scale_inv, amax, dbias [g, N] (float32) or None)``: one fused
+    kernel (:func:`~fp8jax.ops.cast_transpose.grouped_cast_transpose_dbias`), or under
+    explicit sharding (where its global view is not allowed) a quantize, an XLA transpose of
+    the codes and a float32 column sum."""
     bwd = s.bwd_dtype
+    if not _partition.explicit_mesh():
+        q, q_t, sinv, amax, dbias = grouped_cast_transpose_dbias(
+            dy, g8.scale_for(s, dy, scale, bwd), bwd, amax_reduction="mesh",
+            implementation=s.implementation("cast"),
+        )  # fmt: skip
+        return g8.codes(q), g8.codes(q_t), sinv, amax, (dbias if with_bias else None)
     q, sinv, amax = quantize(
         dy, g8.scale_for(s, dy, scale, bwd), bwd, amax_reduction="mesh",
         implementation=s.implementation("cast"),

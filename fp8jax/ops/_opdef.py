@@ -125,6 +125,12 @@ class OpDef:
         device from the local blocks, passed as one more operand and aliased to one more
         result, which is dropped. A buffer XLA allocates, rather than the handler at run time,
         keeps the CUDA handler command-buffer (CUDA graph) compatible.
+      view, unview: run another op's handler on a free view of the operands (e.g. a ``[m, g,
+        n]`` gradient as the ``[m, g * n]`` matrix a 2-D kernel reads): ``view(*operands,
+        **params)`` gives the operands the handler sees (``outputs`` and ``workspace`` describe
+        its results for them) and ``unview(operands, results, **params)`` the op's outputs.
+        Applied to each device's block, after the split (the factors are the op's own), so a
+        split that the reshape would merge away never needs a gather.
     """
 
     name: str
@@ -138,6 +144,8 @@ class OpDef:
     sum_over: Mapping[int, int] = dataclasses.field(default_factory=dict)
     need_replication: tuple[str, ...] = ()
     workspace: Callable[..., jax.ShapeDtypeStruct] | None = None
+    view: Callable[..., tuple[jax.Array, ...]] | None = None
+    unview: Callable[..., tuple[jax.Array, ...]] | None = None
 
     def __post_init__(self) -> None:
         _implementation.register_family(self.family, self.name)
@@ -200,19 +208,22 @@ def _kernel(op: OpDef, params: tuple[tuple[str, Any], ...]) -> Callable[..., tup
     attrs = dict(op.attrs(**kw)) if op.attrs is not None else {}
 
     def kernel(*operands):
-        out = tuple(op.outputs(*operands, **kw))
+        args = tuple(op.view(*operands, **kw)) if op.view is not None else operands
+        out = tuple(op.outputs(*args, **kw))
         if op.workspace is None:
             call = jax.ffi.ffi_call(op.target, out, vmap_method="broadcast_all")
-            return tuple(call(*operands, **attrs))
-        ws = op.workspace(*operands, **kw)
-        ws = jax.ShapeDtypeStruct(ws.shape, ws.dtype)
-        call = jax.ffi.ffi_call(
-            op.target,
-            (*out, ws),
-            vmap_method="broadcast_all",
-            input_output_aliases={len(operands): len(out)},
-        )
-        return tuple(call(*operands, jnp.zeros(ws.shape, ws.dtype), **attrs))[:-1]
+            res = tuple(call(*args, **attrs))
+        else:
+            ws = op.workspace(*args, **kw)
+            ws = jax.ShapeDtypeStruct(ws.shape, ws.dtype)
+            call = jax.ffi.ffi_call(
+                op.target,
+                (*out, ws),
+                vmap_method="broadcast_all",
+                input_output_aliases={len(args): len(out)},
+            )
+            res = tuple(call(*args, jnp.zeros(ws.shape, ws.dtype), **attrs))[:-1]
+        return tuple(op.unview(operands, res, **kw)) if op.unview is not None else res
 
     return kernel
 

@@ -176,3 +176,73 @@ def cast_transpose_dbias(
         g, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
     )
     return q, q_t, scale_inv, amax, dbias
+
+
+# ------------------------------------------------------- grouped cast_transpose_dbias
+
+
+def grouped_cast_transpose_dbias_reference(
+    g: jax.Array, scale: jax.Array, fp8_dtype: Any
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Pure-jnp reference of :func:`grouped_cast_transpose_dbias` for ``g[m, k, n]``."""
+    q, scale_inv, amax = quantize_reference(g, scale, fp8_dtype)
+    dbias = jnp.sum(g.astype(jnp.float32), axis=-3)
+    return q, jnp.moveaxis(q, -3, -1), scale_inv, amax, dbias
+
+
+def _grouped_view(g, scale, **_):
+    return g.reshape(*g.shape[:-2], g.shape[-2] * g.shape[-1]), scale
+
+
+def _grouped_unview(operands, results, **_):
+    g = operands[0]
+    *lead, m, k, n = g.shape
+    q, q_t, scale_inv, amax, dbias = results
+    return q.reshape(g.shape), q_t.reshape(*lead, k, n, m), scale_inv, amax, dbias.reshape(
+        *lead, k, n)  # fmt: skip
+
+
+_GROUPED_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+    name="grouped_cast_transpose_dbias",
+    family="cast",
+    target="fp8jax_cast_transpose_dbias",  # the 2-D kernel, on each device's [m, k * n] view
+    reference=grouped_cast_transpose_dbias_reference,
+    outputs=_CAST_TRANSPOSE_DBIAS.outputs,
+    factors=lambda g_ndim, scale_ndim: (
+        ["m k n", "s" * scale_ndim],
+        ["m k n", "k n m", "s" * scale_ndim, "s" * scale_ndim, "k n"],
+    ),
+    max_over={3: 0},
+    sum_over={4: 0},
+    need_replication=("k",),
+    workspace=_CAST_TRANSPOSE_DBIAS.workspace,
+    view=_grouped_view,
+    unview=_grouped_unview,
+)
+
+
+def grouped_cast_transpose_dbias(
+    g: jax.Array,
+    scale: jax.Array,
+    fp8_dtype: Any,
+    *,
+    amax_reduction: str = "split",
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`cast_transpose_dbias` of a gradient ``g[m, k, n]`` with a small group dim ``k``
+    (the fused QKV projection's ``k = 3``): ``(q [m, k, n], q_t [k, n, m], scale_inv, amax,
+    dbias [k, n])``, the same bits as :func:`cast_transpose_dbias` of ``g.reshape(m, k * n)``
+    reshaped back. On a mesh ``n`` may be split (tensor parallelism) without a gather: each
+    device runs the 2-D kernel on its own block's ``[m, k * n_local]`` view (``k`` is never
+    split); ``dbias`` is summed over the axes that split ``m``.
+    """
+    op = "grouped_cast_transpose_dbias"
+    g = _checks.wide_array(op, "g", g)
+    if g.ndim != 3:
+        raise ValueError(f"{op}: g must have rank 3 ([m, k, n]), got shape {g.shape}")
+    scale = _checks.scalar_f32(op, "scale", scale)
+    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    return _GROUPED_CAST_TRANSPOSE_DBIAS(
+        g, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
+    )

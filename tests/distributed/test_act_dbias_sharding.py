@@ -198,3 +198,31 @@ def test_explicit_sharding_mode():
     assert act[1].sharding.spec == P("model", "data")
     assert tuple(dact[1].sharding.spec) == (None, "model", "data")
     assert tuple(dact[4].sharding.spec) == (None, "model")
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=str)
+@pytest.mark.parametrize("implementation", ["kernel", "xla"])
+def test_grouped_cast_transpose_dbias_sharded(split, implementation):
+    """``g[m, 3, n]`` (a fused QKV projection's output gradient) split on ``m`` and/or ``n``:
+    the same bits as on one device, no gather (each device runs the 2-D kernel on its
+    ``[m_local, 3 * n_local]`` view), dbias summed over the axes that split ``m``."""
+    from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
+
+    mesh, (rows, cols) = _mesh(), split
+    g = _data((32, 3, 64), jnp.bfloat16, 3)
+    scale = jnp.float32(2.0)
+    f = lambda g, s: grouped_cast_transpose_dbias(g, s, E5M2, implementation=implementation)
+    want = f(_one(g), scale)
+    gs = jax.device_put(g, NamedSharding(mesh, P(rows, None, cols)))
+    got = jax.jit(f)(gs, scale)
+    for o, w in zip(got[:4], want[:4], strict=True):
+        _same(o, w)
+    assert got[1].sharding.is_equivalent_to(NamedSharding(mesh, P(None, cols, rows)), 3)
+    if _size(mesh, rows) == 1:
+        _same(got[4], want[4])
+    else:
+        _close(got[4], want[4], 32)
+    hlo = _hlo(f, gs, scale)
+    _no_gathers(hlo)
+    if implementation == "kernel":
+        assert sorted(all_reduce_group_sizes(hlo)) == _expected_all_reduces(mesh, rows, cols)

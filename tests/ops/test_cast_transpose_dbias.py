@@ -88,6 +88,31 @@ def test_vmap(implementation):
     assert ("fp8jax_cast_transpose_dbias" in hlo) == (implementation == "kernel")
 
 
+def test_grouped_is_the_2d_op_on_the_view(implementation):
+    """``grouped_cast_transpose_dbias(g[m, k, n])``: the bits of ``cast_transpose_dbias`` of
+    ``g.reshape(m, k * n)``, reshaped to ``q [m, k, n]``, ``q_t [k, n, m]``, ``dbias [k, n]``;
+    under vmap too."""
+    from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
+
+    g = _g((200, 3, 40), jnp.bfloat16, seed=11)
+    s = jnp.float32(2.0)
+    got = grouped_cast_transpose_dbias(g, s, jnp.float8_e4m3fn)
+    want = ops.cast_transpose_dbias(g.reshape(200, 120), s, jnp.float8_e4m3fn)
+    shapes = [(200, 3, 40), (3, 40, 200), (), (), (3, 40)]
+    for a, w, shape in zip(got, want, shapes, strict=True):
+        assert a.shape == shape
+        assert np.asarray(a).tobytes() == np.asarray(w).reshape(shape).tobytes()
+    both = jax.vmap(lambda g: grouped_cast_transpose_dbias(g, s, jnp.float8_e4m3fn))(
+        jnp.stack([g, -2 * g])
+    )
+    for i, gi in enumerate((g, -2 * g)):
+        one = grouped_cast_transpose_dbias(gi, s, jnp.float8_e4m3fn)
+        for a, w in zip(both, one, strict=True):
+            assert np.asarray(a[i]).tobytes() == np.asarray(w).tobytes()
+    with pytest.raises(ValueError, match="rank 3"):
+        grouped_cast_transpose_dbias(g.reshape(200, 120), s, jnp.float8_e4m3fn)
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="rank 2"):
         ops.cast_transpose_dbias(jnp.ones((2, 2, 2)), jnp.float32(1), jnp.float8_e4m3fn)
