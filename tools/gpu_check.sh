@@ -196,7 +196,9 @@ fi
 for script in benchmarks/*.py; do
   [[ -f "$script" ]] || continue
   name="$(basename "$script" .py)"
-  if [[ "$name" == "cast_bandwidth" || "$name" == _* ]] || ! grep -q -- '--json' "$script"; then
+  # run.py is the suite runner (it runs these same scripts), not a benchmark
+  if [[ "$name" == "cast_bandwidth" || "$name" == "run" || "$name" == _* ]] \
+    || ! grep -q -- '--json' "$script"; then
     continue
   fi
   mkdir -p "$OUT/bench"
