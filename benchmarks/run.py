@@ -5,7 +5,8 @@ Runs each ``benchmarks/NAME.py`` that writes a JSON report (``--json``), each in
 run whose timings mean nothing; the structural and memory reports are exact anywhere). Prints
 one table (status, seconds, the ratios each report states, e.g. FP8 vs BF16) and writes
 ``DIR/NAME.json`` per benchmark and ``DIR/suite.json`` (environment: device, driver, versions,
-commit). Exits non-zero if any benchmark failed.
+commit). Exits non-zero if any benchmark failed (with ``--check``, also when a structural target
+of ``structure.py`` regresses). CI runs it on CPU: ``python benchmarks/run.py --check``.
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ def ratios(report: Any, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def run_one(script: Path, out: Path, gpu: bool, timeout: int) -> dict[str, Any]:
+def run_one(script: Path, out: Path, gpu: bool, timeout: int, check: bool) -> dict[str, Any]:
     path = out / f"{script.stem}.json"
     cmd = [sys.executable, str(script), "--json", str(path)]
+    if check and script.stem == "structure":
+        cmd.append("--check")
     if not gpu and "--allow-cpu" in script.read_text():
         cmd.append("--allow-cpu")
     t0 = time.perf_counter()
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench_out"), help="reports go here")
     p.add_argument("--only", help="comma-separated benchmark names")
     p.add_argument("--timeout", type=int, default=900, help="seconds per benchmark")
+    p.add_argument("--check", action="store_true", help="fail when a structural target regresses")
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = on_gpu()
     rows = []
     for script in chosen:
-        row = run_one(script, out, gpu, args.timeout)
+        row = run_one(script, out, gpu, args.timeout, args.check)
         rows.append(row)
         shown = ", ".join(f"{k} {v:.3g}" for k, v in list(row["ratios"].items())[:4])
         print(f"{row['benchmark']:>20}  {row['status']:>7}  {row['seconds']:>7.1f} s  {shown}")
