@@ -261,17 +261,14 @@ def cast_grad(s: g8.Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
     kernel (:func:`~fp8jax.ops.cast_transpose.grouped_cast_transpose_dbias`), or under
     explicit sharding (where its global view is not allowed) a quantize, an XLA transpose of
     the codes and a float32 column sum."""
-    bwd = s.bwd_dtype
+    bwd, impl = s.bwd_dtype, s.implementation("cast")
+    scale = g8.scale_for(s, dy, scale, bwd)
     if not _partition.explicit_mesh():
         q, q_t, sinv, amax, dbias = grouped_cast_transpose_dbias(
-            dy, g8.scale_for(s, dy, scale, bwd), bwd, amax_reduction="mesh",
-            implementation=s.implementation("cast"),
-        )  # fmt: skip
+            dy, scale, bwd, amax_reduction="mesh", implementation=impl
+        )
         return g8.codes(q), g8.codes(q_t), sinv, amax, (dbias if with_bias else None)
-    q, sinv, amax = quantize(
-        dy, g8.scale_for(s, dy, scale, bwd), bwd, amax_reduction="mesh",
-        implementation=s.implementation("cast"),
-    )  # fmt: skip
+    q, sinv, amax = quantize(dy, scale, bwd, amax_reduction="mesh", implementation=impl)
     q = g8.codes(q)
     dbias = jnp.sum(dy.astype(jnp.float32), axis=0) if with_bias else None
     return q, jnp.transpose(q, (1, 2, 0)), sinv, amax, dbias

@@ -61,6 +61,20 @@ _CAST_TRANSPOSE = _opdef.OpDef(
 _rule = _CAST_TRANSPOSE.rule  # e.g. "m n, s -> m n, n m, s, s"
 
 
+def _validated_call(opdef, arg, x, rank, scale, fp8_dtype, amax_reduction, implementation):
+    """Checks a cast op's arguments (``rank``: ``(predicate on x.ndim, what it needs)``) and
+    runs ``opdef``; ValueError/TypeError naming the argument."""
+    op = opdef.name
+    x = _checks.wide_array(op, arg, x)
+    ok, need = rank
+    if not ok(x.ndim):
+        raise ValueError(f"{op}: {arg} must have {need}, got shape {x.shape}")
+    scale = _checks.scalar_f32(op, "scale", scale)
+    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    return opdef(x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation)
+
+
 def cast_transpose(
     x: jax.Array,
     scale: jax.Array,
@@ -84,17 +98,10 @@ def cast_transpose(
       ``q`` (``x.shape``), ``q_t`` (``x.shape[:-2] + (x.shape[-1], x.shape[-2])``), both
       ``fp8_dtype``, and float32 ``scale_inv`` and ``amax`` of ``scale.shape``.
     """
-    op = "cast_transpose"
-    x = _checks.wide_array(op, "x", x)
-    if x.ndim < 2:
-        raise ValueError(f"{op}: x must have rank >= 2 to be transposed, got shape {x.shape}")
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
-    q, q_t, scale_inv, amax = _CAST_TRANSPOSE(
-        x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
+    rank = (lambda n: n >= 2, "rank >= 2 to be transposed")
+    return _validated_call(
+        _CAST_TRANSPOSE, "x", x, rank, scale, fp8_dtype, amax_reduction, implementation
     )
-    return q, q_t, scale_inv, amax
 
 
 # ------------------------------------------------------------------ cast_transpose_dbias
@@ -165,17 +172,10 @@ def cast_transpose_dbias(
     Under :func:`jax.jit` on a mesh ``dbias`` is split like ``g``'s columns and summed with
     one ``psum`` over the mesh axes that split ``g``'s rows.
     """
-    op = "cast_transpose_dbias"
-    g = _checks.wide_array(op, "g", g)
-    if g.ndim != 2:
-        raise ValueError(f"{op}: g must have rank 2 ([m, n]), got shape {g.shape}")
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
-    q, q_t, scale_inv, amax, dbias = _CAST_TRANSPOSE_DBIAS(
-        g, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
+    rank = (lambda n: n == 2, "rank 2 ([m, n])")
+    return _validated_call(
+        _CAST_TRANSPOSE_DBIAS, "g", g, rank, scale, fp8_dtype, amax_reduction, implementation
     )
-    return q, q_t, scale_inv, amax, dbias
 
 
 # ------------------------------------------------------- grouped cast_transpose_dbias
@@ -236,13 +236,8 @@ def grouped_cast_transpose_dbias(
     device runs the 2-D kernel on its own block's ``[m, k * n_local]`` view (``k`` is never
     split); ``dbias`` is summed over the axes that split ``m``.
     """
-    op = "grouped_cast_transpose_dbias"
-    g = _checks.wide_array(op, "g", g)
-    if g.ndim != 3:
-        raise ValueError(f"{op}: g must have rank 3 ([m, k, n]), got shape {g.shape}")
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
-    return _GROUPED_CAST_TRANSPOSE_DBIAS(
-        g, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
-    )
+    rank = (lambda n: n == 3, "rank 3 ([m, k, n])")
+    return _validated_call(
+        _GROUPED_CAST_TRANSPOSE_DBIAS, "g", g, rank, scale, fp8_dtype, amax_reduction,
+        implementation,
+    )  # fmt: skip

@@ -1,6 +1,7 @@
-"""Shared pieces of the parallel-training tests (test_parallel_train.py, test_mlp_parallel.py):
-the ``("data", "model")`` mesh, the train state's shardings from the params' logical axis names,
-the comparison with a one-device run, and reading the compiled HLO's collectives."""
+"""Shared pieces of the parallel-training tests (test_parallel_train.py, test_mlp_parallel.py,
+test_transformer_parallel.py): the train step, the ``("data", "model")`` mesh, the train
+state's shardings from the params' logical axis names, the comparison with a one-device run,
+and reading the compiled HLO's collectives."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import re
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+import fp8jax
 
 N_DEVICES = 8
 
@@ -37,6 +41,25 @@ def state_shardings(state, boxed, mesh, rules):
         fp8_meta=jax.tree.map(lambda _: replicated, state.fp8_meta),
         fp8_probe=jax.tree.map(lambda _: replicated, state.fp8_probe),
     )
+
+
+def mse_step(model, recipe, enabled=True):
+    """The train step every parallel test uses: mean squared error of ``model(x)`` against
+    ``y`` under ``autocast(enabled, recipe)``, params and probes differentiated, the state
+    updated under ``recipe``. Returns ``step(state, x, y) -> (state, loss)``, not jitted."""
+
+    def step(state, x, y):
+        def loss_fn(params, probes):
+            with fp8jax.autocast(enabled=enabled, recipe=recipe):
+                out = model.apply(state.variables(params, probes), x)
+            return jnp.mean((out - y) ** 2)
+
+        loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+            state.params, state.fp8_probe
+        )
+        return state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=recipe), loss
+
+    return step
 
 
 def train(step, state, batches, mesh):

@@ -39,6 +39,7 @@ from _parallel import (
     gathered_shapes,
     is_scalar_reduce,
     mesh,
+    mse_step,
     state_shardings,
     train,
 )
@@ -127,18 +128,7 @@ def _batches(out_features):
 
 
 def _step_fn(model, enabled=True):
-    def step(state, x, y):
-        def loss_fn(params, probes):
-            with fp8jax.autocast(enabled=enabled, recipe=RECIPE):
-                out = model.apply(state.variables(params, probes), x)
-            return jnp.mean((out - y) ** 2)
-
-        loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
-            state.params, state.fp8_probe
-        )
-        return state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=RECIPE), loss
-
-    return step
+    return mse_step(model, RECIPE, enabled)
 
 
 def _init_state(model, x):

@@ -34,7 +34,7 @@ import numpy as np
 import optax
 import pytest
 from _hlo import count, group_size
-from _parallel import N_DEVICES, state_shardings
+from _parallel import N_DEVICES, mse_step, state_shardings
 from _parallel import all_reduces as _all_reduces
 from _parallel import assert_like_reference as _assert_like_reference
 from _parallel import gather_key as _gather_key
@@ -115,18 +115,7 @@ def _batches():
 
 
 def _step_fn(model, enabled=True):
-    def step(state, x, y):
-        def loss_fn(params, probes):
-            with fp8jax.autocast(enabled=enabled, recipe=RECIPE):
-                out = model.apply(state.variables(params, probes), x)
-            return jnp.mean((out - y) ** 2)
-
-        loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
-            state.params, state.fp8_probe
-        )
-        return state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=RECIPE), loss
-
-    return step
+    return mse_step(model, RECIPE, enabled)
 
 
 def _init_state(model, x):

@@ -36,6 +36,7 @@ from _parallel import (
     gathered_shapes,
     is_scalar_reduce,
     mesh,
+    mse_step,
     state_shardings,
     train,
 )
@@ -92,20 +93,7 @@ def _batches():
 
 
 def _step_fn(enabled=True):
-    model = Block()
-
-    def step(state, x, y):
-        def loss_fn(params, probes):
-            with fp8jax.autocast(enabled=enabled, recipe=RECIPE):
-                out = model.apply(state.variables(params, probes), x)
-            return jnp.mean((out - y) ** 2)
-
-        loss, (grads, probe_grads) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
-            state.params, state.fp8_probe
-        )
-        return state.apply_gradients(grads=grads, probe_grads=probe_grads, recipe=RECIPE), loss
-
-    return step
+    return mse_step(Block(), RECIPE, enabled)
 
 
 def _init_state(x):
