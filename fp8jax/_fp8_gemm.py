@@ -214,5 +214,8 @@ def probe_error(where: str) -> ValueError:
         "update. Differentiate the loss with respect to the fp8_probe collection too and fold "
         "its gradient into fp8_meta (fp8jax.flax.Fp8TrainState.apply_gradients or "
         "update_fp8_variables; for the functional layers: probe=jnp.zeros(n_roles) and "
-        "fp8jax.update_fp8_meta). Under nn.scan, give fp8_probe a variable axis."
+        "fp8jax.update_fp8_meta). Under nn.scan, give fp8_probe a variable axis. Flax NNX: "
+        "nnx.value_and_grad(..., argnums=fp8jax.nnx.diff_state()), then "
+        "fp8jax.nnx.update_fp8_state or apply_gradients. A gradient that must not update the "
+        "state: differentiate the probe too and ignore its gradient."
     )

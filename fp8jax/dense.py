@@ -159,15 +159,9 @@ def _dense2d_fwd(cfg: _Config, x, w, bias, scale, probe):
     # symbolic_zeros=True: each argument arrives as a CustomVJPPrimal that says whether it is
     # being differentiated. The output-grad amax leaves only through the probe's cotangent.
     if not cfg.current_scaling and not probe.perturbed and _perturbed((x, w, bias)):
-        raise ValueError(
-            f"{cfg.where}: differentiated with FP8 DelayedScaling, but not with respect to its "
-            "probe, so this step's amax observations would be dropped and the FP8 scales would "
-            "never update. Differentiate the loss with respect to the fp8_probe collection too "
-            "and fold its gradient into fp8_meta (fp8jax.flax.Fp8TrainState.apply_gradients or "
-            "update_fp8_variables; for fp8jax.dense: probe=jnp.zeros(3) and "
-            "fp8jax.update_fp8_meta). Under nn.scan, give fp8_probe a variable axis. A gradient "
-            "that must not update the state: differentiate the probe too and ignore its gradient."
-        )
+        from fp8jax._fp8_gemm import probe_error  # _fp8_gemm imports this module
+
+        raise probe_error(cfg.where)
     x, w, bias, scale = jax.tree.map(lambda p: p.value, (x, w, bias, scale))
     return _forward(cfg, x, w, bias, scale)
 

@@ -40,7 +40,9 @@ __all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
 #: Logical axis names fp8jax's examples use, mapped onto a ``("data", "model")`` mesh for data
 #: plus Megatron tensor parallelism; pass to :func:`flax.linen.logical_axis_rules`. ``batch``:
 #: examples; ``length``: sequence; ``embed``: model width; ``mlp``: MLP hidden width; ``heads``:
-#: attention heads; ``kv``: per-head width. For FSDP, map ``embed`` to ``"data"`` as well.
+#: attention heads; ``kv``: per-head width; ``act``: the gated pair of an MLP kernel;
+#: ``relpos_buckets``: relative position buckets. For FSDP, map ``embed`` to ``"data"`` as well.
+#: Every name has a rule, so ``flax.nnx.get_partition_spec`` maps all of them too.
 DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", "data"),
     ("length", None),
@@ -48,6 +50,8 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("mlp", "model"),
     ("heads", "model"),
     ("kv", None),
+    ("act", None),
+    ("relpos_buckets", None),
 )
 
 _default_kernel_init = nn.initializers.lecun_normal()
