@@ -55,8 +55,8 @@ __all__ = [
 ]
 
 # Submodules imported on first attribute access (PEP 562), with the optional packages each needs
-# (the "flax" extra). Not in __all__: a star import would then import Flax.
-_LAZY_SUBMODULES = {"flax": ("flax", "optax")}
+# (the "flax" extra, for both). Not in __all__: a star import would then import Flax.
+_LAZY_SUBMODULES = {"flax": ("flax", "optax"), "nnx": ("flax", "optax")}
 
 
 def __getattr__(name: str):
@@ -70,7 +70,7 @@ def __getattr__(name: str):
             if missing not in _LAZY_SUBMODULES[name]:
                 raise
             raise ModuleNotFoundError(
-                f"fp8jax.{name} needs the {missing!r} package: pip install 'fp8jax[{name}]'",
+                f"fp8jax.{name} needs the {missing!r} package: pip install 'fp8jax[flax]'",
                 name=e.name,
             ) from e
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,9 @@ MODULES = [
     "fp8jax.flax.layernorm",
     "fp8jax.flax.mlp",
     "fp8jax.flax.transformer",
+    "fp8jax.nnx.layers",
+    "fp8jax.nnx.train",
+    "fp8jax.nnx.transformer",
 ]
 
 

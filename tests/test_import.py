@@ -82,6 +82,31 @@ def test_missing_flax_says_how_to_install_it():
     assert "pip install 'fp8jax[flax]'" in out
 
 
+def test_fp8jax_nnx_is_lazy_too_and_names_the_extra():
+    out = _ok(
+        """
+        import sys
+        import fp8jax
+        assert "flax" not in sys.modules
+        layer = fp8jax.nnx.DenseGeneral  # first access imports fp8jax.nnx (and Flax)
+        import fp8jax.nnx
+        assert fp8jax.nnx.DenseGeneral is layer and "nnx" in dir(fp8jax)
+        """
+    )
+    out = _ok(
+        """
+        import sys
+        sys.modules["flax"] = None  # as if Flax were not installed
+        import fp8jax
+        try:
+            fp8jax.nnx
+        except ModuleNotFoundError as e:
+            print("error:", e)
+        """
+    )
+    assert "fp8jax.nnx needs the 'flax' package: pip install 'fp8jax[flax]'" in out
+
+
 def test_dir_lists_flax_but_all_does_not():
     assert "flax" in dir(fp8jax)
     assert "flax" not in fp8jax.__all__  # `from fp8jax import *` must not need Flax
