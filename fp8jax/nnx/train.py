@@ -24,6 +24,11 @@ optimizer should see::
         optimizer.update(model, fp8jax.nnx.update_fp8_state(model, grads))
         return loss
 
+Stacked layers made by ``nnx.vmap`` and applied by ``nnx.scan`` keep one state row per layer.
+One module applied at every step of an ``nnx.scan`` (its state broadcast, ``in_axes=None``)
+must carry its probes: ``nnx.StateAxes({Fp8Probe: nnx.Carry, ...: None})``; broadcast probes
+would have the steps' observations summed by autodiff (each call hands the next its probe).
+
 :func:`apply_gradients` does the last line, optionally skipping a non-finite step entirely;
 :func:`accumulate_gradients` runs micro-batches (param gradients averaged, observations
 max-merged); :func:`calibrate` sets the scales for inference from forward passes only.

@@ -184,6 +184,35 @@ def test_stacked_layers_keep_one_state_row_per_layer():
     assert bool(jnp.all(hist[1:, 0, 0] != hist[:-1, 0, 0]))  # really per layer
 
 
+def test_one_module_at_every_scan_step_carries_its_probes():
+    """A module broadcast over an nnx.scan (the same weights at every step) must carry its
+    probes (StateAxes {Fp8Probe: Carry}); then its observation is the max over the steps, as
+    the unrolled loop's. Broadcast probes would be summed by autodiff (shown here)."""
+    layer = _build(lambda: fnnx.DenseGeneral(8, 8, rngs=nnx.Rngs(0)))
+    x = _rand((4, 8), 23)
+
+    def observed(axes):
+        def loss(m):
+            if axes is None:  # unrolled
+                h = x
+                for _ in range(3):
+                    h = m(h) * 2.0
+            else:
+                h = nnx.scan(lambda h, m: m(h) * 2.0, in_axes=(nnx.Carry, axes),
+                             out_axes=nnx.Carry, length=3)(x, m)  # fmt: skip
+            return jnp.mean(h**2)
+
+        with fp8jax.autocast(enabled=True, recipe=RECIPE):
+            grads = nnx.grad(loss, argnums=fnnx.diff_state())(layer)
+        return np.asarray(grads["fp8_probe"]["call_0"][...])
+
+    unrolled = observed(None)
+    np.testing.assert_array_equal(observed(nnx.StateAxes({fnnx.Fp8Probe: nnx.Carry, ...: None})),
+                                  unrolled)  # fmt: skip
+    summed = observed(nnx.StateAxes({...: None}))
+    np.testing.assert_allclose(summed[1], 3 * unrolled[1], rtol=1e-6)  # the pitfall
+
+
 def test_remat_with_saved_fp8_operands_gives_the_same_gradients():
     model = _build(lambda: fnnx.TransformerLayer(**TRANSFORMER, rngs=nnx.Rngs(0)))
     x = _rand((2, 4, 16), 22)
