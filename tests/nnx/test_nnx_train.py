@@ -4,6 +4,9 @@ non-finite steps skipped whole, calibration as Linen's; errors."""
 
 from __future__ import annotations
 
+import collections
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -93,6 +96,46 @@ def test_five_steps_bit_identical_to_linen():
     # the optimizer holds moments of the params only
     n_params = len(jax.tree.leaves(pure(model, nnx.Param)))
     assert len(jax.tree.leaves(pure(optimizer))) == 2 * n_params + 2  # mu, nu, count, step
+
+
+def test_compiled_step_has_the_linen_steps_kernels():
+    """The NNX step runs the same FP8 kernels as the Linen one (the probe forks are
+    identities: no extra launch); per custom-call target, in the compiled CPU program."""
+    model = _build(lambda: fnnx.TransformerLayer(**TRANSFORMER, rngs=nnx.Rngs(0)))
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    graphdef, nnx_state = nnx.split((model, optimizer))
+    x, y = _rand((2, 4, 16), 24), _rand((2, 4, 16), 25)
+
+    def nnx_step(state, x, y):
+        model, optimizer = nnx.merge(graphdef, state)
+        with fp8jax.autocast(enabled=True, recipe=RECIPE):
+            grads = nnx.grad(
+                lambda m: _mse(m, x, y, deterministic=True), argnums=fnnx.diff_state()
+            )(model)
+        fnnx.apply_gradients(model, optimizer, grads)
+        return nnx.state((model, optimizer))
+
+    linen_state = fflax.Fp8TrainState.from_variables(
+        apply_fn=model.linen_module.apply, variables=model.linen_variables(),
+        tx=optax.sgd(0.1), recipe=RECIPE,
+    )  # fmt: skip
+
+    def linen_step(state, x, y):
+        def f(params, probes):
+            out = state.apply(state.variables(params, probes), x, deterministic=True)
+            return jnp.mean((out - y) ** 2)
+
+        g, pg = jax.grad(f, argnums=(0, 1))(state.params, state.fp8_probe)
+        return state.apply_gradients(grads=g, probe_grads=pg)
+
+    def kernels(step, state):
+        hlo = jax.jit(step).lower(state, x, y).compile().as_text()
+        targets = re.findall(r'custom_call_target="(fp8jax_\w+)"', hlo)
+        return collections.Counter(targets)
+
+    want = kernels(linen_step, linen_state)
+    assert want["fp8jax_update_fp8_state"] == 1 and len(want) > 3
+    assert kernels(nnx_step, nnx_state) == want, want
 
 
 def test_module_called_twice_merges_by_max_as_linen():
