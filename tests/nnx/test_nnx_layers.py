@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _nnx import RECIPE, TRANSFORMER, assert_trees_equal, float32_matmuls, rand  # noqa: F401
 from flax import nnx
 
 import fp8jax
@@ -15,30 +16,6 @@ from fp8jax import DelayedScaling, Float8CurrentScaling
 from fp8jax import flax as fflax
 from fp8jax import nnx as fnnx
 from fp8jax.nnx.variables import pure
-
-RECIPE = DelayedScaling(amax_history_len=4)
-
-
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def _assert_trees_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-TRANSFORMER = dict(
-    hidden_size=16, mlp_hidden_size=32, num_attention_heads=2, hidden_dropout=0.0,
-    attention_dropout=0.0, intermediate_dropout=0.0,
-)  # fmt: skip
 
 # (name, NNX constructor, Linen twin, sample input, call kwargs)
 CASES = [
@@ -74,20 +51,20 @@ def _linen_apply(linen, name, variables, x, kwargs):
     ("name", "make", "linen", "shape", "kwargs"), CASES, ids=[c[0] for c in CASES]
 )
 def test_same_params_and_outputs_as_the_linen_twin(name, make, linen, shape, kwargs, fp8):
-    x = _rand(shape, 0)
+    x = rand(shape, 0)
     key = nnx.Rngs(0).params()  # what the NNX constructor draws first
     with fp8jax.autocast(enabled=fp8, recipe=RECIPE):
         model = make(nnx.Rngs(0))
         variables = linen.init(key, *([x, x] if name == "mha" else [x]), **kwargs)
         want = _linen_apply(linen, name, variables, x, kwargs)
         got = model(x, **kwargs)
-    _assert_trees_equal(model.linen_variables()["params"], nn.unbox(variables["params"]))
-    _assert_trees_equal(got, want)
+    assert_trees_equal(model.linen_variables()["params"], nn.unbox(variables["params"]))
+    assert_trees_equal(got, want)
     has_state = fp8 and name != "layernorm"
     assert bool(pure(model, fnnx.Fp8Meta)) == has_state
     assert model.recipe == (RECIPE if has_state else None)
     if has_state:
-        _assert_trees_equal(model.linen_variables()["fp8_meta"], variables["fp8_meta"])
+        assert_trees_equal(model.linen_variables()["fp8_meta"], variables["fp8_meta"])
 
 
 def test_dense_is_nnx_linear_general_with_fp8_off():
@@ -95,16 +72,16 @@ def test_dense_is_nnx_linear_general_with_fp8_off():
     twin = nnx.LinearGeneral(8, 4, rngs=nnx.Rngs(1))
     twin.kernel[...] = model.kernel[...]
     twin.bias[...] = model.bias[...]
-    x = _rand((4, 8), 1)
-    _assert_trees_equal(model(x), twin(x))
+    x = rand((4, 8), 1)
+    assert_trees_equal(model(x), twin(x))
     assert model.kernel.shape == (8, 4) and model.in_features == (8,)
 
 
 def test_layernorm_is_nnx_layernorm_with_fp8_off():
     model = fnnx.LayerNorm(8, epsilon=1e-5, rngs=nnx.Rngs(0))
     twin = nnx.LayerNorm(8, epsilon=1e-5, rngs=nnx.Rngs(0))
-    x = _rand((4, 8), 2) * 3 + 1
-    _assert_trees_equal(model(x), twin(x))
+    x = rand((4, 8), 2) * 3 + 1
+    assert_trees_equal(model(x), twin(x))
     assert set(pure(model, nnx.Param)) == {"scale", "ln_bias"}
 
 
@@ -123,7 +100,7 @@ def test_fp8_state_layout_and_filters():
 def test_current_scaling_needs_no_state():
     with fp8jax.autocast(enabled=True, recipe=Float8CurrentScaling()):
         model = fnnx.DenseGeneral(8, 4, rngs=nnx.Rngs(0))
-        y = model(_rand((4, 8), 3))
+        y = model(rand((4, 8), 3))
     assert y.shape == (4, 4) and model.recipe is None
     assert not pure(model, nnx.Any(fnnx.Fp8Meta, fnnx.Fp8Probe))
 
@@ -145,17 +122,17 @@ def test_logical_axes_become_nnx_sharding_metadata():
 def test_dropout_follows_eval_and_train():
     model = fnnx.LayerNormMLP(8, intermediate_dim=64, intermediate_dropout_rate=0.5,
                               rngs=nnx.Rngs(0, dropout=1))  # fmt: skip
-    x = _rand((4, 8), 4)
+    x = rand((4, 8), 4)
     a, b = model(x)[0], model(x)[0]
     assert not np.array_equal(a, b)  # a new dropout key per call
     model.eval()
     assert model.deterministic is True
-    _assert_trees_equal(model(x)[0], model(x)[0])
+    assert_trees_equal(model(x)[0], model(x)[0])
     model.train()
     c = model(x, rngs=nnx.Rngs(dropout=7))[0]
     d = model(x, rngs=jax.random.key(7))[0]
     assert c.shape == d.shape == (4, 8)
-    _assert_trees_equal(model(x, deterministic=True)[0], model(x, deterministic=True)[0])
+    assert_trees_equal(model(x, deterministic=True)[0], model(x, deterministic=True)[0])
 
 
 def test_linen_checkpoint_round_trip():
@@ -166,7 +143,7 @@ def test_linen_checkpoint_round_trip():
     assert set(variables) == {"params", "fp8_meta", "fp8_probe"}
     variables["fp8_meta"]["mlp"]["scale"] = variables["fp8_meta"]["mlp"]["scale"] * 2
     b.load_linen_variables(variables)
-    _assert_trees_equal(b.linen_variables(), variables)
+    assert_trees_equal(b.linen_variables(), variables)
     with pytest.raises(ValueError, match="structure/shapes"):
         b.load_linen_variables({"params": {"kernel": jnp.zeros(3)}})
     with pytest.raises(ValueError, match="holding 'params'"):
@@ -196,7 +173,7 @@ def test_call_errors():
         fp8jax.autocast(enabled=True, recipe=RECIPE),
         pytest.raises(ValueError, match=r"construct it inside fp8jax\.autocast"),
     ):
-        model(_rand((2, 8), 5))
+        model(rand((2, 8), 5))
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         stated = fnnx.DenseGeneral(8, 4, rngs=nnx.Rngs(0))
     other = DelayedScaling(amax_history_len=8)
@@ -204,17 +181,17 @@ def test_call_errors():
         fp8jax.autocast(enabled=True, recipe=other),
         pytest.raises(ValueError, match="the recipe is stated once"),
     ):
-        stated(_rand((2, 8), 5))
+        stated(rand((2, 8), 5))
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         mha = fnnx.MultiHeadAttention(16, head_dim=8, num_attention_heads=2, rngs=nnx.Rngs(0))
         cross = fnnx.MultiHeadAttention(16, head_dim=8, num_attention_heads=2, kv_features=8,
                                         rngs=nnx.Rngs(0))  # fmt: skip
-    x = _rand((4, 2, 16), 6)
+    x = rand((4, 2, 16), 6)
     with pytest.raises(ValueError, match="built for self-attention"):
-        mha(x, _rand((4, 2, 16), 7), deterministic=True)
+        mha(x, rand((4, 2, 16), 7), deterministic=True)
     with pytest.raises(ValueError, match="built for cross-attention"):
         cross(x, deterministic=True)
-    assert cross(x, _rand((3, 2, 8), 8), deterministic=True)[0].shape == x.shape
+    assert cross(x, rand((3, 2, 8), 8), deterministic=True)[0].shape == x.shape
     assert mha(x, x, deterministic=True)[0].shape == x.shape
     with pytest.raises(TypeError, match="deterministic must be a bool or None"):
         mha(x, deterministic="yes")
@@ -224,11 +201,11 @@ def test_decoder_layer():
     cfg = {**TRANSFORMER, "layer_type": fflax.TransformerLayerType.DECODER}
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         layer = fnnx.TransformerLayer(**cfg, rngs=nnx.Rngs(0))
-        x, enc = _rand((2, 4, 16), 9), _rand((2, 6, 16), 10)
+        x, enc = rand((2, 4, 16), 9), rand((2, 6, 16), 10)
         variables = fflax.TransformerLayer(**cfg).init(
             nnx.Rngs(0).params(), x, enc, deterministic=True
         )
         want = fflax.TransformerLayer(**cfg).apply(variables, x, enc, deterministic=True)
         got = layer(x, enc, deterministic=True)
-    _assert_trees_equal(got, want)
+    assert_trees_equal(got, want)
     assert hasattr(layer, "encoder_decoder_attention")

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _nnx import RECIPE, TRANSFORMER, assert_trees_equal, float32_matmuls, rand  # noqa: F401
 from flax import nnx
 
 import fp8jax
@@ -20,28 +21,6 @@ from fp8jax import DelayedScaling
 from fp8jax import flax as fflax
 from fp8jax import nnx as fnnx
 from fp8jax.nnx.variables import pure
-
-RECIPE = DelayedScaling(amax_history_len=4)
-TRANSFORMER = dict(
-    hidden_size=16, mlp_hidden_size=32, num_attention_heads=2, hidden_dropout=0.0,
-    attention_dropout=0.0, intermediate_dropout=0.0,
-)  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
-def _assert_trees_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _build(make):
@@ -69,7 +48,7 @@ def _mse(model, x, y, **kw):
 def test_five_steps_bit_identical_to_linen():
     model = _build(lambda: fnnx.TransformerLayer(**TRANSFORMER, rngs=nnx.Rngs(0)))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-    x, y = _rand((2, 4, 16), 1), _rand((2, 4, 16), 2)
+    x, y = rand((2, 4, 16), 1), rand((2, 4, 16), 2)
     state = fflax.Fp8TrainState.from_model(
         fflax.TransformerLayer(**TRANSFORMER), nnx.Rngs(0).params(), x, tx=optax.adam(1e-2),
         recipe=RECIPE, deterministic=True,
@@ -90,8 +69,8 @@ def test_five_steps_bit_identical_to_linen():
         state, want = linen_step(state, x, y)
         assert float(loss) == float(want)
     variables = model.linen_variables()
-    _assert_trees_equal(variables["params"], state.params)
-    _assert_trees_equal(variables["fp8_meta"], state.fp8_meta)
+    assert_trees_equal(variables["params"], state.params)
+    assert_trees_equal(variables["fp8_meta"], state.fp8_meta)
     assert int(optimizer.step[...]) == 5
     # the optimizer holds moments of the params only
     n_params = len(jax.tree.leaves(pure(model, nnx.Param)))
@@ -104,7 +83,7 @@ def test_compiled_step_has_the_linen_steps_kernels():
     model = _build(lambda: fnnx.TransformerLayer(**TRANSFORMER, rngs=nnx.Rngs(0)))
     optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
     graphdef, nnx_state = nnx.split((model, optimizer))
-    x, y = _rand((2, 4, 16), 24), _rand((2, 4, 16), 25)
+    x, y = rand((2, 4, 16), 24), rand((2, 4, 16), 25)
 
     def nnx_step(state, x, y):
         model, optimizer = nnx.merge(graphdef, state)
@@ -153,7 +132,7 @@ def test_module_called_twice_merges_by_max_as_linen():
             return layer(layer(x) * 4.0)
 
     model = _build(lambda: Twice(nnx.Rngs(0)))
-    x, y = _rand((8, 16), 3), _rand((8, 16), 4)
+    x, y = rand((8, 16), 3), rand((8, 16), 4)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         grads = nnx.grad(lambda m: _mse(m, x, y), argnums=fnnx.diff_state())(model)
     observed = grads["layer"]["fp8_probe"]["call_0"][...]
@@ -176,7 +155,7 @@ def test_module_called_twice_merges_by_max_as_linen():
 
     pg = jax.grad(f)(state.fp8_probe)
     want = fflax.update_fp8_variables(state.fp8_meta, pg, RECIPE)
-    _assert_trees_equal(model.layer.linen_variables()["fp8_meta"], want["layer"])
+    assert_trees_equal(model.layer.linen_variables()["fp8_meta"], want["layer"])
 
 
 def _linen_init(model, x):
@@ -207,7 +186,7 @@ class _Stack(nnx.Module):
 def test_stacked_layers_keep_one_state_row_per_layer():
     model = _build(lambda: _Stack(nnx.Rngs(0)))
     assert model.layers.fp8_meta.amax_history.shape == (3, 3, 4)
-    x, y = _rand((8, 16), 5), _rand((8, 16), 6)
+    x, y = rand((8, 16), 5), rand((8, 16), 6)
 
     def loss(m):
         out, inputs = m(x)
@@ -232,7 +211,7 @@ def test_one_module_at_every_scan_step_carries_its_probes():
     probes (StateAxes {Fp8Probe: Carry}); then its observation is the max over the steps, as
     the unrolled loop's. Broadcast probes would be summed by autodiff (shown here)."""
     layer = _build(lambda: fnnx.DenseGeneral(8, 8, rngs=nnx.Rngs(0)))
-    x = _rand((4, 8), 23)
+    x = rand((4, 8), 23)
 
     def observed(axes):
         def loss(m):
@@ -258,7 +237,7 @@ def test_one_module_at_every_scan_step_carries_its_probes():
 
 def test_remat_with_saved_fp8_operands_gives_the_same_gradients():
     model = _build(lambda: fnnx.TransformerLayer(**TRANSFORMER, rngs=nnx.Rngs(0)))
-    x = _rand((2, 4, 16), 22)
+    x = rand((2, 4, 16), 22)
 
     def grads(remat):
         def loss(m):
@@ -272,14 +251,14 @@ def test_remat_with_saved_fp8_operands_gives_the_same_gradients():
                 nnx.jit(lambda m: nnx.grad(loss, argnums=fnnx.diff_state())(m))(model)
             )
 
-    _assert_trees_equal(grads(True), grads(False))
+    assert_trees_equal(grads(True), grads(False))
 
 
 def test_one_update_launch_for_the_whole_model():
     model = _build(lambda: _Stack(nnx.Rngs(0)))
     optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
-    x, y = _rand((8, 16), 7), _rand((8, 16), 8)
+    x, y = rand((8, 16), 7), rand((8, 16), 8)
 
     def step(state, x, y):
         model, optimizer = nnx.merge(graphdef, state)
@@ -296,8 +275,8 @@ def test_one_update_launch_for_the_whole_model():
 
 def test_gradient_accumulation_merges_micro_batches_by_max():
     model = _build(lambda: fnnx.DenseGeneral(16, 8, rngs=nnx.Rngs(0)))
-    xs = jnp.stack([_rand((4, 16), 9, 1.0), _rand((4, 16), 10, 5.0), _rand((4, 16), 11, 2.0)])
-    ys = jnp.stack([_rand((4, 8), 12), _rand((4, 8), 13), _rand((4, 8), 14)])
+    xs = jnp.stack([rand((4, 16), 9, 1.0), rand((4, 16), 10, 5.0), rand((4, 16), 11, 2.0)])
+    ys = jnp.stack([rand((4, 8), 12), rand((4, 8), 13), rand((4, 8), 14)])
 
     def grad_fn(m, batch):
         x, y = batch
@@ -328,12 +307,12 @@ def test_nonfinite_step_is_skipped_whole():
     model = _build(lambda: fnnx.DenseGeneral(16, 8, rngs=nnx.Rngs(0)))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     step = _nnx_step(_mse, skip=True)
-    x, y = _rand((4, 16), 15), _rand((4, 8), 16)
+    x, y = rand((4, 16), 15), rand((4, 8), 16)
     step(model, optimizer, x, y)
     before = (pure(model), pure(optimizer))
     loss = step(model, optimizer, x.at[0, 0].set(jnp.nan), y)
     assert not np.isfinite(float(loss))
-    _assert_trees_equal((pure(model), pure(optimizer)), before)
+    assert_trees_equal((pure(model), pure(optimizer)), before)
     step(model, optimizer, x, y)
     assert int(optimizer.step[...]) == 2
     assert not np.array_equal(model.kernel[...], before[0]["kernel"])
@@ -352,30 +331,30 @@ def test_eval_step_changes_nothing():
         with fp8jax.autocast(enabled=True, recipe=RECIPE):
             return model(x)
 
-    x = _rand((2, 4, 16), 21)
+    x = rand((2, 4, 16), 21)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         want = model(x)
-    _assert_trees_equal(evaluate(model, x), want)
-    _assert_trees_equal(pure(model, arrays), before)
+    assert_trees_equal(evaluate(model, x), want)
+    assert_trees_equal(pure(model, arrays), before)
 
 
 def test_calibrate_matches_linen():
     model = _build(lambda: fnnx.LayerNormMLP(8, intermediate_dim=16, rngs=nnx.Rngs(0)))
     model.eval()
-    batches = [_rand((4, 8), 17, 300.0), _rand((4, 8), 18, 900.0)]
+    batches = [rand((4, 8), 17, 300.0), rand((4, 8), 18, 900.0)]
     variables = model.linen_variables()
     want = fflax.calibrate(
         model.linen_module.apply, variables, batches, recipe=RECIPE, deterministic=True
     )
     fnnx.calibrate(model, batches)
-    _assert_trees_equal(model.linen_variables()["fp8_meta"], want)
+    assert_trees_equal(model.linen_variables()["fp8_meta"], want)
     assert not np.any(pure(model, fnnx.Fp8Probe)["fp8_probe"]["call_0"])  # reset to zeros
     assert float(model.fp8_meta.scale[2]) == 1.0  # output-grad role left as it was
 
 
 def test_errors():
     model = _build(lambda: fnnx.DenseGeneral(16, 8, rngs=nnx.Rngs(0)))
-    x, y = _rand((4, 16), 19), _rand((4, 8), 20)
+    x, y = rand((4, 16), 19), rand((4, 8), 20)
     with (
         fp8jax.autocast(enabled=True, recipe=RECIPE),
         pytest.raises(ValueError, match=r"fp8jax\.nnx\.diff_state"),
