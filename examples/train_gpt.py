@@ -12,7 +12,12 @@ Writes to ``--out`` (default ``gpt_runs``): ``metrics.csv`` (per step), ``summar
 versions, commit), ``samples.txt`` (text each run generates), ``loss.png`` (needs matplotlib)
 and an orbax checkpoint per run (``--resume`` continues from it).
 
+``--api nnx`` runs the same demo with Flax NNX: ``fp8jax.nnx.TransformerLayer``s stacked with
+``nnx.vmap`` and applied with ``nnx.scan``, an ``nnx.Optimizer``, an ``nnx.jit`` train step
+(``fp8jax.nnx.diff_state``, ``fp8jax.nnx.apply_gradients``) and ``nnx.state`` checkpoints.
+
     python examples/train_gpt.py                      # ~3 minutes on a 2-core CPU
+    python examples/train_gpt.py --api nnx            # the same with Flax NNX modules
     python examples/train_gpt.py --preset gpu-small   # 12 layers, hidden 768, sequence 1024
 """
 
@@ -28,13 +33,15 @@ import subprocess
 import sys
 import sysconfig
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, Format
@@ -112,19 +119,23 @@ def batch_at(data: np.ndarray, cfg: Config, step: int, salt: int = 0) -> tuple[A
 # ------------------------------------------------------------------------------------ model
 
 
+def layer_config(cfg: Config) -> dict:
+    """The ``TransformerLayer`` arguments besides ``hidden_size`` (Linen and NNX alike)."""
+    return dict(
+        mlp_hidden_size=cfg.mlp, num_attention_heads=cfg.heads, hidden_dropout=0.0,
+        attention_dropout=0.0, intermediate_dropout=0.0, self_attn_mask_type="causal",
+        enable_relative_embedding=False, enable_rotary_pos_emb=True, mlp_activations=("gelu",),
+        dtype=jnp.bfloat16,
+    )  # fmt: skip
+
+
 class _Block(nn.Module):
     cfg: Config
 
     @nn.compact
     def __call__(self, x, _):
-        c = self.cfg
-        layer = TransformerLayer(
-            hidden_size=c.hidden, mlp_hidden_size=c.mlp, num_attention_heads=c.heads,
-            hidden_dropout=0.0, attention_dropout=0.0, intermediate_dropout=0.0,
-            self_attn_mask_type="causal", enable_relative_embedding=False,
-            enable_rotary_pos_emb=True, mlp_activations=("gelu",), dtype=jnp.bfloat16,
-            name="layer",
-        )  # fmt: skip
+        layer = TransformerLayer(hidden_size=self.cfg.hidden, **layer_config(self.cfg),
+                                 name="layer")  # fmt: skip
         return layer(x, deterministic=True), None
 
 
@@ -146,27 +157,66 @@ class GPT(nn.Module):
         return embed.attend(x.astype(jnp.float32))
 
 
+class NnxGPT(nnx.Module):
+    """:class:`GPT` in Flax NNX: the layers stacked by ``nnx.vmap``, applied by ``nnx.scan``."""
+
+    def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        self.embed = nnx.Embed(256, cfg.hidden, embedding_init=init, rngs=rngs)
+
+        @nnx.split_rngs(splits=cfg.layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_layers(rngs):  # FP8 state (if any) gets the layer axis too
+            return fp8jax.nnx.TransformerLayer(cfg.hidden, **layer_config(cfg), rngs=rngs)
+
+        self.layers = make_layers(rngs)
+        self.norm = nnx.LayerNorm(cfg.hidden, dtype=jnp.float32, rngs=rngs)
+
+    def __call__(self, tokens):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def blocks(x, layer):
+            return layer(x, deterministic=True)
+
+        x = blocks(self.embed(tokens).astype(jnp.bfloat16), self.layers)
+        return self.embed.attend(self.norm(x).astype(jnp.float32))
+
+
 def loss_of(logits, targets):
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-# ------------------------------------------------------------------------------------ runs
-
-
-def make_state(cfg: Config, recipe) -> Fp8TrainState:
-    """The same initial params for every run (FP8 state, if any, from the recipe)."""
-    tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
+def make_tx(cfg: Config) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, max(1, cfg.steps // 10),
                                                   cfg.steps, cfg.lr / 10)  # fmt: skip
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
+
+
+# ------------------------------------------------------------------------------------- APIs
+
+
+class Api(NamedTuple):
+    """What differs between the Flax APIs. The train state is opaque to the rest of the file:
+    ``train_step(state, tokens, targets) -> (state, loss)``, ``eval_loss(state, tokens,
+    targets)``, ``logits_at(state, tokens, pos)`` (the logits of row 0 at ``pos``)."""
+
+    init: Callable[[Config, Any], Any]  # (cfg, recipe) -> the initial state
+    steps: Callable[[Any], tuple[Callable, Callable, Callable]]  # recipe -> the three above
+    step: Callable[[Any], int]  # optimizer steps taken (skipped non-finite steps not counted)
+    saved: Callable[[Any], Any]  # the pytree a checkpoint holds
+    load: Callable[[Any, Any], Any]  # (state, restored pytree) -> state
+
+
+def linen_init(cfg: Config, recipe) -> Fp8TrainState:
+    """The same initial params for every run (FP8 state, if any, from the recipe)."""
+    tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
     # the FP8 layers init their params the same way with FP8 on or off
     return Fp8TrainState.from_model(
-        GPT(cfg), jax.random.key(cfg.seed), tokens, tx=tx,
+        GPT(cfg), jax.random.key(cfg.seed), tokens, tx=make_tx(cfg),
         recipe=recipe or DelayedScaling(amax_history_len=1),
     )  # fmt: skip
 
 
-def make_steps(recipe):
+def linen_steps(recipe):
     enabled = recipe is not None
 
     def forward(state, params, probes, tokens):
@@ -192,6 +242,68 @@ def make_steps(recipe):
     return train_step, eval_loss, logits_at
 
 
+class NnxState(NamedTuple):
+    model: NnxGPT
+    optimizer: nnx.Optimizer
+
+
+def nnx_init(cfg: Config, recipe) -> NnxState:
+    """The same initial params for every run: constructed inside ``autocast`` the layers also
+    hold delayed-scaling FP8 state; BF16 and current scaling construct them without."""
+    with fp8jax.autocast(enabled=recipe is not None, recipe=recipe):
+        model = NnxGPT(cfg, rngs=nnx.Rngs(cfg.seed))
+    return NnxState(model, nnx.Optimizer(model, make_tx(cfg), wrt=nnx.Param))
+
+
+def nnx_steps(recipe):
+    def fp8():
+        return fp8jax.autocast(enabled=recipe is not None, recipe=recipe)
+
+    @nnx.jit
+    def train(model, optimizer, tokens, targets):
+        def f(model):
+            return loss_of(model(tokens), targets)
+
+        with fp8():  # params and probes (a model without FP8 state has none: params only)
+            loss, grads = nnx.value_and_grad(f, argnums=fp8jax.nnx.diff_state())(model)
+        fp8jax.nnx.apply_gradients(model, optimizer, grads, skip_if_nonfinite=True)
+        return loss
+
+    @nnx.jit
+    def forward(model, tokens):
+        with fp8():
+            return model(tokens)
+
+    def train_step(state, tokens, targets):  # updates the model and optimizer in place
+        return state, train(*state, tokens, targets)
+
+    def eval_loss(state, tokens, targets):
+        return loss_of(forward(state.model, tokens), targets)
+
+    def logits_at(state, tokens, pos):
+        return forward(state.model, tokens)[0, pos]
+
+    return train_step, eval_loss, logits_at
+
+
+def nnx_load(state: NnxState, restored: dict) -> NnxState:
+    nnx.update(state.model, restored["model"])
+    nnx.update(state.optimizer, restored["optimizer"])
+    return state
+
+
+APIS = {
+    "linen": Api(linen_init, linen_steps, lambda s: int(s.step), lambda s: s, lambda _, r: r),
+    "nnx": Api(
+        nnx_init, nnx_steps, lambda s: int(s.optimizer.step[...]),
+        lambda s: {"model": nnx.state(s.model), "optimizer": nnx.state(s.optimizer)}, nnx_load,
+    ),
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ runs
+
+
 def sample(state, logits_at, cfg: Config, prompt: bytes, n: int, seed: int) -> str:
     """``n`` bytes after ``prompt`` (temperature 0.8), a full forward per byte (no cache)."""
     buf = np.zeros((1, cfg.seq), np.int32)
@@ -206,19 +318,29 @@ def sample(state, logits_at, cfg: Config, prompt: bytes, n: int, seed: int) -> s
     return bytes(text[len(prompt[-cfg.seq :]) :]).decode("utf-8", errors="replace")
 
 
-def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress) -> dict:
+def restore(impl: Api, state, ckpt: pathlib.Path):
+    """``state`` (a freshly built one) with the values of the orbax checkpoint ``ckpt``."""
     import orbax.checkpoint as ocp
 
-    state = make_state(cfg, recipe)
-    ckpt = (out / "checkpoints" / name).absolute()
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, impl.saved(state))
+    return impl.load(state, ocp.StandardCheckpointer().restore(ckpt, target))
+
+
+def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress,
+        api: str = "linen") -> dict:  # fmt: skip
+    import orbax.checkpoint as ocp
+
+    impl = APIS[api]
+    state = impl.init(cfg, recipe)
+    tag = name if api == "linen" else f"{api}-{name}"  # the checkpoints differ by API
+    ckpt = (out / "checkpoints" / tag).absolute()
     history: list[dict] = []
     if resume and ckpt.exists():
-        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        state = ocp.StandardCheckpointer().restore(ckpt, target)
-        history = json.loads((out / "checkpoints" / f"{name}.json").read_text())
-    train_step, eval_loss, logits_at = make_steps(recipe)
+        state = restore(impl, state, ckpt)
+        history = json.loads((out / "checkpoints" / f"{tag}.json").read_text())
+    train_step, eval_loss, logits_at = impl.steps(recipe)
     tokens_per_step = cfg.batch * cfg.seq
-    start = int(state.step)
+    start = impl.step(state)
     task = progress.add_task(name, total=cfg.steps, completed=start, info="")
     t0, timed = None, 0
     for step in range(start, cfg.steps):
@@ -239,9 +361,9 @@ def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress
         progress.update(task, advance=1, info=f"loss {loss:.3f}  {tps:,.0f} tok/s")
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(ckpt, state, force=True)
+    checkpointer.save(ckpt, impl.saved(state), force=True)
     checkpointer.wait_until_finished()
-    (out / "checkpoints" / f"{name}.json").write_text(json.dumps(history))
+    (out / "checkpoints" / f"{tag}.json").write_text(json.dumps(history))
     prompt = b"def "
     text = sample(state, logits_at, cfg, prompt, 80, cfg.seed)
     return {"history": history, "sample": prompt.decode() + text, "peak_bytes": _peak_bytes()}
@@ -277,7 +399,8 @@ def environment() -> dict:
     }
 
 
-def write_reports(out: pathlib.Path, results: dict, cfg: Config, data_desc: str) -> dict:
+def write_reports(out: pathlib.Path, results: dict, cfg: Config, data_desc: str,
+                  api: str = "linen") -> dict:  # fmt: skip
     rows = [r for res in results.values() for r in res["history"]]
     with open(out / "metrics.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -295,7 +418,7 @@ def write_reports(out: pathlib.Path, results: dict, cfg: Config, data_desc: str)
             # cumulative over the runs of this process (the device's peak so far)
             "peak_bytes": res.get("peak_bytes"),
         }
-    summary = {"runs": runs, "config": dataclasses.asdict(cfg), "data": data_desc,
+    summary = {"runs": runs, "api": api, "config": dataclasses.asdict(cfg), "data": data_desc,
                **environment()}  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     lines = ["| run | final val loss | vs BF16 | tokens/s |", "|---|---|---|---|"]
@@ -305,6 +428,8 @@ def write_reports(out: pathlib.Path, results: dict, cfg: Config, data_desc: str)
     env = environment()
     lines.append(f"\n{env['device']} ({env['platform']}), JAX {env['jax']}, commit "
                  f"{env['commit']}; data: {data_desc}")  # fmt: skip
+    if api != "linen":
+        lines.append(f"API: flax {api}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     (out / "samples.txt").write_text(
         "".join(f"== {name}\n{res['sample']}\n\n" for name, res in results.items())
@@ -340,6 +465,8 @@ def plot(out: pathlib.Path, results: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=list(PRESETS), default="cpu")
+    p.add_argument("--api", choices=list(APIS), default="linen",
+                   help="Flax API of the model (default: linen)")  # fmt: skip
     p.add_argument("--recipes", default="fp8,bf16",
                    help="comma-separated, of: " + ", ".join(RECIPES))  # fmt: skip
     p.add_argument("--steps", type=int, help="override the preset's step count")
@@ -359,6 +486,8 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     train, val, desc = load_text(args.data, args.max_bytes)
     print(f"data: {desc}\nmodel: {cfg}\ndevice: {jax.devices()[0].device_kind}")
+    if args.api != "linen":
+        print(f"api: {args.api}")
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -367,8 +496,9 @@ def main(argv: list[str] | None = None) -> dict:
                TextColumn("{task.fields[info]}"))  # fmt: skip
     with Progress(*columns, disable=not sys.stdout.isatty()) as progress:
         for name in recipes:
-            results[name] = run(name, RECIPES[name], cfg, train, val, out, args.resume, progress)
-    summary = write_reports(out, results, cfg, desc)
+            results[name] = run(name, RECIPES[name], cfg, train, val, out, args.resume,
+                                progress, args.api)  # fmt: skip
+    summary = write_reports(out, results, cfg, desc, args.api)
     print((out / "summary.md").read_text())
     print(
         f"wrote {out}/: metrics.csv, summary.json, summary.md, samples.txt, loss.png, checkpoints"
