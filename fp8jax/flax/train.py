@@ -408,6 +408,24 @@ class Fp8TrainState(train_state.TrainState):
         return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, self)
 
 
+def micro_batch_count(micro_batches: Any, reduce: str) -> int:
+    """The number of micro-batches (the leading axis every leaf shares), after checking it and
+    ``reduce`` (ValueErrors naming :func:`accumulate_gradients`'s arguments)."""
+    if reduce not in ("mean", "sum"):
+        raise ValueError(f"accumulate_gradients: reduce must be 'mean' or 'sum', got {reduce!r}")
+    leaves = jax.tree.leaves(micro_batches)
+    if not leaves:
+        raise ValueError("accumulate_gradients: micro_batches has no arrays")
+    sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
+    if len(sizes) != 1 or None in sizes or 0 in sizes:
+        raise ValueError(
+            "accumulate_gradients: every leaf of micro_batches needs the same leading "
+            f"(micro-batch) axis of size >= 1, got sizes {sorted(map(str, sizes))}"
+        )
+    (n,) = sizes
+    return n
+
+
 def accumulate_gradients(
     grad_fn: Callable[[Any, Any, Any], tuple[jax.Array, tuple[Any, Any]]],
     params: Any,
@@ -436,18 +454,7 @@ def accumulate_gradients(
     Returns:
       ``(loss, (grads, probe_grads))`` like ``grad_fn``'s, for the whole batch.
     """
-    if reduce not in ("mean", "sum"):
-        raise ValueError(f"accumulate_gradients: reduce must be 'mean' or 'sum', got {reduce!r}")
-    leaves = jax.tree.leaves(micro_batches)
-    if not leaves:
-        raise ValueError("accumulate_gradients: micro_batches has no arrays")
-    sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
-    if len(sizes) != 1 or None in sizes or 0 in sizes:
-        raise ValueError(
-            "accumulate_gradients: every leaf of micro_batches needs the same leading "
-            f"(micro-batch) axis of size >= 1, got sizes {sorted(map(str, sizes))}"
-        )
-    (n,) = sizes
+    n = micro_batch_count(micro_batches, reduce)
     first = jax.tree.map(lambda x: x[0], micro_batches)
     loss_t, (grads_t, probes_t) = jax.eval_shape(grad_fn, params, fp8_probe, first)
     zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)

@@ -281,19 +281,17 @@ class LinenBacked(nnx.Module):
             meta = {}
         if meta:
             variables[FP8_META] = meta
-            probes = pure(self, Fp8Probe)
-            if not calibrate:
-                leaves, tree = jax.tree.flatten(probes)
-                forks = [_fork(leaf) for leaf in leaves]
-                probes = jax.tree.unflatten(tree, [f[0] for f in forks])
-                assign(self, Fp8Probe, jax.tree.unflatten(tree, [f[1] for f in forks]))
-            variables[FP8_PROBE] = to_linen(probes, FP8_PROBE)
+        if meta and not calibrate:  # calibration: each call records into a fresh probe
+            leaves, tree = jax.tree.flatten(pure(self, Fp8Probe))
+            forks = [_fork(leaf) for leaf in leaves]
+            assign(self, Fp8Probe, jax.tree.unflatten(tree, [f[1] for f in forks]))
+            variables[FP8_PROBE] = to_linen(jax.tree.unflatten(tree, [f[0] for f in forks]),
+                                            FP8_PROBE)  # fmt: skip
         linen_rngs = self._dropout_rngs(deterministic, rngs)
         if self._dropout_rng_name is not None:
             kwargs["deterministic"] = self._deterministic(deterministic)
         if not (calibrate and meta):
             return self._linen.apply(variables, *args, rngs=linen_rngs, **kwargs)
-        del variables[FP8_PROBE]  # calibration: each call records into a fresh probe
         out, seen = self._linen.apply(
             variables, *args, rngs=linen_rngs, mutable=[FP8_PROBE], **kwargs
         )

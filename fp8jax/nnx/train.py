@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.autocast import autocast
-from fp8jax.flax.train import all_finite, update_fp8_variables
+from fp8jax.flax.train import all_finite, micro_batch_count, update_fp8_variables
 from fp8jax.nnx._linen_backed import LinenBacked, calibrating
 from fp8jax.nnx.variables import (
     FP8_META,
@@ -178,16 +178,7 @@ def accumulate_gradients(
     (``reduce="mean"``) or summed (``"sum"``); the probe gradients are max-merged: summing them
     would add the amaxes.
     """
-    if reduce not in ("mean", "sum"):
-        raise ValueError(f"accumulate_gradients: reduce must be 'mean' or 'sum', got {reduce!r}")
-    leaves = jax.tree.leaves(micro_batches)
-    sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
-    if not leaves or len(sizes) != 1 or None in sizes or 0 in sizes:
-        raise ValueError(
-            "accumulate_gradients: every leaf of micro_batches needs the same leading "
-            f"(micro-batch) axis of size >= 1, got sizes {sorted(map(str, sizes))}"
-        )
-    (n,) = sizes
+    n = micro_batch_count(micro_batches, reduce)
 
     def merge(acc: nnx.State, new: nnx.State) -> nnx.State:
         probes = jax.tree.map(
