@@ -21,6 +21,7 @@ folded into the state by :func:`update_fp8_meta`, or for a whole model in one ke
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -39,6 +40,7 @@ __all__ = [
     "gemm_roles",
     "init_fp8_meta",
     "merge_observations",
+    "state_gradient_link",
     "update_fp8_meta",
     "update_fp8_metas",
 ]
@@ -182,3 +184,59 @@ def update_fp8_metas(
         Fp8Meta(h, s)
         for h, s in zip(jnp.split(new_hist, splits), jnp.split(new_scale, splits), strict=True)
     ]
+
+
+class _LinkConfig(NamedTuple):
+    recipe: DelayedScaling
+    refusal: str | None  # raised when the state is differentiated; None: the state may be
+
+
+def state_gradient_link(
+    meta: Fp8Meta, probe: jax.Array, recipe: DelayedScaling, refusal: str | None = None
+) -> tuple[Fp8Meta, jax.Array]:
+    """Makes the gradient of ``meta`` the next step's state (TransformerEngine's convention).
+
+    Returns ``meta`` and ``probe`` unchanged, for the layer to use in their place. When the
+    state itself is differentiated, its cotangent is not a derivative but ``update_fp8_meta(meta,
+    observation, recipe)``, the observation being the probe's cotangent (what the layer saw), so
+    a train step that takes the gradient of the whole variable dict as its next FP8 state, as
+    TransformerEngine's examples do, gets exactly the state that
+    :func:`fp8jax.flax.update_fp8_variables` would compute for a layer called once. The probe's
+    own cotangent is passed through. When the state is not differentiated (fp8jax's train step,
+    or inference) nothing is added to the program.
+
+    The cotangents of several uses of one state are *summed* by autodiff, so a state used by
+    more than one call (a module called twice, or broadcast over ``nn.scan``) cannot be handed
+    out this way: the caller passes ``refusal``, the ValueError text raised at trace time if
+    such a state is differentiated.
+    """
+    hist, scale, probe = _state_link(_LinkConfig(recipe, refusal), *meta, probe)
+    return Fp8Meta(hist, scale), probe
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _state_link(cfg: _LinkConfig, hist, scale, probe):
+    del cfg
+    return hist, scale, probe
+
+
+def _state_link_fwd(cfg: _LinkConfig, hist, scale, probe):
+    differentiated = hist.perturbed or scale.perturbed
+    if differentiated and cfg.refusal is not None:
+        raise ValueError(cfg.refusal)
+    # The residuals' structure says whether the state needs its next value (static).
+    res = (hist.value, scale.value) if differentiated else None
+    return (hist.value, scale.value, probe.value), res
+
+
+def _state_link_bwd(cfg: _LinkConfig, res, cts):
+    observed = cts[2]
+    if isinstance(observed, jax.custom_derivatives.SymbolicZero):
+        return None, None, None  # a use that does not reach the loss hands out nothing
+    if res is None:
+        return None, None, observed
+    new = update_fp8_meta(Fp8Meta(*res), observed, cfg.recipe)
+    return new.amax_history, new.scale, observed
+
+
+_state_link.defvjp(_state_link_fwd, _state_link_bwd, symbolic_zeros=True)

@@ -56,7 +56,7 @@ from flax.linen import module as _flax_module
 
 from fp8jax.autocast import get_recipe, is_fp8_enabled
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Recipe
-from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles
+from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles, state_gradient_link
 
 __all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "check_float_array", "fp8_call", "next_call_index"]
 
@@ -176,8 +176,18 @@ def _meta(module: nn.Module, recipe: DelayedScaling, n_roles: int) -> Fp8Meta:
     return Fp8Meta(amax_history=hist, scale=scale)
 
 
-def _probe(module: nn.Module, n_roles: int) -> tuple[jax.Array | None, Any]:
-    """This call's probe (or None: no probes given), and the calibration recorder (or None)."""
+def _probe_numbers(module: nn.Module) -> list[int]:
+    """The call numbers of the probes this module was given (``call_0`` -> 0, ...)."""
+    return [
+        int(m.group(1))
+        for k in module.variables.get(FP8_PROBE, {})
+        if (m := _CALL_RE.fullmatch(str(k)))
+    ]
+
+
+def _probe(module: nn.Module, n_roles: int) -> tuple[jax.Array | None, Any, int]:
+    """This call's probe (or None: no probes given), the calibration recorder (or None), and
+    the call's number."""
     index = next_call_index(module)
     name = f"call_{index}"
     if _lifted_away(module, FP8_PROBE):
@@ -197,15 +207,11 @@ def _probe(module: nn.Module, n_roles: int) -> tuple[jax.Array | None, Any]:
             def record(seen: jax.Array) -> None:
                 var.value = jnp.asarray(seen, jnp.float32).reshape(n_roles)
 
-        return probe, record
-    existing = [
-        int(m.group(1))
-        for k in module.variables.get(FP8_PROBE, {})
-        if (m := _CALL_RE.fullmatch(str(k)))
-    ]
+        return probe, record, index
+    existing = _probe_numbers(module)
     if not existing or index < max(existing):
         # No probes passed at all (inference), or a number that init's trace discarded (nn.scan).
-        return None, None
+        return None, None, index
     raise ValueError(
         f"{_where(module)}: this is call number {index} of the module in this apply, but "
         f"{FP8_PROBE!r} only has probes {sorted(f'call_{i}' for i in existing)} from init. "
@@ -214,6 +220,70 @@ def _probe(module: nn.Module, n_roles: int) -> tuple[jax.Array | None, Any]:
         "model.bind(...) whose method is not nn.compact counts across its calls: use "
         "model.apply per forward pass. For inference, leave fp8_probe out of the variables.)"
     )
+
+
+def _state_gradient_refusal(module: nn.Module, index: int, has_probe: bool) -> str | None:
+    """Why the gradient of this call's ``fp8_meta`` cannot be the next state, or None if it can.
+
+    TransformerEngine's train step takes the gradient of every non-``params`` collection as the
+    next FP8 state; fp8jax hands that out (:func:`fp8jax.state.state_gradient_link`) where it is
+    exact: one call per state. Otherwise taking that gradient is this error at trace time."""
+    head = (
+        f"{_where(module)}: the gradient of the {FP8_META!r} collection was taken (as "
+        "TransformerEngine's train step does, to use it as the next FP8 state), but "
+    )
+    tail = (
+        " Use fp8jax's train step: differentiate params and the fp8_probe collection only, and "
+        "fold the probe gradients into fp8_meta with fp8jax.flax.Fp8TrainState.apply_gradients "
+        "or fp8jax.flax.update_fp8_variables, which merge a module's calls by max "
+        "(docs/porting-from-te.md)."
+    )
+    numbers = _probe_numbers(module)
+    if not has_probe and numbers:
+        # A number without a probe while others have one: the pass of nn.scan whose results
+        # Flax discards. Nothing of it reaches the loss, so its cotangents are symbolic zeros.
+        return None
+    if not has_probe:
+        return head + (
+            f"this call has no {FP8_PROBE!r} variable, so what it observes cannot reach the "
+            "state. Pass apply every collection init returned (params, fp8_meta, fp8_probe)." + tail
+        )
+    if index != min(numbers):
+        return head + (
+            f"this module is called {len(numbers)} times per forward pass (this is call "
+            f"{index}), and autodiff would add up the calls' next states; only a module called "
+            "once per forward pass can hand out its next state as a gradient." + tail
+        )
+    if _state_broadcast(module, f"call_{index}"):
+        return head + (
+            f"{FP8_META!r} is broadcast over a lifted transform (nn.scan, nn.vmap, ...) in "
+            f"which {FP8_PROBE!r} has an axis, so every iteration uses the same state and "
+            f"autodiff would add up their next states. Give {FP8_META!r} the variable axis "
+            f"{FP8_PROBE!r} has." + tail
+        )
+    return None
+
+
+def _state_broadcast(module: nn.Module, probe_name: str) -> bool:
+    """Whether a lifted transform between the apply and ``module`` gives the probe more stacked
+    dims than the state (the state is broadcast over iterations that each have a probe)."""
+    owner = _count_owner(module)
+    if module.scope is None or owner.scope is None or module.scope.root is owner.scope:
+        return False
+    try:
+        outer = owner.scope.variables()
+    except Exception:  # a scope that cannot list its variables: assume nothing
+        return False
+    meta, probes = outer.get(FP8_META), outer.get(FP8_PROBE)
+    for key in module.scope.path:
+        meta = meta.get(key) if hasattr(meta, "get") else None
+        probes = probes.get(key) if hasattr(probes, "get") else None
+    if not hasattr(meta, "get") or not hasattr(probes, "get"):
+        return False
+    scale, probe = meta.get("scale"), probes.get(probe_name)
+    if scale is None or probe is None:
+        return False
+    return jnp.ndim(probe) > jnp.ndim(scale)
 
 
 def fp8_call(module: nn.Module, n_roles: int = _N_ROLES) -> Fp8Call:
@@ -237,7 +307,13 @@ def fp8_call(module: nn.Module, n_roles: int = _N_ROLES) -> Fp8Call:
         )
     backward_roles(n_roles)  # validates: GEMM triples
     meta = _meta(module, recipe, n_roles)
-    probe, record = _probe(module, n_roles)
+    probe, record, index = _probe(module, n_roles)
+    if not module.is_initializing():
+        refusal = _state_gradient_refusal(module, index, probe is not None)
+        linked, linked_probe = state_gradient_link(
+            meta, jnp.zeros((n_roles,), jnp.float32) if probe is None else probe, recipe, refusal
+        )
+        meta, probe = linked, (None if probe is None else linked_probe)
     return Fp8Call(
         enabled=True, recipe=recipe, meta=meta, probe=probe, where=_where(module), record=record
     )
