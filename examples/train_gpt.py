@@ -19,6 +19,10 @@ and an orbax checkpoint per run (``--resume`` continues from it).
     python examples/train_gpt.py                      # ~3 minutes on a 2-core CPU
     python examples/train_gpt.py --api nnx            # the same with Flax NNX modules
     python examples/train_gpt.py --preset gpu-small   # 12 layers, hidden 768, sequence 1024
+    python examples/train_gpt.py --recipes bf16 --seed 1   # another draw, for the spread
+
+Progress: a bar on a terminal; otherwise (CI, ``| tee``, ``nohup``) a line at every evaluation
+with the losses and tokens/s. ``--help`` needs neither JAX nor fp8jax (nothing is imported).
 """
 
 from __future__ import annotations
@@ -36,6 +40,38 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
+    "cpu": dict(layers=2, hidden=128, heads=4, mlp=512, seq=128, batch=16, steps=800, lr=2e-3),
+    "gpu-small": dict(layers=12, hidden=768, heads=12, mlp=3072, seq=1024, batch=32, steps=2000,
+                      lr=6e-4),
+    "gpu-medium": dict(layers=24, hidden=1024, heads=16, mlp=4096, seq=1024, batch=32,
+                       steps=5000, lr=3e-4),
+}  # fmt: skip
+RECIPE_NAMES = ("fp8", "bf16", "current")  # RECIPES below
+API_NAMES = ("linen", "nnx")  # APIS below
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (kept above the heavy imports: ``--help`` imports nothing)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=list(PRESETS), default="cpu")
+    p.add_argument("--api", choices=list(API_NAMES), default="linen",
+                   help="Flax API of the model (default: linen)")  # fmt: skip
+    p.add_argument("--recipes", default="fp8,bf16",
+                   help="comma-separated, of: " + ", ".join(RECIPE_NAMES))  # fmt: skip
+    p.add_argument("--steps", type=int, help="override the preset's step count")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initial params and batch order (default 0)")  # fmt: skip
+    p.add_argument("--data", help="a text file or a folder (default: the stdlib's .py files)")
+    p.add_argument("--max-bytes", type=int, default=8_000_000)
+    p.add_argument("--out", default="gpt_runs")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoints")
+    return p
+
+
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    build_parser().parse_args()  # prints the usage and exits
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -47,13 +83,6 @@ import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, Format
 from fp8jax.flax import Fp8TrainState, TransformerLayer
 
-PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
-    "cpu": dict(layers=2, hidden=128, heads=4, mlp=512, seq=128, batch=16, steps=800, lr=2e-3),
-    "gpu-small": dict(layers=12, hidden=768, heads=12, mlp=3072, seq=1024, batch=32, steps=2000,
-                      lr=6e-4),
-    "gpu-medium": dict(layers=24, hidden=1024, heads=16, mlp=4096, seq=1024, batch=32,
-                       steps=5000, lr=3e-4),
-}  # fmt: skip
 RECIPES = {
     "fp8": DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
     "bf16": None,
@@ -327,7 +356,8 @@ def restore(impl: Api, state, ckpt: pathlib.Path):
 
 
 def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress,
-        api: str = "linen") -> dict:  # fmt: skip
+        api: str = "linen", log: Callable[[str], None] = print) -> dict:  # fmt: skip
+    """Trains one run; ``log`` prints the progress lines (compile notice, every evaluation)."""
     import orbax.checkpoint as ocp
 
     impl = APIS[api]
@@ -344,10 +374,15 @@ def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress
     task = progress.add_task(name, total=cfg.steps, completed=start, info="")
     t0, timed = None, 0
     for step in range(start, cfg.steps):
+        if step == start:
+            log(f"{name}: compiling the train step (the first step takes a while)")
+            progress.update(task, info="compiling the train step")
+            compile_start = time.perf_counter()
         state, loss = train_step(state, *batch_at(train, cfg, step))
         loss = float(loss)
         if step == start:  # the first step compiles
             t0 = time.perf_counter()
+            log(f"{name}: compiled and ran step {step + 1} in {t0 - compile_start:.1f} s")
         else:
             timed += 1
         tps = timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9) if timed else 0.0
@@ -357,6 +392,8 @@ def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress
             vals = [float(eval_loss(state, *batch_at(val, cfg, i, salt=1)))
                     for i in range(cfg.eval_batches)]  # fmt: skip
             row["val_loss"] = float(np.mean(vals))
+            log(f"{name}: step {step + 1}/{cfg.steps}  train loss {loss:.4f}  validation loss "
+                f"{row['val_loss']:.4f}  {tps:,.0f} tokens/s")  # fmt: skip
         history.append(row)
         progress.update(task, advance=1, info=f"loss {loss:.3f}  {tps:,.0f} tok/s")
     ckpt.parent.mkdir(parents=True, exist_ok=True)
@@ -447,33 +484,39 @@ def plot(out: pathlib.Path, results: dict) -> None:
     except ImportError:
         print("loss.png skipped: matplotlib is not installed (pip install fp8jax[demo])")
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    # Top: the loss curves (FP8 and BF16 agree so closely that one hides the other); bottom:
+    # each run's validation loss relative to BF16's at the same step, which shows the gap.
+    fig, (ax, gap) = plt.subplots(2, 1, figsize=(7, 6), sharex=True,
+                                  gridspec_kw={"height_ratios": (2, 1)})  # fmt: skip
+    vals = {}
     for name, res in results.items():
         h = res["history"]
         ax.plot([r["step"] for r in h], [r["train_loss"] for r in h], alpha=0.35,
                 label=f"{name} train")  # fmt: skip
-        v = [(r["step"], r["val_loss"]) for r in h if r["val_loss"] != ""]
-        ax.plot(*zip(*v, strict=True), marker="o", label=f"{name} validation")
-    ax.set_xlabel("step")
+        vals[name] = dict((r["step"], r["val_loss"]) for r in h if r["val_loss"] != "")
+        ax.plot(*zip(*vals[name].items(), strict=True), marker="o", label=f"{name} validation")
     ax.set_ylabel("loss (nats per byte)")
     ax.legend()
     ax.grid(alpha=0.3)
+    base = vals.get("bf16")
+    for name, v in vals.items():
+        if base is None or name == "bf16":
+            continue
+        steps = [s for s in v if s in base]
+        gap.plot(steps, [100 * (v[s] - base[s]) / base[s] for s in steps], marker="o",
+                 label=f"{name} - bf16")  # fmt: skip
+    gap.axhline(0.0, color="gray", linewidth=0.8)
+    gap.set_xlabel("step")
+    gap.set_ylabel("validation vs BF16 (%)")
+    if gap.lines[:-1]:
+        gap.legend()
+    gap.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "loss.png", dpi=120)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", choices=list(PRESETS), default="cpu")
-    p.add_argument("--api", choices=list(APIS), default="linen",
-                   help="Flax API of the model (default: linen)")  # fmt: skip
-    p.add_argument("--recipes", default="fp8,bf16",
-                   help="comma-separated, of: " + ", ".join(RECIPES))  # fmt: skip
-    p.add_argument("--steps", type=int, help="override the preset's step count")
-    p.add_argument("--data", help="a text file or a folder (default: the stdlib's .py files)")
-    p.add_argument("--max-bytes", type=int, default=8_000_000)
-    p.add_argument("--out", default="gpt_runs")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoints")
+    p = build_parser()
     args = p.parse_args(argv)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if bad := [r for r in recipes if r not in RECIPES]:
@@ -481,7 +524,7 @@ def main(argv: list[str] | None = None) -> dict:
     preset = dict(PRESETS[args.preset])
     if args.steps is not None:
         preset["steps"] = args.steps
-    cfg = Config(**preset, eval_every=max(1, min(50, preset["steps"] // 4)))
+    cfg = Config(**preset, eval_every=max(1, min(50, preset["steps"] // 4)), seed=args.seed)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train, val, desc = load_text(args.data, args.max_bytes)
@@ -494,10 +537,14 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     columns = (TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"))  # fmt: skip
-    with Progress(*columns, disable=not sys.stdout.isatty()) as progress:
+    tty = sys.stdout.isatty()
+    with Progress(*columns, disable=not tty) as progress:
+        # on a terminal the lines go above the bar; in a log (CI, | tee, nohup) they are the
+        # progress report, flushed at once
+        log = progress.console.print if tty else (lambda msg: print(msg, flush=True))
         for name in recipes:
             results[name] = run(name, RECIPES[name], cfg, train, val, out, args.resume,
-                                progress, args.api)  # fmt: skip
+                                progress, args.api, log)  # fmt: skip
     summary = write_reports(out, results, cfg, desc, args.api)
     print((out / "summary.md").read_text())
     print(

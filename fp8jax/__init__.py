@@ -9,7 +9,7 @@ first use, for CPU always and for CUDA when JAX has a CUDA backend.
 
 import importlib as _importlib
 
-from fp8jax import ops
+from fp8jax import ops, sharding
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
 from fp8jax.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
@@ -17,6 +17,7 @@ from fp8jax.layernorm_dense import layernorm_dense
 from fp8jax.layernorm_mlp import MLP_ROLES, layernorm_mlp
 from fp8jax.ops.quantize import cast_to_representable
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
+from fp8jax.sharding import MeshResource
 from fp8jax.state import (
     Fp8Meta,
     gemm_roles,
@@ -35,6 +36,7 @@ __all__ = [
     "Float8CurrentScaling",
     "Format",
     "Fp8Meta",
+    "MeshResource",
     "Recipe",
     "autocast",
     "cast_to_representable",
@@ -50,6 +52,7 @@ __all__ = [
     "merge_observations",
     "ops",
     "save_fp8_operands",
+    "sharding",
     "update_fp8_meta",
     "update_fp8_metas",
 ]

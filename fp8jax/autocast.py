@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from fp8jax.recipe import DelayedScaling, Recipe
+from fp8jax.sharding import MeshResource
 
 __all__ = ["autocast", "fp8_autocast", "get_recipe", "is_fp8_enabled"]
 
@@ -82,12 +83,35 @@ class _AutocastContext(contextlib.ContextDecorator):
         return f"autocast(enabled={s.enabled!r}, recipe={s.recipe!r})"
 
 
+def _check_mesh_resource(fn: str, mesh_resource: Any) -> None:
+    """``None`` or an empty :class:`~fp8jax.sharding.MeshResource`; anything else is an error
+    saying how fp8jax shards instead."""
+    if mesh_resource is None:
+        return
+    if not isinstance(mesh_resource, MeshResource):
+        raise TypeError(
+            f"{fn}: mesh_resource must be None or a fp8jax.sharding.MeshResource, got "
+            f"{mesh_resource!r}"
+        )
+    if mesh_resource.is_empty():
+        return
+    raise ValueError(
+        f"{fn}: mesh_resource={mesh_resource!r} names mesh axes, but fp8jax does not take "
+        "sharding from autocast: its layers are placed by Flax logical axis rules (the modules' "
+        "*_axes arguments, TransformerLayer(logical_axes=True)). Leave mesh_resource out and "
+        "enter flax.linen.logical_axis_rules(mesh_resource.axis_rules()) around init and "
+        "apply (the same mapping; fp8jax.flax.DEFAULT_RULES is data x tensor parallelism on a "
+        "('data', 'model') mesh). See docs/porting-from-te.md."
+    )
+
+
 def _checked(
-    enabled: Any, recipe: Any, fn: str, recipe_arg: str
+    enabled: Any, recipe: Any, fn: str, recipe_arg: str, mesh_resource: Any = None
 ) -> contextlib.AbstractContextManager[None]:
     """Validates the arguments of ``fn`` and returns the context manager entering the state."""
     if not isinstance(enabled, (bool, np.bool_)):
         raise TypeError(f"{fn}: enabled must be a bool, got {enabled!r}")
+    _check_mesh_resource(fn, mesh_resource)
     if recipe is None:
         recipe = DelayedScaling()
     elif not isinstance(recipe, Recipe):
@@ -99,7 +123,7 @@ def _checked(
 
 
 def autocast(
-    enabled: bool = True, recipe: Recipe | None = None
+    enabled: bool = True, recipe: Recipe | None = None, mesh_resource: MeshResource | None = None
 ) -> contextlib.AbstractContextManager[None]:
     """Context manager that turns FP8 on (or off) and sets the recipe for the block inside it.
 
@@ -108,13 +132,22 @@ def autocast(
         still recorded (:func:`get_recipe` returns it) but :func:`is_fp8_enabled` is ``False``.
       recipe: The :class:`~fp8jax.recipe.Recipe` to follow; ``None`` means
         ``DelayedScaling()`` (TransformerEngine's defaults).
+      mesh_resource: TransformerEngine's argument, for porting: ``None`` or an empty
+        :class:`~fp8jax.sharding.MeshResource` (what TE's single-device examples pass). One
+        that names mesh axes is a ValueError: fp8jax shards by Flax logical axis rules
+        (:meth:`~fp8jax.sharding.MeshResource.axis_rules` gives the equivalent ones).
+
+    ``enabled`` defaults to ``True`` here (TE's ``autocast`` defaults to ``False``; TE code
+    passes it explicitly).
 
     Returns:
       A context manager (also usable as a decorator, and reusable); the arguments are checked
       when ``autocast`` is called, not when the block is entered.
 
     Raises:
-      TypeError: if ``enabled`` is not a bool or ``recipe`` is neither ``None`` nor a ``Recipe``.
+      TypeError: if ``enabled`` is not a bool, ``recipe`` is neither ``None`` nor a ``Recipe``,
+        or ``mesh_resource`` is neither ``None`` nor a ``MeshResource``.
+      ValueError: if ``mesh_resource`` names mesh axes (see above).
 
     Example:
 
@@ -125,18 +158,21 @@ def autocast(
     >>> is_fp8_enabled(), get_recipe()
     (False, None)
     """
-    return _checked(enabled, recipe, "autocast", "recipe")
+    return _checked(enabled, recipe, "autocast", "recipe", mesh_resource)
 
 
 def fp8_autocast(
-    enabled: bool = False, fp8_recipe: Recipe | None = None
+    enabled: bool = False,
+    fp8_recipe: Recipe | None = None,
+    mesh_resource: MeshResource | None = None,
 ) -> contextlib.AbstractContextManager[None]:
-    """:func:`autocast` with TransformerEngine's argument names and defaults (off by default).
+    """:func:`autocast` with the argument names and defaults of TransformerEngine's older
+    ``fp8_autocast`` (off by default; TE v2 keeps it as a deprecated alias).
 
     For porting TE code: ``fp8_autocast(enabled=True, fp8_recipe=r)`` is
-    ``autocast(enabled=True, recipe=r)``.
+    ``autocast(enabled=True, recipe=r)``; ``mesh_resource`` as in :func:`autocast`.
     """
-    return _checked(enabled, fp8_recipe, "fp8_autocast", "fp8_recipe")
+    return _checked(enabled, fp8_recipe, "fp8_autocast", "fp8_recipe", mesh_resource)
 
 
 def is_fp8_enabled() -> bool:

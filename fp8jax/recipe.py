@@ -186,6 +186,14 @@ def _check_hashable_callable(owner: str, name: str, value: Any, allowed: str) ->
 _AMAX_ALGOS = ("max", "most_recent")
 
 
+def _check_backward_override(owner: str, value: Any) -> None:
+    if value is not None:
+        raise ValueError(
+            f"{owner}.backward_override={value!r} is not supported: fp8jax runs the backward "
+            "GEMMs in FP8 (allowed: None, TransformerEngine's default)"
+        )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DelayedScaling(Recipe):
     """Delayed scaling: each tensor's scale comes from a rolling history of past amaxes.
@@ -212,6 +220,8 @@ class DelayedScaling(Recipe):
       fp8_dpa: FP8 dot-product attention. Not implemented yet: must be ``False``.
       fp8_mha: FP8 multi-head attention (projections kept in FP8). Not implemented yet: must be
         ``False``.
+      backward_override: TransformerEngine's backward precision mode; ``None`` only (as TE
+        requires for delayed scaling).
 
     The update, per quantized tensor (input, kernel, output gradient of each GEMM), each step:
 
@@ -260,10 +270,12 @@ class DelayedScaling(Recipe):
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
         set_ = lambda name, value: object.__setattr__(self, name, value)
+        _check_backward_override(owner, self.backward_override)
 
         set_("margin", _check_margin(owner, self.margin))
         _check_format(owner, self.fp8_format)
@@ -323,6 +335,8 @@ class Float8CurrentScaling(Recipe):
       fp8_format: The :class:`Format` of the forward and backward passes (default
         ``Format.HYBRID``: E4M3 forward, E5M2 backward).
       margin: Non-negative int; the scale is divided by ``2**margin``.
+      backward_override: TransformerEngine's backward precision mode (``"high_precision"``,
+        ``"dequantized"``); not implemented: ``None`` only.
 
     >>> Float8CurrentScaling()
     Float8CurrentScaling(fp8_format=Format.HYBRID, margin=0)
@@ -330,8 +344,10 @@ class Float8CurrentScaling(Recipe):
 
     fp8_format: Format = Format.HYBRID
     margin: int = 0
+    backward_override: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
+        _check_backward_override(owner, self.backward_override)
         _check_format(owner, self.fp8_format)
         object.__setattr__(self, "margin", _check_margin(owner, self.margin))

@@ -197,3 +197,25 @@ def test_docstring_examples():
     result = doctest.testmod(autocast_mod, verbose=False)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+# ---------------------------------------------------------------- mesh_resource (TE porting)
+
+
+def test_empty_mesh_resource_is_accepted_by_both_spellings():
+    from fp8jax.sharding import MeshResource
+
+    with autocast(enabled=True, recipe=DelayedScaling(), mesh_resource=MeshResource()):
+        assert is_fp8_enabled()
+    with fp8_autocast(enabled=True, fp8_recipe=None, mesh_resource=None):
+        assert get_recipe() == DelayedScaling()
+
+
+@pytest.mark.parametrize("fn", [autocast, fp8_autocast])
+def test_mesh_resource_with_axes_points_at_axis_rules(fn):
+    from fp8jax.sharding import MeshResource
+
+    with pytest.raises(ValueError, match=r"mesh_resource=.*axis_rules\(\)"):
+        fn(True, None, MeshResource(dp_resource="data", tp_resource="model"))
+    with pytest.raises(TypeError, match="mesh_resource must be None or a"):
+        fn(True, None, {"dp_resource": "data"})

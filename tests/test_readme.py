@@ -1,4 +1,4 @@
-"""Every ```python block of README.md runs as written.
+"""Every ```python block of README.md (and of the guides in DOCS) runs as written.
 
 How blocks relate: they don't. Each block is a complete program (its own imports, inputs and
 recipe) and runs on its own, in a fresh interpreter with the working directory set to a temporary
@@ -28,6 +28,8 @@ from typing import NamedTuple
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+#: Markdown files whose Python blocks run here: the README and the guides written as programs.
+DOCS = (README, README.parent / "docs" / "porting-from-te.md")
 PYTHON_LANGS = ("python", "py", "python3")
 OTHER_LANGS = ("bash", "sh", "console", "text", "")  # known, not run
 DEVICES_MARKER = re.compile(r"#\s*needs\s+(\d+)\s+devices?\b")
@@ -36,10 +38,11 @@ _FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)[^\n]*$")
 
 
 class Block(NamedTuple):
-    line: int  # 1-based line of the opening fence in README.md
+    line: int  # 1-based line of the opening fence in its file
     lang: str
     section: str  # the heading it sits under
     code: str
+    doc: str = "README.md"  # the file, relative to the repository root
 
     @property
     def devices(self) -> int:
@@ -49,7 +52,7 @@ class Block(NamedTuple):
         return int(m.group(1)) if m else 1
 
 
-def fenced_blocks(text: str) -> list[Block]:
+def fenced_blocks(text: str, doc: str = "README.md") -> list[Block]:
     """Every fenced code block of a Markdown text, in order (unclosed fence: ValueError)."""
     blocks: list[Block] = []
     section = "(top)"
@@ -68,19 +71,25 @@ def fenced_blocks(text: str) -> list[Block]:
         while end < len(lines) and not lines[end].startswith(fence[0] * len(fence)):
             end += 1
         if end == len(lines):
-            raise ValueError(f"README.md:{i + 1}: code fence {fence}{lang} is never closed")
-        blocks.append(Block(i + 1, lang, section, "\n".join(lines[i + 1 : end]) + "\n"))
+            raise ValueError(f"{doc}:{i + 1}: code fence {fence}{lang} is never closed")
+        blocks.append(Block(i + 1, lang, section, "\n".join(lines[i + 1 : end]) + "\n", doc))
         i = end + 1
     return blocks
 
 
 def python_blocks() -> list[Block]:
-    return [b for b in fenced_blocks(README.read_text()) if b.lang in PYTHON_LANGS]
+    return [
+        b
+        for md in DOCS
+        for b in fenced_blocks(md.read_text(), str(md.relative_to(README.parent)))
+        if b.lang in PYTHON_LANGS
+    ]
 
 
 def _block_id(block: Block) -> str:
     words = re.sub(r"[^a-z0-9]+", "-", block.section.lower()).strip("-")
-    return f"L{block.line}-{words}"
+    prefix = "" if block.doc == "README.md" else f"{Path(block.doc).stem}-"
+    return f"{prefix}L{block.line}-{words}"
 
 
 def _env(devices: int) -> dict[str, str]:
@@ -94,7 +103,7 @@ def _env(devices: int) -> dict[str, str]:
 
 @pytest.mark.parametrize("block", python_blocks(), ids=_block_id)
 def test_readme_block_runs_as_written(block: Block, tmp_path: Path):
-    script = tmp_path / f"readme_line_{block.line}.py"
+    script = tmp_path / f"{Path(block.doc).stem}_line_{block.line}.py"
     script.write_text(block.code)
     proc = subprocess.run(
         [sys.executable, str(script)],
@@ -106,19 +115,20 @@ def test_readme_block_runs_as_written(block: Block, tmp_path: Path):
     )
     if proc.returncode != 0:
         pytest.fail(
-            f"README.md block at line {block.line} (section {block.section!r}, "
+            f"{block.doc} block at line {block.line} (section {block.section!r}, "
             f"{block.devices} device(s)) exited with {proc.returncode}; line N of the traceback "
-            f"is README line {block.line} + N.\n--- stdout\n{proc.stdout}\n--- stderr\n"
+            f"is {block.doc} line {block.line} + N.\n--- stdout\n{proc.stdout}\n--- stderr\n"
             f"{proc.stderr}",
             pytrace=False,
         )
 
 
-def test_readme_has_python_blocks_and_only_known_fences():
-    blocks = fenced_blocks(README.read_text())
+@pytest.mark.parametrize("md", DOCS, ids=lambda p: p.name)
+def test_docs_have_python_blocks_and_only_known_fences(md: Path):
+    blocks = fenced_blocks(md.read_text(), md.name)
     unknown = [(b.line, b.lang) for b in blocks if b.lang not in PYTHON_LANGS + OTHER_LANGS]
-    assert not unknown, f"README.md fences with an unknown language (run or not?): {unknown}"
-    assert python_blocks(), "README.md has no ```python block: has the fence changed?"
+    assert not unknown, f"{md.name} fences with an unknown language (run or not?): {unknown}"
+    assert any(b.lang in PYTHON_LANGS for b in blocks), f"{md.name} has no ```python block"
 
 
 def test_fence_parser():

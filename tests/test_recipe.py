@@ -107,6 +107,7 @@ def test_delayed_scaling_defaults_match_transformer_engine():
         "reduce_amax",
         "fp8_dpa",
         "fp8_mha",
+        "backward_override",
     ]
 
 
@@ -257,7 +258,7 @@ def test_current_scaling_defaults():
     r = Float8CurrentScaling()
     assert r.fp8_format is Format.HYBRID
     assert r.margin == 0
-    assert [f.name for f in dataclasses.fields(r)] == ["fp8_format", "margin"]
+    assert [f.name for f in dataclasses.fields(r)] == ["fp8_format", "margin", "backward_override"]
     assert r.fp8_max() == 448.0 and r.fp8_max(backward=True) == 57344.0
 
 
@@ -287,3 +288,11 @@ def test_isinstance_recipe():
 def test_recipe_base_not_instantiable():
     with pytest.raises(TypeError, match="Recipe"):
         Recipe()
+
+
+@pytest.mark.parametrize("cls", [DelayedScaling, Float8CurrentScaling])
+def test_te_backward_override_none_only(cls):
+    assert cls(backward_override=None) == cls()
+    assert "backward_override" not in repr(cls())
+    with pytest.raises(ValueError, match="backward_override='high_precision' is not supported"):
+        cls(backward_override="high_precision")

@@ -10,6 +10,16 @@
 
 set -euo pipefail
 
+# --help: the demo's usage, before (and without) building anything. train_gpt.py parses --help
+# ahead of its imports, so any python3 prints it.
+for arg in "$@"; do
+  if [[ "$arg" == "-h" || "$arg" == "--help" ]]; then
+    cd "$(dirname "${BASH_SOURCE[0]}")/.."
+    echo "usage: bash tools/demo.sh [ARGS...]   (sets up ./.venv, then runs examples/train_gpt.py)"
+    exec python3 examples/train_gpt.py --help
+  fi
+done
+
 # shellcheck source=tools/_venv.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 

@@ -7,11 +7,11 @@ projection in FP8, the attention core in high precision; ``DotProductAttention``
 
 >>> import jax, jax.numpy as jnp, fp8jax
 >>> from fp8jax.flax import MultiHeadAttention
->>> mha = MultiHeadAttention(head_dim=4, num_attention_heads=2, transpose_batch_sequence=False)
+>>> mha = MultiHeadAttention(head_dim=4, num_attention_heads=2)
 >>> x = jnp.ones((2, 3, 8))                                  # (batch, seq, hidden)
 >>> with fp8jax.autocast(enabled=True, recipe=fp8jax.Float8CurrentScaling()):
 ...     variables = mha.init(jax.random.key(0), x, x)
-...     out, ln_out = mha.apply(variables, x, x)
+...     out, ln_out = mha.apply(variables, x, None)              # None: self-attention
 >>> out.shape, ln_out is None
 ((2, 3, 8), True)
 >>> jax.tree.map(jnp.shape, variables["params"])  # doctest: +NORMALIZE_WHITESPACE
@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.typing import Initializer
 
+from fp8jax.flax._te_args import check_no_score_mod, check_off
 from fp8jax.flax._variables import check_float_array
 from fp8jax.flax.dense import DenseGeneral, _check_names
 from fp8jax.flax.dot_product_attention import (
@@ -84,10 +85,12 @@ class MultiHeadAttention(nn.Module):
     ``inputs_q``'s shape; ``ln_out`` is the query input after the norm (the raw input with
     ``input_layernorm=False``) when ``return_layernorm_output``, and also, as in TE, for
     self-attention without the packed QKV projection (GQA or ``fuse_qkv_params=False``); else
-    ``None``. Self-attention is ``inputs_q is inputs_kv`` (as TE): the keys and values are
-    projected from the normalised query input (pass the same array object: under
-    ``jax.jit`` one argument used twice, not two arguments; ``nn.remat`` the enclosing block,
-    whose call passes one array twice, rather than this module, whose arguments it retraces).
+    ``None``. Self-attention is ``inputs_kv=None`` (fp8jax's, recommended) or ``inputs_q is
+    inputs_kv`` (TE's rule): the keys and values are projected from the normalised query
+    input. Object identity does not survive ``jax.jit`` arguments (one array passed twice
+    arrives as two tracers) or ``nn.remat`` of this module (which retraces its arguments), so
+    pass ``None`` there; a module initialised as self-attention with the packed ``qkv`` kernel
+    and then called with a distinct ``inputs_kv`` is a ValueError that says so.
     Cross-attention projects ``inputs_kv`` as is (no norm); its width may differ.
     ``mask``/``bias``/``segment_ids`` go to :class:`~fp8jax.flax.DotProductAttention` (mask:
     ``True`` = masked out). ``decode=True``
@@ -120,7 +123,11 @@ class MultiHeadAttention(nn.Module):
     :data:`~fp8jax.flax.DEFAULT_RULES` suggest ``qkv_kernel_axes=("embed", "heads")``,
     ``qkv_bias_axes=("heads",)``, ``out_kernel_axes=("heads", "embed")``,
     ``out_bias_axes=("embed",)``, ``layernorm_input_axes=("batch", "length", "embed")``);
-    LoRA, ``enable_sequence_parallel`` and the deprecated aliases are not supported; in decode
+    ``enable_sequence_parallel`` has no effect (sequence parallelism comes from logical axis
+    rules); LoRA, ``softmax_type``, ``score_mod``, ``score_mod_bprop`` and TE's deprecated
+    aliases (``num_heads``, ``dropout_rate``, ``output_layernorm``,
+    ``apply_residual_connection_post_layernorm``, ``fuse_qkv``) are accepted at TE's defaults
+    only (ValueError otherwise); in decode
     steps rotary embeddings use the cached position (TE's use position 0) and sliding windows
     and ``segment_ids`` are rejected; the attention core is not FP8
     (``recipe.fp8_mha``/``fp8_dpa`` are rejected); rotary embeddings are applied in float32
@@ -138,13 +145,18 @@ class MultiHeadAttention(nn.Module):
       enable_rotary_pos_emb, rotary_pos_emb_windows, rotary_pos_emb_group_method: rotary
         embeddings on the projected queries and keys (:mod:`fp8jax.rotary`).
       fuse_qkv_params: one ``qkv`` (or ``kv``) kernel instead of separate ones.
-      transpose_batch_sequence: inputs are ``[seq, batch, hidden]`` (TE's default ``True``).
+      transpose_batch_sequence: inputs are ``[seq, batch, hidden]``; default ``False``
+        (``[batch, seq, hidden]``), TE's since v2.10.
       scale_attn_logits, scaled_query_init: see above.
       dtype, param_dtype: see above.
       layernorm_input_axes, scale_axes, ln_bias_axes, qkv_kernel_axes (2 names: input width,
         projected width; the fused kernels get ``None`` for their stacking dim),
         qkv_bias_axes (1), out_kernel_axes (2), out_bias_axes (1): logical axis names.
       attention_implementation: ``implementation`` of the attention core.
+      low_rank_adaptation_scope, low_rank_adaptation_dim, low_rank_adaptation_alpha,
+        enable_sequence_parallel, softmax_type, score_mod, score_mod_bprop, num_heads,
+        dropout_rate, output_layernorm, apply_residual_connection_post_layernorm, fuse_qkv:
+        TE's (see above).
     """
 
     head_dim: int
@@ -168,7 +180,7 @@ class MultiHeadAttention(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
     fuse_qkv_params: bool = True
-    transpose_batch_sequence: bool = True
+    transpose_batch_sequence: bool = False
     scale_attn_logits: bool = False
     scaled_query_init: bool = True
     float32_logits: bool = False
@@ -181,9 +193,26 @@ class MultiHeadAttention(nn.Module):
     out_kernel_axes: tuple[str | None, ...] = ()
     out_bias_axes: tuple[str | None, ...] = ()
     attention_implementation: str | None = None
+    low_rank_adaptation_scope: str = "none"
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: float | None = None
+    enable_sequence_parallel: bool = False
+    softmax_type: str = "vanilla"
+    score_mod: Any = None
+    score_mod_bprop: Any = None
+    num_heads: int | None = None
+    dropout_rate: float | None = None
+    output_layernorm: bool | None = None
+    apply_residual_connection_post_layernorm: bool | None = None
+    fuse_qkv: bool | None = None
 
     def _check(self) -> tuple[int, int]:
         owner = "MultiHeadAttention"
+        check_off(
+            owner, self, "low_rank_adaptation_scope", "softmax_type", "score_mod",
+            "score_mod_bprop", "num_heads", "dropout_rate", "output_layernorm",
+            "apply_residual_connection_post_layernorm", "fuse_qkv",
+        )  # fmt: skip
         heads, groups = check_heads(owner, self.num_attention_heads, self.num_gqa_groups)
         if (
             not isinstance(self.head_dim, (int, np.integer))
@@ -215,10 +244,15 @@ class MultiHeadAttention(nn.Module):
         decode: bool = False,
         deterministic: bool = False,
         segment_ids: Any = None,
+        score_mod_tensors: Any = None,
+        score_mod_bprop_tensors: Any = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         owner = "MultiHeadAttention"
+        if inputs_kv is None:
+            inputs_kv = inputs_q
         is_self = inputs_q is inputs_kv
         heads, groups = self._check()
+        check_no_score_mod(owner, score_mod_tensors, score_mod_bprop_tensors)
         inputs_q = check_float_array(owner, "inputs_q", inputs_q)
         inputs_kv = check_float_array(owner, "inputs_kv", inputs_kv)
         for name, t in (("inputs_q", inputs_q), ("inputs_kv", inputs_kv)):
@@ -250,7 +284,23 @@ class MultiHeadAttention(nn.Module):
                             param_dtype=self.param_dtype)  # fmt: skip
         kax, bax = tuple(self.qkv_kernel_axes), tuple(self.qkv_bias_axes)
 
-        if self.fuse_qkv_params and is_self and groups == heads:
+        packed = self.fuse_qkv_params and groups == heads
+        if packed and not is_self and "qkv" in self.variables.get("params", {}):
+            raise ValueError(
+                f"{owner}: initialised as self-attention (one packed 'qkv' kernel: inputs_kv was "
+                "inputs_q) but called with a different inputs_kv object. Self-attention is "
+                "decided by identity (TE's rule), which jax.jit arguments (one array passed "
+                "twice arrives as two tracers), nn.remat of this module and copies do not "
+                "keep: pass inputs_kv=None for self-attention."
+            )
+        if packed and is_self and "query" in self.variables.get("params", {}):
+            raise ValueError(
+                f"{owner}: initialised as cross-attention ('query' and 'kv' kernels: inputs_kv "
+                "was another array) but called with inputs_kv being inputs_q (or None), i.e. "
+                "as self-attention. Initialise with inputs_kv=None for self-attention, or pass "
+                "the key/value input as a distinct array."
+            )
+        if packed and is_self:
             qkv_init = _concat_init([query_init, kernel_init, kernel_init])
             qkv, ln_out = LayerNormDenseGeneral(
                 features=(3, q_width), kernel_init=qkv_init,

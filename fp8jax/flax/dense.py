@@ -32,6 +32,7 @@ from flax.typing import Initializer
 from jax.sharding import PartitionSpec
 
 from fp8jax.dense import _dense
+from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import Fp8Call, check_float_array, fp8_call
 from fp8jax.ops import _partition
 
@@ -114,6 +115,13 @@ def _check_names(owner: str, name: str, names: Any, ndim: int) -> tuple[str | No
     return out
 
 
+def constrain(owner: str, name: str, x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """``x`` with logical axis ``names`` as a sharding constraint (nothing when empty)."""
+    if not names:
+        return x
+    return nn.with_logical_constraint(x, _check_names(owner, name, names, x.ndim))
+
+
 def _annotated(owner: str, name: str, init: Any, names: Any, ndim: int) -> Any:
     """``init`` boxed with logical axis ``names``; ``init`` itself when ``names`` is empty."""
     if not names:
@@ -149,6 +157,12 @@ class DenseGeneral(nn.Module):
       bias_axes: logical axis names of the bias (one per feature dim); ``()``: none.
       output_axes: logical axis names of the output (one per output dim), applied with
         :func:`flax.linen.with_logical_constraint`; ``()``: no constraint.
+      input_axes: logical axis names of the input (one per input dim), a constraint as
+        ``output_axes`` (TE's argument); ``()`` or ``None``: none.
+      transpose_batch_sequence: TE's argument; no effect (the layer acts on ``axis`` only).
+      enable_low_rank_adaptation, low_rank_adaptation_dim, low_rank_adaptation_alpha,
+        quantization_checkpoint_name: TE's arguments, accepted at TE's defaults (LoRA off,
+        no name); anything else is a ValueError (docs/porting-from-te.md).
 
     The FP8 state (``fp8_meta``, ``fp8_probe``) is never annotated: it is a few floats per
     layer and stays replicated, so every device holds (and computes) the same scales.
@@ -166,9 +180,16 @@ class DenseGeneral(nn.Module):
     kernel_axes: tuple[str | None, ...] = ()
     bias_axes: tuple[str | None, ...] = ()
     output_axes: tuple[str | None, ...] = ()
+    input_axes: tuple[str | None, ...] | None = ()
+    transpose_batch_sequence: bool = False
+    enable_low_rank_adaptation: bool = False
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: float | None = None
+    quantization_checkpoint_name: str | None = None
 
     def _check_config(self) -> tuple[int, ...]:
         owner = "DenseGeneral"
+        check_off(owner, self, "enable_low_rank_adaptation", "quantization_checkpoint_name")
         if _as_tuple(self.batch_dims) != ():
             raise ValueError(
                 f"{owner}: batch_dims must be () (FP8 GEMMs have no batch dims; fold them into "
@@ -192,6 +213,7 @@ class DenseGeneral(nn.Module):
         owner = "DenseGeneral"
         features = self._check_config()
         inputs = check_float_array(owner, "inputs", inputs)
+        inputs = constrain(owner, "input_axes", inputs, self.input_axes or ())
         axes = _normalize_axes(owner, "axis", self.axis, inputs.ndim)
         contract = tuple(inputs.shape[a] for a in axes)
         flat = (int(np.prod(contract)), int(np.prod(features)))

@@ -14,8 +14,7 @@ follow TE's convention: ``True`` means *masked out* (the opposite of
 >>> mask = ~(valid[:, None, :, None] & valid[:, None, None, :])  # True = masked out
 >>> mask.shape                                               # (batch, 1, seq_q, seq_kv)
 (2, 1, 5, 5)
->>> attn = DotProductAttention(head_dim=8, num_attention_heads=4, attn_mask_type="padding",
-...                            transpose_batch_sequence=False)
+>>> attn = DotProductAttention(head_dim=8, num_attention_heads=4, attn_mask_type="padding")
 >>> attn.apply({}, q, k, v, mask).shape
 (2, 5, 4, 8)
 """
@@ -29,6 +28,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from fp8jax.flax._te_args import check_no_score_mod, check_off
 
 __all__ = [
     "ATTN_BIAS_TYPES",
@@ -208,6 +210,13 @@ def attention_with_dropout(
     return out.reshape(b, sq, h, d)
 
 
+# TE arguments accepted only at their defaults.
+_TE_OFF = (
+    "max_segments_per_seq", "context_parallel_causal_load_balanced", "context_parallel_axis",
+    "context_parallel_strategy", "softmax_type", "score_mod", "score_mod_bprop",
+)  # fmt: skip
+
+
 class DotProductAttention(nn.Module):
     """Scaled dot-product attention ``softmax(scale * q k^T (+ bias), masked) v`` with
     TransformerEngine's arguments, grouped-query attention, masks, sliding windows and
@@ -247,7 +256,9 @@ class DotProductAttention(nn.Module):
     Differences from TE: ``dtype`` is the computation/output dtype (default: ``query``'s),
     not a param dtype; ``float32_logits`` has no further effect (the logits and softmax are
     always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects, context parallelism
-    and ``max_segments_per_seq`` are not supported (use ``segment_ids``); fully masked rows
+    and ``max_segments_per_seq`` are not supported (use ``segment_ids``; their TE arguments,
+    and ``softmax_type``, ``score_mod``, ``score_mod_bprop``, are accepted at TE's defaults
+    only, ValueError otherwise); fully masked rows
     average the values; the dropout mask layout differs from TE's kernels (same distribution).
     ``recipe.fp8_dpa`` is rejected by :class:`~fp8jax.recipe.DelayedScaling` (no FP8 attention
     core yet).
@@ -263,9 +274,14 @@ class DotProductAttention(nn.Module):
       float32_logits: accepted for TE compatibility (see above).
       qkv_layout: ``"bshd_bshd_bshd"`` (default), ``"bshd_bs2hd"`` or ``"bs3hd"``.
       scale_factor: logit scale (default ``1/sqrt(head_dim)``).
-      transpose_batch_sequence: inputs are ``[seq, batch, ...]`` (TE's default ``True``).
+      transpose_batch_sequence: inputs are ``[seq, batch, ...]``; default ``False``
+        (``[batch, seq, ...]``), TE's since v2.10.
       window_size: ``(left, right)``: query ``i`` sees keys ``i-left .. i+right`` (negative:
         unbounded); ``None``: no window.
+      context_checkpoint_name: the output's :func:`jax.ad_checkpoint.checkpoint_name` (TE's).
+      max_segments_per_seq, context_parallel_causal_load_balanced, context_parallel_axis,
+        context_parallel_strategy, softmax_type, score_mod, score_mod_bprop: TE's, at its
+        defaults only (see above).
       implementation: passed to :func:`jax.nn.dot_product_attention` (fp8jax's).
     """
 
@@ -280,12 +296,21 @@ class DotProductAttention(nn.Module):
     float32_logits: bool = False
     qkv_layout: str = "bshd_bshd_bshd"
     scale_factor: float | None = None
-    transpose_batch_sequence: bool = True
+    transpose_batch_sequence: bool = False
     window_size: tuple[int, int] | None = None
+    max_segments_per_seq: int = 1
+    context_parallel_causal_load_balanced: bool = False
+    context_parallel_axis: str = ""
+    context_parallel_strategy: str = "DEFAULT"
+    context_checkpoint_name: str = "context"
+    softmax_type: str = "vanilla"
+    score_mod: Any = None
+    score_mod_bprop: Any = None
     implementation: str | None = None
 
     def _config(self) -> tuple[int, int, str, tuple[int, int] | None, str]:
         owner = "DotProductAttention"
+        check_off(owner, self, *_TE_OFF)
         heads, groups = check_heads(owner, self.num_attention_heads, self.num_gqa_groups)
         if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1:
             raise ValueError(f"{owner}: head_dim must be a positive int, got {self.head_dim!r}")
@@ -342,9 +367,12 @@ class DotProductAttention(nn.Module):
         deterministic: bool = False,
         mask: jax.Array | None = None,
         segment_ids: Any = None,
+        score_mod_tensors: Any = None,
+        score_mod_bprop_tensors: Any = None,
     ) -> jax.Array:
         owner = "DotProductAttention"
         heads, groups, mask_type, window, layout = self._config()
+        check_no_score_mod(owner, score_mod_tensors, score_mod_bprop_tensors)
         if mask is not None:
             if sequence_descriptor is not None:
                 raise ValueError(f"{owner}: pass sequence_descriptor or mask, not both")
@@ -437,4 +465,4 @@ class DotProductAttention(nn.Module):
             )  # fmt: skip
         if self.transpose_batch_sequence:
             out = jnp.swapaxes(out, 0, 1)
-        return out
+        return checkpoint_name(out, self.context_checkpoint_name)

@@ -28,8 +28,9 @@ from flax.typing import Initializer
 
 from fp8jax._norm_layer import check_norm_args, flax_norm
 from fp8jax.autocast import is_fp8_enabled
+from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import check_float_array, fp8_call
-from fp8jax.flax.dense import _annotated, _as_tuple, _check_names, _flat_init
+from fp8jax.flax.dense import _annotated, _as_tuple, _flat_init, constrain
 from fp8jax.layernorm_dense import _layernorm_dense
 from fp8jax.ops.norm import layernorm, rmsnorm
 
@@ -64,13 +65,6 @@ def norm_params(
         bias_init = _annotated(owner, "ln_bias_axes", bias_init, bias_axes, 1)
         beta = module.param("ln_bias", bias_init, (hidden,), param_dtype)
     return gamma, beta
-
-
-def constrain(owner: str, name: str, x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """``x`` with logical axis ``names`` as a sharding constraint (nothing when empty)."""
-    if not names:
-        return x
-    return nn.with_logical_constraint(x, _check_names(owner, name, names, x.ndim))
 
 
 class LayerNorm(nn.Module):
@@ -146,11 +140,11 @@ class LayerNormDenseGeneral(nn.Module):
     The FP8 state has the 3 roles of a dense layer (input = the norm's output, kernel,
     output-grad).
 
-    Differences from TE: ``return_layernorm_output`` defaults to ``False`` (TE: ``True``, which
-    keeps the norm's output in high precision and disables the fusion); ``dtype`` is the
-    computation dtype with ``param_dtype`` for params, as in Flax; logical axis names default
-    to none (``()``); ``transpose_batch_sequence`` has no effect (the norm and the GEMM act on
-    the last axis only); LoRA is not supported.
+    Differences from TE: ``dtype`` is the computation dtype with ``param_dtype`` for params, as
+    in Flax; logical axis names default to none (``()``); ``transpose_batch_sequence`` has no
+    effect (the norm and the GEMM act on the last axis only); ``dot_input_axes`` constrains
+    the GEMM input only without the norm; LoRA and ``quantization_checkpoint_name`` are
+    accepted at TE's defaults only (ValueError otherwise).
 
     Attributes:
       features: int or tuple of output features.
@@ -168,6 +162,8 @@ class LayerNormDenseGeneral(nn.Module):
         ``enable_layernorm=False`` (with the norm, its output exists only inside the fused
         kernel); ``()``: none.
       depth_scaling: if set, the output is divided by it.
+      enable_low_rank_adaptation, low_rank_adaptation_dim, low_rank_adaptation_alpha,
+        quantization_checkpoint_name: TE's, at its defaults only (see above).
     """
 
     features: int | Sequence[int]
@@ -190,12 +186,17 @@ class LayerNormDenseGeneral(nn.Module):
     param_dtype: Any = jnp.float32
     transpose_batch_sequence: bool = False
     layernorm_input_axes: tuple[str | None, ...] = ()
-    dot_input_axes: tuple[str | None, ...] = ()
+    dot_input_axes: tuple[str | None, ...] | None = ()
     depth_scaling: float | None = None
+    enable_low_rank_adaptation: bool = False
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: float | None = None
+    quantization_checkpoint_name: str | None = None
 
     @nn.compact
     def __call__(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         owner = "LayerNormDenseGeneral"
+        check_off(owner, self, "enable_low_rank_adaptation", "quantization_checkpoint_name")
         inputs = check_float_array(owner, "inputs", inputs)
         features = _features(owner, self.features)
         if _as_tuple(self.axis) not in ((-1,), (inputs.ndim - 1,)):
@@ -203,7 +204,7 @@ class LayerNormDenseGeneral(nn.Module):
         if self.enable_layernorm:
             check_norm_args(owner, self.layernorm_type, self.epsilon, self.zero_centered_gamma)
         hidden = inputs.shape[-1]
-        x = constrain(owner, "layernorm_input_axes", inputs, self.layernorm_input_axes)
+        x = constrain(owner, "layernorm_input_axes", inputs, self.layernorm_input_axes or ())
         gamma = beta = None
         if self.enable_layernorm:
             gamma, beta = norm_params(
@@ -213,7 +214,7 @@ class LayerNormDenseGeneral(nn.Module):
                 bias_axes=self.ln_bias_axes, param_dtype=self.param_dtype,
             )  # fmt: skip
         else:
-            x = constrain(owner, "dot_input_axes", x, self.dot_input_axes)
+            x = constrain(owner, "dot_input_axes", x, self.dot_input_axes or ())
         flat = (hidden, int(np.prod(features)))
         kernel_init = _annotated(
             owner, "kernel_axes", _flat_init(self.kernel_init or default_kernel_init, flat),

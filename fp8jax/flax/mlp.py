@@ -24,10 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.typing import Initializer
+from jax.ad_checkpoint import checkpoint_name
 
+from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import check_float_array, fp8_call
-from fp8jax.flax.dense import _annotated, _as_tuple
-from fp8jax.flax.layernorm import constrain, default_kernel_init, norm_params
+from fp8jax.flax.dense import _annotated, _as_tuple, constrain
+from fp8jax.flax.layernorm import default_kernel_init, norm_params
 from fp8jax.layernorm_mlp import MLP_ROLES, _layernorm_mlp, check_activations
 
 __all__ = ["LayerNormMLP"]
@@ -61,12 +63,16 @@ class LayerNormMLP(nn.Module):
     intermediate_dim)`` and ``wo_bias`` ``(hidden,)``. The FP8 state has the 6 roles of
     :data:`fp8jax.layernorm_mlp.MLP_ROLES`.
 
-    Differences from TE: ``return_layernorm_output`` defaults to ``False`` (TE: ``True``);
-    ``dtype``/``param_dtype`` as in Flax; logical axis names default to none (``()``; TE's
-    are ``kernel_axes_1=("embed", "act", "mlp")``, ``kernel_axes_2=("mlp", "embed")``);
-    activations are names only (no callables); dropout keeps the fused FP8 activation path
-    only when inactive (rate 0 or ``deterministic``): with an active dropout the activation
-    and its FP8 cast run as two passes; ``transpose_batch_sequence`` has no effect; no LoRA.
+    Differences from TE: ``dtype``/``param_dtype`` as in Flax; logical axis names default to
+    none (``()``; TE's are ``kernel_axes_1=("embed", "act", "mlp")``,
+    ``kernel_axes_2=("mlp", "embed")``); activations are names only (no callables); dropout
+    keeps the fused FP8 activation path only when inactive (rate 0 or ``deterministic``):
+    with an active dropout the activation and its FP8 cast run as two passes;
+    ``transpose_batch_sequence`` has no effect; ``ffn1_ckpt_name`` names nothing (the FC1
+    output exists only inside the fused block; :data:`fp8jax.save_fp8_operands` saves its FP8
+    operands); LoRA, ``activation_params``, ``dot_1_input_axes``, ``dot_2_input_axes`` and
+    ``quantization_checkpoint_name`` are accepted at TE's defaults only (ValueError
+    otherwise).
 
     Attributes:
       intermediate_dim: width of the hidden layer.
@@ -84,6 +90,12 @@ class LayerNormMLP(nn.Module):
       axis: must be ``-1``.
       dtype, param_dtype: computation dtype (default: promoted from input and params), params'.
       layernorm_input_axes: logical names constraining the input.
+      ffn1_ckpt_name, ffn2_ckpt_name: TE's checkpoint names; the output carries
+        ``ffn2_ckpt_name`` (:func:`jax.ad_checkpoint.checkpoint_name`), ``ffn1_ckpt_name`` has
+        no effect (see above).
+      activation_params, enable_low_rank_adaptation, low_rank_adaptation_dim,
+        low_rank_adaptation_alpha, dot_1_input_axes, dot_2_input_axes,
+        quantization_checkpoint_name: TE's, at its defaults only (see above).
     """
 
     intermediate_dim: int = 2048
@@ -103,15 +115,24 @@ class LayerNormMLP(nn.Module):
     bias_axes_1: tuple[str | None, ...] = ()
     bias_axes_2: tuple[str | None, ...] = ()
     return_layernorm_output: bool = False
-    activations: Sequence[str] = ("relu",)
+    activations: Sequence[str] = ("gelu",)
+    activation_params: Any = None
     intermediate_dropout_rng_name: str = "dropout"
-    intermediate_dropout_rate: float = 0.1
+    intermediate_dropout_rate: float = 0.0
     intermediate_hidden_dropout_dims: Sequence[int] = ()
     axis: int | Sequence[int] = -1
     dtype: Any = None
     param_dtype: Any = jnp.float32
     transpose_batch_sequence: bool = False
-    layernorm_input_axes: tuple[str | None, ...] = ()
+    layernorm_input_axes: tuple[str | None, ...] | None = ()
+    dot_1_input_axes: tuple[str | None, ...] | None = None
+    dot_2_input_axes: tuple[str | None, ...] | None = None
+    ffn1_ckpt_name: str = "ffn1"
+    ffn2_ckpt_name: str = "ffn2"
+    enable_low_rank_adaptation: bool = False
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: float | None = None
+    quantization_checkpoint_name: str | None = None
 
     @nn.compact
     def __call__(
@@ -123,7 +144,7 @@ class LayerNormMLP(nn.Module):
         acts = check_activations(owner, self.activations)
         self._check(owner, inputs)
         hidden, inter, k = inputs.shape[-1], int(self.intermediate_dim), len(acts)
-        x = constrain(owner, "layernorm_input_axes", inputs, self.layernorm_input_axes)
+        x = constrain(owner, "layernorm_input_axes", inputs, self.layernorm_input_axes or ())
         gamma = beta = None
         if self.enable_layernorm:
             gamma, beta = norm_params(
@@ -158,9 +179,16 @@ class LayerNormMLP(nn.Module):
         )  # fmt: skip
         if fp8.record is not None and seen is not None:
             fp8.record(seen)
-        return y, ln
+        return checkpoint_name(y, self.ffn2_ckpt_name), ln
 
     def _check(self, owner: str, inputs: jax.Array) -> None:
+        check_off(
+            owner, self, "activation_params", "enable_low_rank_adaptation", "dot_1_input_axes",
+            "dot_2_input_axes", "quantization_checkpoint_name",
+        )  # fmt: skip
+        for name in ("ffn1_ckpt_name", "ffn2_ckpt_name"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{owner}: {name} must be a str, got {getattr(self, name)!r}")
         inter = self.intermediate_dim
         if not isinstance(inter, (int, np.integer)) or isinstance(inter, bool) or inter < 1:
             raise ValueError(f"{owner}: intermediate_dim must be a positive int, got {inter!r}")

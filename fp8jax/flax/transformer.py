@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.typing import Initializer
 
+from fp8jax.flax._te_args import check_no_score_mod, check_off
 from fp8jax.flax._variables import check_float_array
 from fp8jax.flax.attention import MultiHeadAttention, RelativePositionBiases
 from fp8jax.flax.layernorm import LayerNorm
@@ -71,7 +72,7 @@ class TransformerLayer(nn.Module):
         stream (dropout is off when ``deterministic``).
       mha_kernel_init, mlp_kernel_init: TE's defaults (``variance_scaling(1, "fan_in",
         "normal")`` and ``(..., "truncated_normal")``).
-      mlp_activations: see :class:`LayerNormMLP` (TE's default ``("relu",)``).
+      mlp_activations: see :class:`LayerNormMLP` (default ``("gelu",)``, TE's since v2.10).
       use_bias, bias_init: biases of every projection.
       apply_residual_connection_post_layernorm, output_layernorm: see above.
       float32_attention_logits: attention logits in float32.
@@ -97,10 +98,14 @@ class TransformerLayer(nn.Module):
         parallelism. ``init`` then returns :class:`flax.linen.LogicallyPartitioned` params
         (``nn.unbox`` them, or use ``nn.get_partition_spec`` for their shardings).
 
-    Differences from TE: ``dtype``/``param_dtype`` follow Flax; LoRA and ``decode`` (the
-    key/value cache) are not supported; ``enable_sequence_parallel`` is accepted for
-    compatibility (sequence parallelism comes from logical axis rules here); logical axis
-    names are opt-in (``logical_axes``; TE always annotates, with its own names).
+    Differences from TE: ``dtype``/``param_dtype`` follow Flax; ``decode`` (the key/value
+    cache) is not supported; ``enable_sequence_parallel`` is accepted for compatibility
+    (sequence parallelism comes from logical axis rules here); logical axis names are opt-in
+    (``logical_axes``; TE always annotates, with its own names); LoRA
+    (``low_rank_adaptation_scope``, ``low_rank_adaptation_dim``,
+    ``low_rank_adaptation_alpha``), ``mlp_activation_params``, ``softmax_type``, ``score_mod``
+    and ``score_mod_bprop`` are accepted at TE's defaults only (ValueError otherwise), as are
+    the call's ``score_mod_tensors``/``score_mod_bprop_tensors`` (``None``).
     """
 
     hidden_size: int = 512
@@ -113,12 +118,13 @@ class TransformerLayer(nn.Module):
     hidden_dropout: float = 0.1
     hidden_dropout_dims: Sequence[int] = ()
     attention_dropout: float = 0.1
-    intermediate_dropout: float = 0.1
+    intermediate_dropout: float = 0.0
     intermediate_dropout_dims: Sequence[int] = ()
     dropout_rng_name: str = "dropout"
     mha_kernel_init: Initializer | None = None
     mlp_kernel_init: Initializer | None = None
-    mlp_activations: Sequence[str] = ("relu",)
+    mlp_activations: Sequence[str] = ("gelu",)
+    mlp_activation_params: Any = None
     use_bias: bool = False
     bias_init: Initializer = nn.initializers.zeros_init()
     apply_residual_connection_post_layernorm: bool = False
@@ -141,6 +147,12 @@ class TransformerLayer(nn.Module):
     scale_attn_logits: bool = False
     scaled_query_init: bool = True
     window_size: tuple[int, int] | None = None
+    low_rank_adaptation_scope: str = "none"
+    low_rank_adaptation_dim: int = 32
+    low_rank_adaptation_alpha: float | None = None
+    softmax_type: str = "vanilla"
+    score_mod: Any = None
+    score_mod_bprop: Any = None
     logical_axes: bool = False
 
     def _input_axes(self) -> tuple[str, ...]:
@@ -155,6 +167,10 @@ class TransformerLayer(nn.Module):
 
     def _check(self, inputs: jax.Array, encoded: jax.Array | None, decode: bool) -> None:
         owner = "TransformerLayer"
+        check_off(
+            owner, self, "low_rank_adaptation_scope", "mlp_activation_params", "softmax_type",
+            "score_mod", "score_mod_bprop",
+        )  # fmt: skip
         if not isinstance(self.layer_type, TransformerLayerType):
             raise ValueError(
                 f"{owner}: layer_type must be TransformerLayerType.ENCODER or DECODER, got "
@@ -252,10 +268,13 @@ class TransformerLayer(nn.Module):
         deterministic: bool = False,
         decode: bool = False,
         max_decode_length: int | None = None,
+        score_mod_tensors: Any = None,
+        score_mod_bprop_tensors: Any = None,
     ) -> jax.Array:
         """The layer on ``inputs`` ``[batch, seq, hidden]`` (``[seq, batch, hidden]`` with
         ``transpose_batch_sequence``); masks are True where attention is *not* allowed."""
         del max_decode_length  # only meaningful with decode, which is not supported
+        check_no_score_mod("TransformerLayer", score_mod_tensors, score_mod_bprop_tensors)
         inputs = check_float_array("TransformerLayer", "inputs", inputs)
         self._check(inputs, encoded, decode)
         decoder = self.layer_type is TransformerLayerType.DECODER
@@ -273,7 +292,7 @@ class TransformerLayer(nn.Module):
             bias = rel(length, length, not decoder)
 
         x, ln = self._attention("self_attention" if decoder else "attention")(
-            inputs, inputs, attention_mask, bias, deterministic=deterministic
+            inputs, None, attention_mask, bias, deterministic=deterministic
         )
         x = self._dropout(x, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
         x = self._drop_path(x, deterministic)

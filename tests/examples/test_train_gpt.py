@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,11 +28,20 @@ def train_gpt():
 
 
 @pytest.mark.slow
-def test_short_run_reports_and_fp8_tracks_bf16(train_gpt, tmp_path):
+def test_short_run_reports_and_fp8_tracks_bf16(train_gpt, tmp_path, capsys):
     out = tmp_path / "runs"
     summary = train_gpt.main(["--steps", "80", "--out", str(out), "--max-bytes", "2000000"])
-    for name in ("metrics.csv", "summary.json", "summary.md", "samples.txt"):
+    for name in ("metrics.csv", "summary.json", "summary.md", "samples.txt", "loss.png"):
         assert (out / name).stat().st_size > 0, name
+    # stdout is not a terminal here: the progress is in the log, a line per evaluation
+    printed = capsys.readouterr().out
+    for run in ("fp8", "bf16"):
+        assert f"{run}: compiling the train step" in printed
+        evals = [line for line in printed.splitlines() if line.startswith(f"{run}: step ")]
+        assert len(evals) == 4 and all("tokens/s" in line for line in evals), evals
+    import matplotlib.pyplot as plt
+
+    assert len(plt.gcf().axes) == 2  # the curves, and FP8 minus BF16 below them
     assert (out / "checkpoints" / "fp8").is_dir() and (out / "checkpoints" / "bf16").is_dir()
     runs = json.loads((out / "summary.json").read_text())["runs"]
     assert runs == summary["runs"]
@@ -82,3 +92,26 @@ def test_bad_arguments(train_gpt, tmp_path):
         train_gpt.main(["--api", "bogus", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="does not exist"):
         train_gpt.main(["--data", str(tmp_path / "missing"), "--out", str(tmp_path)])
+
+
+def test_help_imports_nothing():
+    """tools/demo.sh --help runs this before any setup: no JAX, Flax or fp8jax is imported."""
+    guard = (
+        "import builtins, runpy, sys\n"
+        "real = builtins.__import__\n"
+        "def imp(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('jax', 'flax', 'fp8jax', 'numpy', 'optax'):\n"
+        "        raise ImportError('imported ' + name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = imp\n"
+        f"sys.argv = [{str(EXAMPLE)!r}, '--help']\n"
+        f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--seed" in proc.stdout and "--recipes" in proc.stdout
+
+
+def test_command_line_names_match_the_tables(train_gpt):
+    assert train_gpt.RECIPE_NAMES == tuple(train_gpt.RECIPES)
+    assert train_gpt.API_NAMES == tuple(train_gpt.APIS)

@@ -141,10 +141,16 @@ def test_mask_is_ignored_by_no_mask_and_causal_as_in_te():
 
 
 def test_transpose_batch_sequence_and_te_defaults():
-    """TE's defaults: causal mask, [seq, batch, heads, dim] inputs."""
+    """TE's defaults (v2.10+): causal mask, [batch, seq, heads, dim] inputs; [seq, batch, ...]
+    with transpose_batch_sequence=True."""
     q, k, v = _qkv(sq=SKV)
     attn = DotProductAttention(head_dim=D, num_attention_heads=H)
-    assert attn.attn_mask_type == "causal" and attn.transpose_batch_sequence
+    assert attn.attn_mask_type == "causal" and not attn.transpose_batch_sequence
+    np.testing.assert_array_equal(
+        np.asarray(attn.apply({}, q, k, v)),
+        np.asarray(jax.nn.dot_product_attention(q, k, v, is_causal=True)),
+    )
+    attn = DotProductAttention(head_dim=D, num_attention_heads=H, transpose_batch_sequence=True)
     t = lambda x: jnp.swapaxes(x, 0, 1)
     got = attn.apply({}, t(q), t(k), t(v))
     np.testing.assert_array_equal(

@@ -204,14 +204,15 @@ def test_rank_and_decode_errors():
 
 
 def _mlp_twin(p, x):
-    """The MLP block from flax.linen layers with the LayerNormMLP's params (relu)."""
+    """The MLP block from flax.linen layers with the LayerNormMLP's params (gelu, TE's default
+    since v2.10: the tanh approximation)."""
     ln = nn.LayerNorm(epsilon=1e-6).apply({"params": {"scale": p["scale"], "bias": p["ln_bias"]}},
                                           x)  # fmt: skip
     h = nn.DenseGeneral((1, p["wi_kernel"].shape[-1]), use_bias=False).apply(
         {"params": {"kernel": p["wi_kernel"]}}, ln
     )
     return nn.Dense(x.shape[-1], use_bias=False).apply(
-        {"params": {"kernel": p["wo_kernel"]}}, jax.nn.relu(h[..., 0, :])
+        {"params": {"kernel": p["wo_kernel"]}}, jax.nn.gelu(h[..., 0, :], approximate=True)
     )
 
 

@@ -191,7 +191,7 @@ def test_call_errors():
         mha(x, rand((4, 2, 16), 7), deterministic=True)
     with pytest.raises(ValueError, match="built for cross-attention"):
         cross(x, deterministic=True)
-    assert cross(x, rand((3, 2, 8), 8), deterministic=True)[0].shape == x.shape
+    assert cross(x, rand((4, 3, 8), 8), deterministic=True)[0].shape == x.shape
     assert mha(x, x, deterministic=True)[0].shape == x.shape
     with pytest.raises(TypeError, match="deterministic must be a bool or None"):
         mha(x, deterministic="yes")
