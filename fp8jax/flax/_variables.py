@@ -212,6 +212,17 @@ def _probe(module: nn.Module, n_roles: int) -> tuple[jax.Array | None, Any, int]
     if not existing or index < max(existing):
         # No probes passed at all (inference), or a number that init's trace discarded (nn.scan).
         return None, None, index
+    if _outer_ndim(module, FP8_PROBE, f"call_{max(existing)}") == 1:
+        # Under a lifted transform the probe has no stacked dim: it is broadcast (nn.scan's
+        # init pass made it, the real pass counts one more call).
+        raise ValueError(
+            f"{_where(module)}: {FP8_PROBE!r} is broadcast over a lifted transform (nn.scan's "
+            f"variable_broadcast, nn.vmap's None axis), so every iteration would share one probe "
+            f"and autodiff would add up their observations. Give {FP8_PROBE!r} a variable axis: "
+            f"variable_axes={{'{FP8_PROBE}': 0, ...}}, and {FP8_META!r} the axis params have "
+            f"(0 for stacked layers; broadcast, with params, for one layer applied at every "
+            "step: the probe gradients then have a leading axis that the update max-reduces)."
+        )
     raise ValueError(
         f"{_where(module)}: this is call number {index} of the module in this apply, but "
         f"{FP8_PROBE!r} only has probes {sorted(f'call_{i}' for i in existing)} from init. "
@@ -264,26 +275,28 @@ def _state_gradient_refusal(module: nn.Module, index: int, has_probe: bool) -> s
     return None
 
 
+def _outer_ndim(module: nn.Module, collection: str, name: str) -> int | None:
+    """The rank, as the ``init``/``apply`` was given it, of ``module``'s variable ``name`` in
+    ``collection`` when a lifted transform lies in between (its stacked dims included); None
+    without a lifted transform or when it cannot be found."""
+    owner = _count_owner(module)
+    if module.scope is None or owner.scope is None or module.scope.root is owner.scope:
+        return None
+    try:
+        tree = owner.scope.variables().get(collection)
+    except Exception:  # a scope that cannot list its variables: assume nothing
+        return None
+    for key in (*module.scope.path, name):
+        tree = tree.get(key) if hasattr(tree, "get") else None
+    return None if tree is None else jnp.ndim(tree)
+
+
 def _state_broadcast(module: nn.Module, probe_name: str) -> bool:
     """Whether a lifted transform between the apply and ``module`` gives the probe more stacked
     dims than the state (the state is broadcast over iterations that each have a probe)."""
-    owner = _count_owner(module)
-    if module.scope is None or owner.scope is None or module.scope.root is owner.scope:
-        return False
-    try:
-        outer = owner.scope.variables()
-    except Exception:  # a scope that cannot list its variables: assume nothing
-        return False
-    meta, probes = outer.get(FP8_META), outer.get(FP8_PROBE)
-    for key in module.scope.path:
-        meta = meta.get(key) if hasattr(meta, "get") else None
-        probes = probes.get(key) if hasattr(probes, "get") else None
-    if not hasattr(meta, "get") or not hasattr(probes, "get"):
-        return False
-    scale, probe = meta.get("scale"), probes.get(probe_name)
-    if scale is None or probe is None:
-        return False
-    return jnp.ndim(probe) > jnp.ndim(scale)
+    probe = _outer_ndim(module, FP8_PROBE, probe_name)
+    scale = _outer_ndim(module, FP8_META, "scale")
+    return probe is not None and scale is not None and probe > scale
 
 
 def fp8_call(module: nn.Module, n_roles: int = _N_ROLES) -> Fp8Call:

@@ -241,6 +241,30 @@ def test_scan_with_broadcast_state_reduces_the_step_axis():
     assert float(jnp.sum(per_step[:, 0])) > float(newest[0])  # the sum would be wrong
 
 
+def test_scan_with_broadcast_probes_says_to_give_them_an_axis():
+    """Probes broadcast over nn.scan would be shared by every step (their observations summed):
+    refused at apply with what to write instead."""
+
+    class Shared(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            body = nn.scan(
+                lambda mdl, c, _: (DenseGeneral(features=16, parent=mdl)(c), None),
+                variable_broadcast=["params", "fp8_meta", "fp8_probe"],
+                split_rngs={"params": False},
+                length=3,
+            )
+            return body(self, h, None)[0]
+
+    model, h = Shared(), _rand((4, 16), 8)
+    variables = _init(model, h)
+    with (
+        fp8jax.autocast(enabled=True, recipe=RECIPE),
+        pytest.raises(ValueError, match=r"'fp8_probe' is broadcast.*variable_axes=\{'fp8_probe'"),
+    ):
+        model.apply(variables, h)
+
+
 def test_gradient_accumulation_merges_micro_batches_by_max():
     model = DenseGeneral(features=4)
     xs = jnp.stack([_rand((8, 16), 9, 1.0), _rand((8, 16), 10, 7.0)])
