@@ -11,6 +11,13 @@ Observations of a module called several times in one step are merged by max, nev
 call forks every probe (:func:`_fork`: its value goes to the call, a copy back into the
 variable), and the fork's backward takes the max of the two cotangents. The first call's probe
 gradient is then the max over all calls, and each call inside the Linen twin has its own probe.
+
+When the call is differentiated, the copy written back is the probe's value plus one (the
+twin never reads a probe's value): a use count. A call whose write-back is dropped (the module
+broadcast over ``nnx.scan``, where autodiff adds up the iterations' observations instead)
+leaves the count at zero while its probe gets a gradient, which
+:func:`fp8jax.nnx.update_fp8_state` turns into a non-finite state rather than a silently wrong
+one (no trace-time signal tells a broadcast apart).
 """
 
 from __future__ import annotations
@@ -65,12 +72,15 @@ def calibrating() -> Iterator[None]:
 
 @jax.custom_vjp
 def _fork(probe: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(probe, probe)``; the backward is the max of the two cotangents (amaxes are >= 0)."""
+    """``(probe, probe)``: the value for this call and the copy written back. Differentiated
+    (:func:`_fork_fwd`), the copy is ``probe + 1``: it counts the differentiated uses (see the
+    module docstring), so evaluation changes nothing. The backward is the max of the two
+    cotangents (amaxes are >= 0)."""
     return probe, probe
 
 
 def _fork_fwd(probe: jax.Array) -> tuple[tuple[jax.Array, jax.Array], None]:
-    return (probe, probe), None
+    return (probe, probe + 1.0), None
 
 
 def _fork_bwd(_: None, cts: tuple[jax.Array, jax.Array]) -> tuple[jax.Array]:

@@ -90,9 +90,12 @@ def model_recipe(model: Any) -> DelayedScaling | None:
     return next(iter(recipes), None)
 
 
-def _fold(model: Any, observed: Any, owner: str) -> None:
+def _fold(model: Any, observed: Any, owner: str, check_uses: bool = False) -> None:
     """Updates every Fp8Meta of ``model`` from ``observed`` (a pure dict of probe values or
-    gradients, NNX-shaped) in one launch."""
+    gradients, NNX-shaped) in one launch. With ``check_uses`` (``observed`` are gradients), a
+    module whose probe was observed but never used visibly (its use counts, the probe values,
+    still zero: broadcast over ``nnx.scan``, so the observation is a sum) gets a NaN scale, and
+    every probe is reset to zero."""
     current = pure(model, Fp8Meta)
     meta = to_linen(current, FP8_META)
     if not meta:
@@ -105,7 +108,33 @@ def _fold(model: Any, observed: Any, owner: str) -> None:
             "differentiate with argnums=fp8jax.nnx.diff_state() (params and probes)"
         )
     new = update_fp8_variables(meta, probes, recipe)
+    if check_uses:
+        counts = pure(model, Fp8Probe)
+        summed = to_linen(_summed(observed, counts), FP8_PROBE)
+        new = _poisoned(new, summed)
+        assign(model, Fp8Probe, jax.tree.map(jnp.zeros_like, counts))
     assign(model, Fp8Meta, write_back(current, new, FP8_META))
+
+
+def _summed(observed: Any, counts: Any) -> Any:
+    """Per probe: whether it has an observation although no use of it was counted."""
+    return jax.tree.map(
+        lambda g, n: jnp.any((jnp.asarray(g) > 0) & (jnp.asarray(n) == 0)), observed, counts
+    )
+
+
+def _poisoned(meta: Any, summed: Any) -> Any:
+    """``meta`` with a NaN scale in every module one of whose probes was ``summed``."""
+    if not isinstance(meta, dict):
+        return meta
+    out = {k: _poisoned(v, summed.get(k, {}) if isinstance(summed, dict) else {})
+           for k, v in meta.items()}  # fmt: skip
+    if "scale" in meta and isinstance(summed, dict):
+        flags = [v for k, v in summed.items() if not isinstance(v, dict)]
+        if flags:
+            bad = jnp.any(jnp.stack(flags))
+            out["scale"] = jnp.where(bad, jnp.float32(jnp.nan), meta["scale"])
+    return out
 
 
 def update_fp8_state(model: Any, grads: nnx.State) -> nnx.State:
@@ -123,7 +152,13 @@ def update_fp8_state(model: Any, grads: nnx.State) -> nnx.State:
     Per module, the observations of all its calls are merged by max (stacked layers of
     ``nnx.vmap``/``nnx.scan`` keep one row per layer), and all rows of the whole model are
     updated by one :func:`fp8jax.ops.update_fp8_states` launch with the recipe the model was
-    constructed under.
+    constructed under. The probes (use counts) are reset to zero.
+
+    A module applied at every step of an ``nnx.scan`` with its probes broadcast (``in_axes=
+    None`` for the whole module) would have its steps' observations *summed* by autodiff; no
+    trace-time signal tells that apart, so such a module (observed, but no use counted) gets a
+    NaN scale here: the next loss is non-finite instead of the scales silently too small. Carry
+    the probes: ``in_axes=(nnx.Carry, nnx.StateAxes({Fp8Probe: nnx.Carry, ...: None}))``.
     """
     if not isinstance(grads, nnx.State):
         raise TypeError(
@@ -131,7 +166,7 @@ def update_fp8_state(model: Any, grads: nnx.State) -> nnx.State:
             f"{type(grads).__name__}"
         )
     probes = nnx.filter_state(grads, Fp8Probe)
-    _fold(model, nnx.to_pure_dict(probes), "update_fp8_state")
+    _fold(model, nnx.to_pure_dict(probes), "update_fp8_state", check_uses=True)
     return nnx.filter_state(grads, nnx.Not(Fp8Probe))
 
 

@@ -209,11 +209,14 @@ def test_stacked_layers_keep_one_state_row_per_layer():
 def test_one_module_at_every_scan_step_carries_its_probes():
     """A module broadcast over an nnx.scan (the same weights at every step) must carry its
     probes (StateAxes {Fp8Probe: Carry}); then its observation is the max over the steps, as
-    the unrolled loop's. Broadcast probes would be summed by autodiff (shown here)."""
-    layer = _build(lambda: fnnx.DenseGeneral(8, 8, rngs=nnx.Rngs(0)))
+    the unrolled loop's. Broadcast probes are summed by autodiff (shown here), which no
+    trace-time signal reveals: the update turns that module's state non-finite instead."""
     x = rand((4, 8), 23)
 
-    def observed(axes):
+    def step(axes):
+        """(probe gradient, scale after update_fp8_state) of one train step."""
+        layer = _build(lambda: fnnx.DenseGeneral(8, 8, rngs=nnx.Rngs(0)))
+
         def loss(m):
             if axes is None:  # unrolled
                 h = x
@@ -226,13 +229,19 @@ def test_one_module_at_every_scan_step_carries_its_probes():
 
         with fp8jax.autocast(enabled=True, recipe=RECIPE):
             grads = nnx.grad(loss, argnums=fnnx.diff_state())(layer)
-        return np.asarray(grads["fp8_probe"]["call_0"][...])
+        observed = np.asarray(grads["fp8_probe"]["call_0"][...])
+        fnnx.update_fp8_state(layer, grads)
+        assert not np.any(np.asarray(layer.fp8_probe.call_0[...]))  # counts reset
+        return observed, np.asarray(layer.fp8_meta.scale[...])
 
-    unrolled = observed(None)
-    np.testing.assert_array_equal(observed(nnx.StateAxes({fnnx.Fp8Probe: nnx.Carry, ...: None})),
-                                  unrolled)  # fmt: skip
-    summed = observed(nnx.StateAxes({...: None}))
+    unrolled, unrolled_scale = step(None)
+    carried, carried_scale = step(nnx.StateAxes({fnnx.Fp8Probe: nnx.Carry, ...: None}))
+    np.testing.assert_array_equal(carried, unrolled)
+    np.testing.assert_array_equal(carried_scale, unrolled_scale)
+    assert np.all(np.isfinite(unrolled_scale)) and np.all(unrolled_scale != 1.0)
+    summed, summed_scale = step(nnx.StateAxes({...: None}))
     np.testing.assert_allclose(summed[1], 3 * unrolled[1], rtol=1e-6)  # the pitfall
+    assert np.all(np.isnan(summed_scale))  # ... is not trained on silently
 
 
 def test_remat_with_saved_fp8_operands_gives_the_same_gradients():
