@@ -92,28 +92,43 @@ _fork.defvjp(_fork_fwd, _fork_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _idle(probe: jax.Array, where: str) -> jax.Array:
-    """A probe that this call does not use (FP8 off): an error if it is differentiated."""
-    return probe
+def _refuse_gradient(value: jax.Array, message: str) -> jax.Array:
+    """``value``; differentiating it is ``ValueError(message)`` at trace time."""
+    return value
 
 
-def _idle_fwd(probe: Any, where: str) -> tuple[jax.Array, None]:
-    if probe.perturbed:
-        raise ValueError(
-            f"{where}: differentiated with respect to its FP8 probes outside FP8 "
-            "DelayedScaling, so this step would record no observation (the FP8 state would go "
-            "stale). Call the model inside fp8jax.autocast(enabled=True, recipe=...) with the "
-            "recipe it was constructed under; for a high-precision run, construct it outside "
-            "autocast (no FP8 state) or differentiate the params only."
-        )
-    return probe.value, None
+def _refuse_gradient_fwd(value: Any, message: str) -> tuple[jax.Array, None]:
+    if value.perturbed:
+        raise ValueError(message)
+    return value.value, None
 
 
-def _idle_bwd(where: str, _: None, ct: jax.Array) -> tuple[jax.Array]:
+def _refuse_gradient_bwd(message: str, _: None, ct: jax.Array) -> tuple[jax.Array]:
     return (ct,)
 
 
-_idle.defvjp(_idle_fwd, _idle_bwd, symbolic_zeros=True)
+_refuse_gradient.defvjp(_refuse_gradient_fwd, _refuse_gradient_bwd, symbolic_zeros=True)
+
+
+def _idle_probe_error(where: str) -> str:
+    """A probe that this call does not use (FP8 off) is differentiated."""
+    return (
+        f"{where}: differentiated with respect to its FP8 probes outside FP8 DelayedScaling, "
+        "so this step would record no observation (the FP8 state would go stale). Call the "
+        "model inside fp8jax.autocast(enabled=True, recipe=...) with the recipe it was "
+        "constructed under; for a high-precision run, construct it outside autocast (no FP8 "
+        "state) or differentiate the params only."
+    )
+
+
+def _state_gradient_error(where: str) -> str:
+    """The Fp8Meta variables are differentiated (TE's convention, which NNX does not offer)."""
+    return (
+        f"{where}: differentiated with respect to its Fp8Meta variables. Their gradient is not "
+        "the next FP8 state in NNX (each call is its own apply, so calls would add up): "
+        "differentiate with argnums=fp8jax.nnx.diff_state() (params and probes) and fold the "
+        "probe gradients in with fp8jax.nnx.update_fp8_state or apply_gradients."
+    )
 
 
 def _param(value: Any) -> nnx.Param:
@@ -287,8 +302,10 @@ class LinenBacked(nnx.Module):
             # FP8 off (or current scaling): the probes are not used; being differentiated
             # would record nothing, silently
             for leaf in jax.tree.leaves(pure(self, Fp8Probe)):
-                _idle(leaf, type(self).__name__)
+                _refuse_gradient(leaf, _idle_probe_error(type(self).__name__))
             meta = {}
+        for leaf in jax.tree.leaves(meta):
+            _refuse_gradient(leaf, _state_gradient_error(type(self).__name__))
         if meta:
             variables[FP8_META] = meta
         if meta and not calibrate:  # calibration: each call records into a fresh probe

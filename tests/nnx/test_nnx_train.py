@@ -394,3 +394,16 @@ def test_errors():
         fnnx.calibrate(fnnx.DenseGeneral(16, 8, rngs=nnx.Rngs(0)), [x])
     with pytest.raises(ValueError, match="batches is empty"):
         fnnx.calibrate(model, [])
+
+
+def test_differentiating_fp8_meta_is_refused():
+    """TE's convention (the state's gradient as the next state) is Linen's only: in NNX each
+    call is its own apply, so differentiating Fp8Meta is an error that says what to do."""
+    layer = _build(lambda: fnnx.DenseGeneral(8, 4, rngs=nnx.Rngs(0)))
+    x = rand((4, 8), 24)
+    everything = nnx.DiffState(0, nnx.Any(nnx.Param, fnnx.Fp8Probe, fnnx.Fp8Meta))
+    with (
+        fp8jax.autocast(enabled=True, recipe=RECIPE),
+        pytest.raises(ValueError, match=r"Fp8Meta variables.*diff_state\(\)"),
+    ):
+        nnx.grad(lambda m: jnp.sum(m(x)), argnums=everything)(layer)
