@@ -206,7 +206,7 @@ class LayerNormMLP(LinenBacked):
       in_features: the model width (last axis of the input and of the output).
       intermediate_dim: the hidden width.
       **config: the twin's other attributes (``activations``, ``use_bias``,
-        ``intermediate_dropout_rate`` (default 0.1, as TE), ``kernel_axes_1``, ...).
+        ``intermediate_dropout_rate`` (default 0.0, as TE), ``kernel_axes_1``, ...).
       deterministic: dropout off (``model.eval()`` sets it, ``model.train()`` clears it).
       rngs: ``rngs.params()`` draws the init key; the dropout stream
         (``intermediate_dropout_rng_name``, default ``"dropout"``) is forked and kept.

@@ -114,7 +114,7 @@ class TransformerLayer(LinenBacked):
       hidden_size: the model width (the input's last dim).
       **config: the twin's other attributes (``mlp_hidden_size``, ``num_attention_heads``,
         ``layer_type``, ``self_attn_mask_type``, ``enable_rotary_pos_emb``, dropout rates
-        (TE's defaults: 0.1), ``logical_axes``, ...).
+        (TE's defaults: hidden and attention 0.1, intermediate 0.0), ``logical_axes``, ...).
       deterministic: dropout off (``model.eval()`` sets it, ``model.train()`` clears it).
       rngs: ``rngs.params()`` draws the init key; the dropout stream (``dropout_rng_name``,
         default ``"dropout"``) is forked and kept.
