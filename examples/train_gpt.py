@@ -16,7 +16,7 @@ and an orbax checkpoint per run (``--resume`` continues from it).
 ``nnx.vmap`` and applied with ``nnx.scan``, an ``nnx.Optimizer``, an ``nnx.jit`` train step
 (``fp8jax.nnx.diff_state``, ``fp8jax.nnx.apply_gradients``) and ``nnx.state`` checkpoints.
 
-    python examples/train_gpt.py                      # ~3 minutes on a 2-core CPU
+    python examples/train_gpt.py                      # 3-7 minutes on a 2-core CPU
     python examples/train_gpt.py --api nnx            # the same with Flax NNX modules
     python examples/train_gpt.py --preset gpu-small   # 12 layers, hidden 768, sequence 1024
     python examples/train_gpt.py --recipes bf16 --seed 1   # another draw, for the spread

@@ -5,7 +5,7 @@
 # building its extensions; FP8JAX_CUDA=AUTO|ON|OFF, default AUTO), installs the demo extra's
 # plotting dependency (matplotlib, see pyproject.toml) when missing, then runs
 # examples/train_gpt.py with the given arguments: a byte-level GPT trained in FP8 and in BF16 on
-# the Python standard library's sources, reports in ./gpt_runs (about 3 minutes on 2 CPU cores).
+# the Python standard library's sources, reports in ./gpt_runs (3-7 minutes on 2 CPU cores).
 # The one-layer quickstart is examples/quickstart.py.
 
 set -euo pipefail
