@@ -5,24 +5,18 @@ their different initial params cannot matter."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
 import pytest
+from _example import EXAMPLES, example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+EXAMPLE = EXAMPLES / "quickstart.py"
 
 
 @pytest.fixture(scope="module")
 def quickstart():
-    spec = importlib.util.spec_from_file_location("quickstart", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quickstart"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("quickstart", None)
+    with example("quickstart") as module:
+        yield module
 
 
 @pytest.fixture(scope="module")

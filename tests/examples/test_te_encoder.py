@@ -4,26 +4,20 @@ train step keeps a live FP8 state, and fp8jax's own train step gives the very sa
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
 import pytest
+from _example import EXAMPLES, example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "te_encoder.py"
+EXAMPLE = EXAMPLES / "te_encoder.py"
 # Small enough for CI (two compiles of one step, ~30 s on 2 cores), big enough to learn.
 ARGS = ["--epochs", "2", "--train-size", "1024", "--test-size", "256"]
 
 
 @pytest.fixture(scope="module")
 def te_encoder():
-    spec = importlib.util.spec_from_file_location("te_encoder", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["te_encoder"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("te_encoder", None)
+    with example("te_encoder") as module:
+        yield module
 
 
 def _run(module, argv):

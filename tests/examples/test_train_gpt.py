@@ -6,25 +6,20 @@ Flax NNX model."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from _example import EXAMPLES, example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+EXAMPLE = EXAMPLES / "train_gpt.py"
 
 
 @pytest.fixture(scope="module")
 def train_gpt():
-    spec = importlib.util.spec_from_file_location("train_gpt", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_gpt"] = module  # its dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("train_gpt", None)
+    with example("train_gpt") as module:
+        yield module
 
 
 @pytest.mark.slow
