@@ -3,12 +3,16 @@
 For every op family, on the same inputs, the op runs jitted under
 ``fp8jax.ops.implementation("kernel")`` and under ``"xla"`` (XLA's compilation of its jnp
 reference). Reported per op and shape: whether the outputs are bit-identical (required for the
-casts and the state update; the GEMM may differ within its stated tolerance on a GPU, where
-cuBLASLt and XLA's dot sum in other orders: the largest difference relative to the largest
-output is reported), and the median time of each implementation with their ratio.
+casts; the GEMM may differ within its stated tolerance on a GPU, where cuBLASLt and XLA's dot sum
+in other orders: the largest difference relative to the largest output is reported), and the
+median time of each implementation with their ratio. The state update's histories must be
+identical and its scales within ``SCALE_ULPS`` float32 ulps (``scale_ulps``): XLA compiles a
+float32 division on a GPU to PTX ``div.full`` (within 2 ulps), the kernel divides correctly
+rounded like the CPU reference (measured on an H200: identical histories, scales not identical).
 
-Exits 1 when a cast or state update differs, so ``tools/gpu_check.sh`` shows it. Without a CUDA
-device it writes ``{"skipped": true}`` and exits 0, unless ``--allow-cpu`` (small sizes).
+Exits 1 when a cast or the state update differs beyond that, so ``tools/gpu_check.sh`` shows it.
+Without a CUDA device it writes ``{"skipped": true}`` and exits 0, unless ``--allow-cpu`` (small
+sizes).
 
   python benchmarks/implementations.py --json out/bench/implementations.json
 """
@@ -39,6 +43,14 @@ from fp8jax import ops
 
 E4M3 = jnp.float8_e4m3fn
 RECIPE = fp8jax.DelayedScaling(amax_history_len=1024)
+SCALE_ULPS = 2
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> int:
+    """The largest distance in float32 ulps between same-signed finite arrays ``a`` and ``b``."""
+    ia = np.asarray(a, np.float32).view(np.int32).astype(np.int64)
+    ib = np.asarray(b, np.float32).view(np.int32).astype(np.int64)
+    return int(np.max(np.abs(ia - ib), initial=0))
 
 
 def _cases(big: bool) -> list[tuple[str, str, Callable[..., Any], tuple[jax.Array, ...]]]:
@@ -89,7 +101,12 @@ def compare(args: Any) -> dict[str, Any]:
         finite = np.isfinite(k) & np.isfinite(x)
         scale = max(float(np.max(np.abs(k[finite]), initial=0.0)), 1e-30)
         rel = float(np.max(np.abs(k - x)[finite], initial=0.0)) / scale
-        if op != "gemm" and not identical:
+        ulps = None
+        if op == "update_fp8_states":
+            ulps = _ulps(outs["kernel"][1], outs["xla"][1])
+            hist_same = outs["kernel"][0].tobytes() == outs["xla"][0].tobytes()
+            ok = ok and hist_same and ulps <= SCALE_ULPS
+        elif op != "gemm" and not identical:
             ok = False
         rows.append(
             {
@@ -97,6 +114,7 @@ def compare(args: Any) -> dict[str, Any]:
                 "shape": shape,
                 "bit_identical": identical,
                 "max_rel_diff": rel,
+                "scale_ulps": ulps,
                 "kernel_ms": times["kernel"],
                 "xla_ms": times["xla"],
                 "xla_over_kernel": times["xla"] / times["kernel"],
@@ -109,7 +127,7 @@ def compare(args: Any) -> dict[str, Any]:
     return {
         "benchmark": "implementations",
         "environment": environment(),
-        "checks": {"casts_and_update_bit_identical": ok},
+        "checks": {"casts_identical_and_update_within_ulps": ok},
         "results": rows,
     }
 
@@ -125,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     timing = argparse.Namespace(iters=args.iters, inner=args.inner, warmup=args.warmup)
     report = compare(timing)
     write_json(args.json, report)
-    return 0 if report["checks"]["casts_and_update_bit_identical"] else 1
+    return 0 if report["checks"]["casts_identical_and_update_within_ulps"] else 1
 
 
 if __name__ == "__main__":

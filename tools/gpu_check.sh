@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# The GPU check: bash tools/gpu_check.sh [OUT]   (OUT defaults to ./out)
+# The GPU check: bash tools/gpu_check.sh [OUT [PYTEST_ARGS...]]   (OUT defaults to ./out,
+# PYTEST_ARGS to "tests -x")
+#
+# For a short device lease: GPU_CHECK_PYTEST_TIMEOUT (seconds) stops pytest and goes on to the
+# benchmarks; GPU_CHECK_BENCHES ("gemm norm implementations") runs only those benchmarks/NAME.py
+# (cast_bandwidth always runs); BENCH_TIMEOUT (default 300) bounds each benchmark.
 #
 # Run from the repo root on a CUDA machine whose python already has JAX with its CUDA plugin,
 # pytest, scikit-build-core, nanobind and cmake (no network is needed or used). It builds fp8jax
@@ -27,6 +32,9 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${1:-out}"
+shift || true
+PYTEST_ARGS=("$@")
+[[ ${#PYTEST_ARGS[@]} -gt 0 ]] || PYTEST_ARGS=(tests -x)
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python}"
@@ -98,8 +106,16 @@ if log.exists():
     for num, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", last):
         word = "errors" if word.startswith("error") else word
         counts[word] = counts.get(word, 0) + int(num)
+    if not any(counts.values()):  # no final line (stopped): count the -v result lines
+        text = log.read_text(errors="replace")
+        for word in ("passed", "failed", "skipped", "error"):
+            hits = re.findall(rf" {word.upper()} (tests/\S+)", text)
+            counts["errors" if word == "error" else word] = len(set(hits))
     lines += ["- pytest: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
     lines += [f"- pytest last line: `{last.strip('= ')}`"]
+    failed = sorted(set(re.findall(r"(?:FAILED|ERROR) (tests/\S+)", log.read_text(errors="replace"))))
+    if failed:
+        lines += ["", "## Failed tests", ""] + [f"- `{t}`" for t in failed[:200]]
 xml = out / "pytest.xml"
 if xml.exists():  # the op tests run once per implementation: results of each
     import xml.etree.ElementTree as ET
@@ -172,7 +188,14 @@ EOF
 # ---------------------------------------------------------------- tests
 echo "gpu_check: pytest, log in $OUT/pytest.log"
 pytest_rc=0
-"$PY" -m pytest -q tests -x --junitxml="$OUT/pytest.xml" >"$OUT/pytest.log" 2>&1 || pytest_rc=$?
+# -v -rfE: every test's result is in the log as it finishes (a run stopped by the timeout, or
+# one whose xdist workers hang at exit, as one GPU run's did, still says what passed and failed).
+pytest_cmd=("$PY" -m pytest -v -rfE "${PYTEST_ARGS[@]}" --junitxml="$OUT/pytest.xml")
+if [[ -n "${GPU_CHECK_PYTEST_TIMEOUT:-}" ]]; then
+  pytest_cmd=(timeout -s INT -k 60 "$GPU_CHECK_PYTEST_TIMEOUT" "${pytest_cmd[@]}")
+fi
+echo "gpu_check: ${pytest_cmd[*]}" >"$OUT/pytest.log"
+"${pytest_cmd[@]}" >>"$OUT/pytest.log" 2>&1 || pytest_rc=$?
 tail -n 5 "$OUT/pytest.log"
 echo "gpu_check: pytest rc $pytest_rc"
 
@@ -199,6 +222,9 @@ for script in benchmarks/*.py; do
   # run.py is the suite runner (it runs these same scripts), not a benchmark
   if [[ "$name" == "cast_bandwidth" || "$name" == "run" || "$name" == _* ]] \
     || ! grep -q -- '--json' "$script"; then
+    continue
+  fi
+  if [[ -n "${GPU_CHECK_BENCHES:-}" && " $GPU_CHECK_BENCHES " != *" $name "* ]]; then
     continue
   fi
   mkdir -p "$OUT/bench"

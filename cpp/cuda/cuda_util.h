@@ -21,21 +21,17 @@ inline ffi::Error CudaError(const char* op, const char* call, cudaError_t err) {
                               cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 
-// The device that owns `stream` (XLA's stream for this call). cudaStreamGetDevice
-// exists from CUDA 12.8; older runtimes fall back to the calling thread's
-// current device, which XLA sets to the stream's device before calling a
-// handler.
+// The device of XLA's stream for this call: the calling thread's current
+// device, which XLA makes the stream's device before it calls a handler.
+// Not cudaStreamGetDevice: while XLA captures the stream into a CUDA graph
+// (a command buffer: consecutive custom calls, loop bodies of scan/while), the
+// runtime refuses it with cudaErrorStreamCaptureUnsupported (seen on an H200,
+// CUDA 13, JAX 0.11.2). cudaGetDevice enqueues nothing and is allowed there.
 inline ffi::Error StreamDevice(const char* op, cudaStream_t stream, int* device) {
-#if CUDART_VERSION >= 12080
-  if (const cudaError_t err = cudaStreamGetDevice(stream, device); err != cudaSuccess) {
-    return CudaError(op, "cudaStreamGetDevice", err);
-  }
-#else
   (void)stream;
   if (const cudaError_t err = cudaGetDevice(device); err != cudaSuccess) {
     return CudaError(op, "cudaGetDevice", err);
   }
-#endif
   return ffi::Error::Success();
 }
 

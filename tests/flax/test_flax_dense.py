@@ -228,9 +228,13 @@ def test_representable_inputs_agree_to_1e_4(name):
     params[wname] = fp8jax.cast_to_representable(params[wname], E4M3)
     variables = {**variables, "params": params}
     y = _apply(fp8_model, variables, x)  # first step: every scale is 1
-    y_ref = twin.apply({"params": params}, x)
+    with jax.default_matmul_precision("highest"):  # no TF32 on a GPU
+        y_ref = twin.apply({"params": params}, x)
     scale = float(jnp.max(jnp.abs(y_ref)))
-    assert float(jnp.max(jnp.abs(y - y_ref))) <= 1e-4 * scale
+    # Exact products: on CPU only float32 sums differ. On a GPU the FP8 tensor cores add with
+    # about 14 mantissa bits (tests/ops/test_gemm.py), hence the GEMM tests' allowance of 2**-9.
+    tol = 1e-4 if jax.default_backend() == "cpu" else 2.0**-9
+    assert float(jnp.max(jnp.abs(y - y_ref))) <= tol * scale
 
 
 @pytest.mark.parametrize("name", list(CASES))

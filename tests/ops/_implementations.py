@@ -12,6 +12,7 @@ branch) pins one with ``@only("kernel")``.
 
 from __future__ import annotations
 
+import jax
 import pytest
 
 from fp8jax import ops
@@ -39,3 +40,14 @@ def implementation_fixture(request: pytest.FixtureRequest):
     impl = getattr(request, "param", "kernel")
     with ops.implementation(impl):
         yield impl
+
+
+def reference_bits_promised(implementation: str) -> bool:
+    """Whether ``implementation`` on this backend must equal the CPU reference bit for bit.
+
+    The kernels must, on every platform. ``"xla"`` is the reference itself on CPU, but on a GPU XLA
+    compiles it with the GPU's own transcendental functions and reduction orders, may keep a value
+    in float32 across a rounding to bf16/f16 that the reference spells out (excess precision, so an
+    FP8 code can differ by one), and gives NaN results its canonical payload (0x7fffffff).
+    """
+    return implementation == "kernel" or jax.default_backend() == "cpu"

@@ -133,3 +133,23 @@ def assert_wide_equal(got, want) -> None:
     got = np.asarray(got)
     width = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
     _assert_same_bits(got, want, width, 2 * got.dtype.itemsize)
+
+
+def assert_fp8_within_one_code(got, want) -> None:
+    """FP8 arrays whose values are equal or neighbours (one rounding apart); NaN codes equal."""
+    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
+    assert g.shape == w.shape, (g.shape, w.shape)
+    nan_g = np.isnan(np.asarray(got).astype(np.float32))
+    np.testing.assert_array_equal(nan_g, np.isnan(np.asarray(want).astype(np.float32)))
+
+    def ordinal(codes):  # sign-magnitude codes to their order on the number line (+0 == -0)
+        mag = (codes & 0x7F).astype(np.int32)
+        return np.where(codes & 0x80, -mag, mag)
+
+    far = ~nan_g & (np.abs(ordinal(g) - ordinal(w)) > 1)
+    if far.any():
+        i = tuple(b[0] for b in np.nonzero(far))
+        raise AssertionError(
+            f"{int(far.sum())} of {g.size} codes are more than one code apart; first at {i}: "
+            f"got {g[i]:#04x}, want {w[i]:#04x}"
+        )

@@ -20,8 +20,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _dbias import strip_order_sum
-from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
-from _values import assert_fp8_equal
+from _implementations import (  # noqa: F401
+    implementation_fixture,
+    pytest_generate_tests,
+    reference_bits_promised,
+)
+from _values import assert_fp8_equal, assert_fp8_within_one_code
 from conftest import on_cpu
 from scipy import special
 
@@ -132,7 +136,7 @@ def test_activation_values(acts, wide, shape, implementation):
     ry = on_cpu(jax.jit(ops.activation_reference, static_argnums=1), x, acts)
     rdx = on_cpu(jax.jit(ops.dactivation_reference, static_argnums=2), g, x, acts)
     sy, sdx = _scales(x, g)
-    if implementation == "xla":
+    if implementation == "xla" and reference_bits_promised(implementation):  # it is the reference
         _same(y, ry)
         _same(dx, rdx)
     else:
@@ -154,22 +158,33 @@ def test_fp8_forms_are_quantize_of_the_same_implementation(acts, wide, shape, im
     scale = jnp.float32(7.0)
     fp8 = E4M3 if wide != "f16" else E5M2
 
+    # Exact within an implementation; "xla" on a GPU may skip the rounding to dtype inside its
+    # fusion (excess precision): then a code may be its neighbour and amax off by one ulp of dtype.
+    exact = reference_bits_promised(implementation)
+    fp8_equal = assert_fp8_equal if exact else assert_fp8_within_one_code
+
+    def amax_equal(got, want):
+        if exact:
+            _same(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=float(ml_dtypes.finfo(dtype).eps))
+
     y = ops.activation(x, acts)
     wq, wsi, wamax = ops.quantize(y, scale, fp8)
     q, qt, si, amax = ops.activation_cast_transpose(x, scale, fp8, acts)
-    assert_fp8_equal(q, wq)
-    assert_fp8_equal(qt, np.swapaxes(np.asarray(wq), 0, 1))
+    fp8_equal(q, wq)
+    fp8_equal(qt, np.swapaxes(np.asarray(wq), 0, 1))
     _same(si, wsi)
-    _same(amax, wamax)
+    amax_equal(amax, wamax)
 
     dx = ops.dactivation(g, x, acts)
     wq, wsi, wamax = ops.quantize(dx, scale, fp8)
     q, qt, si, amax, dbias = ops.dactivation_cast_transpose_dbias(g, x, scale, fp8, acts)
     assert q.shape == (m, k, n) and qt.shape == (k, n, m) and dbias.shape == (k, n)
-    assert_fp8_equal(q, wq)
-    assert_fp8_equal(qt, np.transpose(np.asarray(wq), (1, 2, 0)))
+    fp8_equal(q, wq)
+    fp8_equal(qt, np.transpose(np.asarray(wq), (1, 2, 0)))
     _same(si, wsi)
-    _same(amax, wamax)
+    amax_equal(amax, wamax)
     want = np.asarray(dx, np.float64).sum(axis=0)
     mag = np.abs(np.asarray(dx, np.float64)).sum(axis=0)
     if implementation == "kernel":  # the kernels' fixed order (tests/ops/_dbias.py), bit for bit
@@ -234,8 +249,12 @@ def test_vmap(implementation):
         for got, w in zip(a, want, strict=True):
             _same(got[i], w)
         want = ops.dactivation_cast_transpose_dbias(gs[i], xs[i], scales[i], E5M2, acts)
-        for got, w in zip(d, want, strict=True):
+        for got, w in zip(d[:-1], want[:-1], strict=True):
             _same(got[i], w)
+        if reference_bits_promised(implementation):
+            _same(d[-1][i], want[-1])
+        else:  # dbias: XLA on a GPU sums a batched reduction in another order
+            np.testing.assert_allclose(d[-1][i], want[-1], rtol=1e-5, atol=1e-5)
     hlo = act_ct.lower(xs, scales).as_text()
     assert ("fp8jax_activation_cast_transpose" in hlo) == (implementation == "kernel")
 

@@ -7,7 +7,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
+from _implementations import (  # noqa: F401
+    implementation_fixture,
+    pytest_generate_tests,
+    reference_bits_promised,
+)
 from _values import FP8_TYPES, all_16bit, assert_fp8_equal, oracle_quantize, special_values
 from conftest import on_cpu
 
@@ -18,7 +22,7 @@ WIDE = (jnp.float32, jnp.bfloat16, jnp.float16)
 SHAPES = [(1, 1), (7, 3), (8, 16), (64, 64), (65, 129), (128, 72), (2, 3, 40, 24), (3, 17, 5)]
 
 
-def _check(x: np.ndarray, scale: float, fp8) -> None:
+def _check(x: np.ndarray, scale: float, fp8, implementation: str) -> None:
     s = jnp.float32(scale)
     q, qt, s_inv, amax = ops.cast_transpose(jnp.asarray(x), s, fp8)
     _, rqt, rs_inv, ramax = on_cpu(ops.cast_transpose_reference, jnp.asarray(x), s, fp8)
@@ -26,7 +30,10 @@ def _check(x: np.ndarray, scale: float, fp8) -> None:
     assert_fp8_equal(q, want)
     assert_fp8_equal(qt, np.swapaxes(want, -1, -2))
     assert_fp8_equal(rqt, np.swapaxes(want, -1, -2))
-    assert np.asarray(amax).tobytes() == np.asarray(ramax).tobytes()  # NaN payloads included
+    if reference_bits_promised(implementation):
+        assert np.asarray(amax).tobytes() == np.asarray(ramax).tobytes()  # NaN payloads included
+    else:
+        np.testing.assert_array_equal(np.asarray(amax), np.asarray(ramax))  # any NaN payload
     np.testing.assert_array_equal(np.asarray(s_inv), np.asarray(rs_inv))
 
 
@@ -35,25 +42,25 @@ def _check(x: np.ndarray, scale: float, fp8) -> None:
     "wide", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["f32", "bf16", "f16"]
 )
 @pytest.mark.parametrize("fp8", FP8_TYPES, ids=lambda t: t.__name__)
-def test_cast_transpose_shapes(shape, wide, fp8):
+def test_cast_transpose_shapes(shape, wide, fp8, implementation):
     rng = np.random.default_rng(sum(shape))
     x = (rng.standard_normal(shape) * 300).astype(wide)
-    _check(np.asarray(x), 0.9, fp8)
+    _check(np.asarray(x), 0.9, fp8, implementation)
 
 
 @pytest.mark.parametrize("fp8", FP8_TYPES, ids=lambda t: t.__name__)
-def test_cast_transpose_special_values(fp8):
+def test_cast_transpose_special_values(fp8, implementation):
     x = special_values(fp8)
     n = (x.size // 8) * 8
     with np.errstate(over="ignore", invalid="ignore"):
-        _check(x[:n].reshape(8, -1), 1.0, fp8)
-        _check(x[: n - 1].reshape(-1, 1), 1.0, fp8)
+        _check(x[:n].reshape(8, -1), 1.0, fp8, implementation)
+        _check(x[: n - 1].reshape(-1, 1), 1.0, fp8, implementation)
 
 
-def test_cast_transpose_every_bf16_input():
+def test_cast_transpose_every_bf16_input(implementation):
     x = all_16bit(ml_dtypes.bfloat16).reshape(256, 256)
     with np.errstate(over="ignore", invalid="ignore"):
-        _check(x, 1.0, ml_dtypes.float8_e4m3fn)
+        _check(x, 1.0, ml_dtypes.float8_e4m3fn, implementation)
 
 
 def test_cast_transpose_jit_vmap_and_hlo(implementation):
