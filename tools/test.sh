@@ -8,7 +8,8 @@
 # Extra arguments go to both pytest runs (e.g. -k quantize, -x). Exits non-zero on any failure.
 # Both runs spread the tests over FP8JAX_TEST_JOBS pytest-xdist workers (default: one per CPU
 # core, at most 4; 1 runs them in one process). FP8JAX_TEST_MARKS, when set, selects tests by
-# marker for both runs (pytest -m, e.g. "not slow").
+# marker for both runs (pytest -m, e.g. "not slow"). FP8JAX_TEST_IMPLEMENTATIONS=kernel runs the
+# op tests under the kernels only (default: kernel and xla; tests/ops/_implementations.py).
 
 set -euo pipefail
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import threading
 
+import _implementations
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -259,3 +260,15 @@ def test_dense_backward_runs_what_the_forward_chose():
         )  # fmt: skip
     hlo = jax.jit(vjp).lower(ct).compile().as_text()  # traced outside the block
     assert 'custom_call_target="fp8jax_' not in hlo
+
+
+def test_test_implementations_env_narrows_and_validates(monkeypatch):
+    monkeypatch.setenv("FP8JAX_TEST_IMPLEMENTATIONS", "kernel")
+    assert _implementations._selected() == ("kernel",)
+    monkeypatch.setenv("FP8JAX_TEST_IMPLEMENTATIONS", " xla , kernel ")
+    assert _implementations._selected() == ("xla", "kernel")
+    monkeypatch.delenv("FP8JAX_TEST_IMPLEMENTATIONS")
+    assert _implementations._selected() == ("kernel", "xla")
+    monkeypatch.setenv("FP8JAX_TEST_IMPLEMENTATIONS", "kernal")
+    with pytest.raises(ValueError, match=r"FP8JAX_TEST_IMPLEMENTATIONS.*kernal"):
+        _implementations._selected()
