@@ -100,20 +100,20 @@ lines += [f"- {v}" for v in versions]
 lines += [f"- git commit: {commit}", f"- build rc: {build_rc}", f"- pytest rc: {pytest_rc}"]
 log = out / "pytest.log"
 if log.exists():
-    tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    text = log.read_text(errors="replace")
+    tail = [ln for ln in text.splitlines() if ln.strip()]
     last = tail[-1] if tail else ""
     counts = dict.fromkeys(("passed", "failed", "skipped", "errors"), 0)
     for num, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", last):
         word = "errors" if word.startswith("error") else word
         counts[word] = counts.get(word, 0) + int(num)
     if not any(counts.values()):  # no final line (stopped): count the -v result lines
-        text = log.read_text(errors="replace")
         for word in ("passed", "failed", "skipped", "error"):
             hits = re.findall(rf" {word.upper()} (tests/\S+)", text)
             counts["errors" if word == "error" else word] = len(set(hits))
     lines += ["- pytest: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
     lines += [f"- pytest last line: `{last.strip('= ')}`"]
-    failed = sorted(set(re.findall(r"(?:FAILED|ERROR) (tests/\S+)", log.read_text(errors="replace"))))
+    failed = sorted(set(re.findall(r"(?:FAILED|ERROR) (tests/\S+)", text)))
     if failed:
         lines += ["", "## Failed tests", ""] + [f"- `{t}`" for t in failed[:200]]
 xml = out / "pytest.xml"

@@ -217,7 +217,7 @@ template <typename PlanGrid, typename... Params, typename... Args>
 ffi::Error PlanAndLaunch(const char* op, void (*kernel)(Params...), cudaStream_t stream,
                          PlanGrid&& plan_grid, Args&&... args) {
   int64_t resident = 0;
-  if (auto err = ResidentBlocks(op, stream, reinterpret_cast<const void*>(kernel), plan::kThreads,
+  if (auto err = ResidentBlocks(op, reinterpret_cast<const void*>(kernel), plan::kThreads,
                                 &resident);
       !err.success()) {
     return err;

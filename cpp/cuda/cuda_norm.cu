@@ -497,7 +497,7 @@ ffi::Error PlanForward(const char* op, Kernel kernel, cudaStream_t stream, int64
   plan::NormPlan p = plan::PlanNorm(rows, h, elem_bytes, aligned, 1, 0);
   int64_t resident = 0;
   if (auto err =
-          ResidentBlocks(op, stream, reinterpret_cast<const void*>(kernel), p.threads, &resident);
+          ResidentBlocks(op, reinterpret_cast<const void*>(kernel), p.threads, &resident);
       !err.success()) {
     return err;
   }
@@ -625,7 +625,7 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const
   const int64_t tiles = plan::NormTiles(s.groups, s.rows, s.h);
   if (tiles == 0) return ffi::Error::Success();
   int64_t resident = 0;
-  if (auto e = ResidentBlocks(op, stream, reinterpret_cast<const void*>(NormTransposeKernel),
+  if (auto e = ResidentBlocks(op, reinterpret_cast<const void*>(NormTransposeKernel),
                               plan::kNormTransposeThreads, &resident);
       !e.success()) {
     return e;

@@ -23,12 +23,12 @@ inline ffi::Error CudaError(const char* op, const char* call, cudaError_t err) {
 
 // The device of XLA's stream for this call: the calling thread's current
 // device, which XLA makes the stream's device before it calls a handler.
-// Not cudaStreamGetDevice: while XLA captures the stream into a CUDA graph
-// (a command buffer: consecutive custom calls, loop bodies of scan/while), the
-// runtime refuses it with cudaErrorStreamCaptureUnsupported (seen on an H200,
-// CUDA 13, JAX 0.11.2). cudaGetDevice enqueues nothing and is allowed there.
-inline ffi::Error StreamDevice(const char* op, cudaStream_t stream, int* device) {
-  (void)stream;
+// Not cudaStreamGetDevice(stream): while XLA captures the stream into a CUDA
+// graph (a command buffer: consecutive custom calls, loop bodies of
+// scan/while), the runtime refuses it with cudaErrorStreamCaptureUnsupported
+// (seen on an H200, CUDA 13, JAX 0.11.2). cudaGetDevice enqueues nothing and
+// is allowed there.
+inline ffi::Error CurrentDevice(const char* op, int* device) {
   if (const cudaError_t err = cudaGetDevice(device); err != cudaSuccess) {
     return CudaError(op, "cudaGetDevice", err);
   }
@@ -36,17 +36,16 @@ inline ffi::Error StreamDevice(const char* op, cudaStream_t stream, int* device)
 }
 
 // How many blocks of `kernel` (launched with `threads` threads and no dynamic
-// shared memory) the device of `stream` runs at once: SMs x the occupancy
+// shared memory) the current device runs at once: SMs x the occupancy
 // API's blocks per SM, which accounts for the kernel's registers and shared
 // memory on that architecture (a fixed "8 blocks per SM" does not). Cached per
 // (device, kernel) under a mutex; every CUDA call is checked. The occupancy
 // query is about the current device, which XLA makes the stream's device.
 // These calls enqueue nothing on any stream, so they are allowed while XLA
 // captures the stream into a CUDA graph.
-inline ffi::Error ResidentBlocks(const char* op, cudaStream_t stream, const void* kernel,
-                                 int threads, int64_t* out) {
+inline ffi::Error ResidentBlocks(const char* op, const void* kernel, int threads, int64_t* out) {
   int device = 0;
-  if (auto err = StreamDevice(op, stream, &device); !err.success()) return err;
+  if (auto err = CurrentDevice(op, &device); !err.success()) return err;
   static std::mutex mu;
   static auto* cache = new std::map<std::pair<int, const void*>, int64_t>();
   std::lock_guard<std::mutex> lock(mu);

@@ -421,10 +421,10 @@ ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::
 
   if (auto err = BuildGemmSetup(g, ptr, &pg->setup); !err.success()) return err;
 
-  // The stream's device (not the thread's current one): handles and
-  // algorithms are per device.
+  // The stream's device (XLA makes it the current one; see CurrentDevice):
+  // handles and algorithms are per device.
   int device = 0;
-  if (auto err = StreamDevice(kOp, stream, &device); !err.success()) return err;
+  if (auto err = CurrentDevice(kOp, &device); !err.success()) return err;
   if (auto err = HandleFor(device, &pg->handle); !err.success()) return err;
   const AlgoKey key{device,
                     g.n,
