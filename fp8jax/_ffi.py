@@ -19,7 +19,7 @@ from types import ModuleType
 
 import jax
 
-__all__ = ["cuda_extension", "ensure_registered", "jax_has_cuda"]
+__all__ = ["cuda_extension", "ensure_registered", "jax_has_cuda", "testing_extension"]
 
 
 def _load(name: str) -> ModuleType | None:
@@ -80,6 +80,20 @@ def cuda_extension() -> ModuleType | None:
             stacklevel=3,
         )
         return None
+
+
+def testing_extension(cuda: bool = False) -> ModuleType | None:
+    """The test-only extension (``_fp8jax_testing``, or ``_fp8jax_cuda_testing`` when ``cuda``).
+
+    Built only with ``FP8JAX_TESTING=ON`` (``tools/test.sh`` sets it): the CUDA kernels' launch
+    planning and the cuBLASLt setup, on the host. ``None`` when this install has no such module
+    (the CUDA one also needs the CUDA extension).
+    """
+    if not cuda:
+        return _load("_fp8jax_testing")
+    if cuda_extension() is None:  # loads libcublasLt the same way first
+        return None
+    return _load("_fp8jax_cuda_testing")
 
 
 @functools.cache

@@ -23,6 +23,21 @@ def on_cpu(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
+def load_testing_extension(cuda: bool = False):
+    """The test-only extension (built with FP8JAX_TESTING=ON, as tools/test.sh builds); its
+    absence is a setup error, never a skip."""
+    from fp8jax import _ffi
+
+    mod = _ffi.testing_extension(cuda=cuda)
+    if mod is None:
+        name = "_fp8jax_cuda_testing" if cuda else "_fp8jax_testing"
+        raise ImportError(
+            f"fp8jax.{name} is missing: these tests need the test-only extensions; build with "
+            "FP8JAX_TESTING=ON (tools/test.sh does: `bash tools/test.sh`)"
+        )
+    return mod
+
+
 def has_cuda() -> bool:
     try:
         return len(jax.devices("cuda")) > 0

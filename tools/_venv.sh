@@ -6,6 +6,7 @@
 #   FP8JAX_ROOT  absolute path of the repo root
 #   FP8JAX_PY    the venv's python
 #   FP8JAX_CUDA  passed to the build (AUTO when unset: the CUDA extension is built if nvcc is found)
+#   FP8JAX_TESTING  passed to the build (ON when unset: the test-only extensions are built)
 # FP8JAX_CUBLAS_ROOT, when set, tells the CUDA build where cuBLASLt is (see CMakeLists.txt); .ci/run
 # sets it to a cached nvidia-cublas wheel.
 #
@@ -21,6 +22,8 @@ set -euo pipefail
 FP8JAX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$FP8JAX_ROOT"
 export FP8JAX_CUDA="${FP8JAX_CUDA:-AUTO}"
+# The tests need the test-only extensions (cpp/testing/); a user's `pip install` leaves them out.
+export FP8JAX_TESTING="${FP8JAX_TESTING:-ON}"
 
 _fp8jax_venv="${FP8JAX_VENV:-$FP8JAX_ROOT/.venv}"
 _fp8jax_python="${FP8JAX_PYTHON:-python3}"
@@ -41,7 +44,7 @@ fi
 # install maps known files), the CUDA switch, nvcc's presence, the cuBLAS root, and the interpreter.
 _fp8jax_stamp_now() {
   {
-    echo "FP8JAX_CUDA=$FP8JAX_CUDA nvcc=$(command -v nvcc || echo none)"
+    echo "FP8JAX_CUDA=$FP8JAX_CUDA FP8JAX_TESTING=$FP8JAX_TESTING nvcc=$(command -v nvcc || echo none)"
     echo "FP8JAX_CUBLAS_ROOT=${FP8JAX_CUBLAS_ROOT:-} FP8JAX_CUDA_ARCHS=${FP8JAX_CUDA_ARCHS:-}"
     "$FP8JAX_PY" -c "import sys; print(sys.version)"
     cat pyproject.toml CMakeLists.txt

@@ -82,7 +82,7 @@ build_rc=0
       "nanobind and jaxlib (and a CMake >= 3.26 with nvcc on PATH)"
   command -v cmake >/dev/null 2>&1 && cmake --version | head -n 1
 } >"$OUT/build.log" 2>&1
-FP8JAX_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps -e . >>"$OUT/build.log" 2>&1 \
+FP8JAX_CUDA=ON FP8JAX_TESTING=ON "$PY" -m pip install --no-build-isolation --no-deps -e . >>"$OUT/build.log" 2>&1 \
   || build_rc=$?
 
 summary_py() {

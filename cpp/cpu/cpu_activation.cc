@@ -8,7 +8,9 @@
 #include "common/activations.h"
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
+#include "common/op_checks.h"
 #include "cpu/cpu_cast_transpose.h"
+#include "cpu/cpu_handler.h"
 #include "cpu/cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -91,23 +93,11 @@ ffi::Error DispatchWideAct(const char* op, ffi::DataType t, int64_t code, int64_
   });
 }
 
-ffi::Error CheckGradInputs(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x,
-                           const MatrixShape& s) {
-  if (g.element_type() != x.element_type()) return BadArg(op, "g and x must share a dtype");
-  if (g.element_count() != s.matrices * s.rows * s.cols) {
-    return BadArg(op, "g must have shape [m, n] of x's [m, k, n]");
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error ActivationImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, int64_t code, int64_t gated,
-                          ffi::Result<ffi::AnyBuffer> y) {
+ffi::Error ActivationImpl(ffi::ThreadPool pool, sig::Any x, int64_t code, int64_t gated,
+                          sig::AnyOut y) {
   const char* op = "activation";
   MatrixShape s;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
-  if (y->element_type() != x.element_type() || y->element_count() != s.matrices * s.rows * s.cols) {
-    return BadArg(op, "y must be [m, n] of x's [m, k, n], in x's dtype");
-  }
+  if (auto err = CheckActivation(x, gated, *y, &s); !err.success()) return err;
   return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
     const ActRows<W, A, G> src{x.untyped_data(), s.matrices * s.rows, s.cols};
     WriteRows<W>(&pool, src, s.matrices * s.rows, s.cols, y->untyped_data());
@@ -115,15 +105,11 @@ ffi::Error ActivationImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, int64_t code, 
   });
 }
 
-ffi::Error DActivationImpl(ffi::ThreadPool pool, ffi::AnyBuffer g, ffi::AnyBuffer x, int64_t code,
-                           int64_t gated, ffi::Result<ffi::AnyBuffer> dx) {
+ffi::Error DActivationImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x, int64_t code,
+                           int64_t gated, sig::AnyOut dx) {
   const char* op = "dactivation";
   MatrixShape s;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
-  if (auto err = CheckGradInputs(op, g, x, s); !err.success()) return err;
-  if (dx->element_type() != g.element_type() || dx->element_count() != x.element_count()) {
-    return BadArg(op, "dx must have x's shape and g's dtype");
-  }
+  if (auto err = CheckDActivation(g, x, gated, *dx, &s); !err.success()) return err;
   const int64_t k = gated != 0 ? 2 : 1;
   return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
     const DActRows<W, A, G> src{g.untyped_data(), x.untyped_data(), s.matrices * s.rows, s.cols};
@@ -149,28 +135,12 @@ ffi::Error FusedCastTranspose(const char* op, ffi::ThreadPool* pool, ffi::DataTy
   });
 }
 
-ffi::Error CheckFp8Outputs(const char* op, ffi::Result<ffi::AnyBuffer>& q,
-                           ffi::Result<ffi::AnyBuffer>& qt, int64_t count) {
-  if (q->element_type() != qt->element_type() || q->element_count() != count ||
-      qt->element_count() != count) {
-    return BadArg(op, "q and q_t must have the quantized size and share an FP8 dtype");
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
-                                       ffi::Buffer<ffi::F32> scale, int64_t code, int64_t gated,
-                                       ffi::Result<ffi::AnyBuffer> q,
-                                       ffi::Result<ffi::AnyBuffer> qt,
-                                       ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                                       ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale,
+                                       int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
+                                       sig::F32Out scale_inv, sig::F32Out amax) {
   const char* op = "activation_cast_transpose";
   MatrixShape s;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &s);
-      !err.success()) {
-    return err;
-  }
-  if (auto err = CheckFp8Outputs(op, q, qt, s.matrices * s.rows * s.cols); !err.success()) {
+  if (auto err = CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s); !err.success()) {
     return err;
   }
   const CastTransposeOut o{scale.typed_data(),
@@ -188,24 +158,16 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x,
 
 // The dbias workspace arrives as the last operand and leaves, aliased, as the
 // last result (fp8jax.ops._opdef.OpDef.workspace).
-ffi::Error DActivationCastTransposeDbiasImpl(
-    ffi::ThreadPool pool, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-    ffi::Buffer<ffi::F32>, int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q,
-    ffi::Result<ffi::AnyBuffer> qt, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-    ffi::Result<ffi::Buffer<ffi::F32>> amax, ffi::Result<ffi::Buffer<ffi::F32>> dbias,
-    ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x,
+                                             sig::F32 scale, sig::F32, int64_t code, int64_t gated,
+                                             sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
+                                             sig::F32Out amax, sig::F32Out dbias,
+                                             sig::F32Out workspace) {
   const char* op = "dactivation_cast_transpose_dbias";
-  MatrixShape xs;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &xs);
+  MatrixShape xs, s;  // x's shape, the quantized matrix's ([m, k * n])
+  if (auto err = CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *dbias, &xs, &s);
       !err.success()) {
     return err;
-  }
-  if (auto err = CheckGradInputs(op, g, x, xs); !err.success()) return err;
-  if (auto err = CheckFp8Outputs(op, q, qt, x.element_count()); !err.success()) return err;
-  MatrixShape s = xs;  // the quantized matrix: [m, k * n]
-  s.cols = (gated != 0 ? 2 : 1) * xs.cols;
-  if (dbias->element_count() != s.matrices * s.cols) {
-    return BadArg(op, "dbias must have shape [k, n]");
   }
   if (workspace->element_count() != DbiasWorkspaceSize(s)) {
     return BadArg(op, "the dbias workspace must be float32 [row_tiles, k * n]");
@@ -226,50 +188,7 @@ ffi::Error DActivationCastTransposeDbiasImpl(
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCpu, fp8jax::ActivationImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCpu, fp8jax::DActivationImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCpu, fp8jax::ActivationCastTransposeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCpu,
-                              fp8jax::DActivationCastTransposeDbiasImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+FP8JAX_CPU_HANDLER(Activation, fp8jax::ActivationImpl);
+FP8JAX_CPU_HANDLER(DActivation, fp8jax::DActivationImpl);
+FP8JAX_CPU_HANDLER(ActivationCastTranspose, fp8jax::ActivationCastTransposeImpl);
+FP8JAX_CPU_HANDLER(DActivationCastTransposeDbias, fp8jax::DActivationCastTransposeDbiasImpl);

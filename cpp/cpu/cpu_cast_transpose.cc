@@ -6,6 +6,7 @@
 
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
+#include "cpu/cpu_handler.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -46,23 +47,17 @@ ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, ffi::AnyBuffe
                          });
 }
 
-ffi::Error CastTransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
-                             ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                             ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+ffi::Error CastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::AnyOut q,
+                             sig::AnyOut qt, sig::F32Out scale_inv, sig::F32Out amax) {
   return CastTransposeAny("cast_transpose", &pool, x, scale, q, qt, scale_inv, amax, nullptr, 0,
                           nullptr, 0);
 }
 
 // The workspace arrives as the last operand and leaves, aliased, as the last
 // result (fp8jax.ops._opdef.OpDef.workspace); it is written through the result.
-ffi::Error CastTransposeDbiasImpl(ffi::ThreadPool pool, ffi::AnyBuffer g,
-                                  ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32>,
-                                  ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> amax,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> dbias,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+ffi::Error CastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::F32 scale, sig::F32,
+                                  sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
+                                  sig::F32Out amax, sig::F32Out dbias, sig::F32Out workspace) {
   return CastTransposeAny("cast_transpose_dbias", &pool, g, scale, q, qt, scale_inv, amax,
                           dbias->typed_data(), dbias->element_count(), workspace->typed_data(),
                           workspace->element_count());
@@ -71,27 +66,5 @@ ffi::Error CastTransposeDbiasImpl(ffi::ThreadPool pool, ffi::AnyBuffer g,
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCpu, fp8jax::CastTransposeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeDbiasCpu, fp8jax::CastTransposeDbiasImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+FP8JAX_CPU_HANDLER(CastTranspose, fp8jax::CastTransposeImpl);
+FP8JAX_CPU_HANDLER(CastTransposeDbias, fp8jax::CastTransposeDbiasImpl);

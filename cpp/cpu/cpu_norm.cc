@@ -30,6 +30,8 @@
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
 #include "common/norm_row.h"
+#include "common/op_checks.h"
+#include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
 #include "cpu/cpu_transpose.h"
@@ -224,11 +226,7 @@ ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const 
                        int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
                        int64_t n_stats) {
   NormShape s;
-  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
-  if (y.element_type() != x.element_type() || y.element_count() != x.element_count() ||
-      n_stats != s.groups * s.rows) {
-    return BadArg(op, "outputs must be y like x and mu, rsigma with one value per row");
-  }
+  if (auto err = CheckNormForward(op, x, gamma, beta, y, n_stats, &s); !err.success()) return err;
   const Params p = ParamsOf(gamma, beta, zero_centered != 0);
   const FwdArgs a{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h,
                   y.untyped_data(), mu,         rs};
@@ -246,18 +244,14 @@ ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const 
   });
 }
 
-ffi::Error LayerNormForward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
-                            ffi::AnyBuffer beta, float eps, int64_t zcg,
-                            ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> mu,
-                            ffi::Result<ffi::Buffer<ffi::F32>> rs) {
+ffi::Error LayerNormForward(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::Any beta,
+                            float eps, int64_t zcg, sig::AnyOut y, sig::F32Out mu, sig::F32Out rs) {
   return ForwardImpl("layernorm_forward", true, pool, x, gamma, &beta, eps, zcg, *y,
                      mu->typed_data(), rs->typed_data(), mu->element_count());
 }
 
-ffi::Error RmsNormForward(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma, float eps,
-                          int64_t zcg, ffi::Result<ffi::AnyBuffer> y,
-                          ffi::Result<ffi::Buffer<ffi::F32>> mu,
-                          ffi::Result<ffi::Buffer<ffi::F32>> rs) {
+ffi::Error RmsNormForward(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, float eps, int64_t zcg,
+                          sig::AnyOut y, sig::F32Out mu, sig::F32Out rs) {
   return ForwardImpl("rmsnorm_forward", false, pool, x, gamma, nullptr, eps, zcg, *y,
                      mu->typed_data(), rs->typed_data(), mu->element_count());
 }
@@ -325,11 +319,10 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
 
 using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
 
-ffi::Error LayerNormForwardFp8(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
-                               ffi::AnyBuffer beta, ffi::Buffer<ffi::F32> scale, float eps,
-                               int64_t zcg, ffi::Result<ffi::AnyBuffer> q,
-                               ffi::Result<ffi::AnyBuffer> qt, F32Out scale_inv, F32Out amax,
-                               F32Out mu, F32Out rs) {
+ffi::Error LayerNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::Any beta,
+                               sig::F32 scale, float eps, int64_t zcg, sig::AnyOut q,
+                               sig::AnyOut qt, F32Out scale_inv, F32Out amax, F32Out mu,
+                               F32Out rs) {
   const Fp8Outs o{&*q,
                   &*qt,
                   scale_inv->typed_data(),
@@ -340,9 +333,8 @@ ffi::Error LayerNormForwardFp8(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyB
   return ForwardFp8Impl("layernorm_forward_fp8", true, pool, x, gamma, &beta, scale, eps, zcg, o);
 }
 
-ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
-                             ffi::Buffer<ffi::F32> scale, float eps, int64_t zcg,
-                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::F32 scale,
+                             float eps, int64_t zcg, sig::AnyOut q, sig::AnyOut qt,
                              F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
   const Fp8Outs o{&*q,
                   &*qt,
@@ -357,58 +349,7 @@ ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuf
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardCpu, fp8jax::LayerNormForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardCpu, fp8jax::RmsNormForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardFp8Cpu, fp8jax::LayerNormForwardFp8,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardFp8Cpu, fp8jax::RmsNormForwardFp8,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+FP8JAX_CPU_HANDLER(LayerNormForward, fp8jax::LayerNormForward);
+FP8JAX_CPU_HANDLER(RmsNormForward, fp8jax::RmsNormForward);
+FP8JAX_CPU_HANDLER(LayerNormForwardFp8, fp8jax::LayerNormForwardFp8);
+FP8JAX_CPU_HANDLER(RmsNormForwardFp8, fp8jax::RmsNormForwardFp8);

@@ -17,6 +17,8 @@
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
 #include "common/norm_row.h"
+#include "common/op_checks.h"
+#include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -134,28 +136,14 @@ void BackwardBlock(const BwdArgs& a, int64_t item, float* xr, float* dyr) {
   BackwardBlockBase<W, kLayer>(a, item, xr, dyr);
 }
 
-ffi::Error NormBackward(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer x,
-                        ffi::Buffer<ffi::F32> mu, ffi::Buffer<ffi::F32> rs, ffi::AnyBuffer gamma,
-                        int64_t norm_type, int64_t zero_centered, ffi::Result<ffi::AnyBuffer> dx,
-                        ffi::Result<ffi::Buffer<ffi::F32>> dgamma,
-                        ffi::Result<ffi::Buffer<ffi::F32>> dbeta,
-                        ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 mu, sig::F32 rs,
+                        sig::Any gamma, int64_t norm_type, int64_t zero_centered, sig::AnyOut dx,
+                        sig::F32Out dgamma, sig::F32Out dbeta, sig::F32Out workspace) {
   const char* op = "norm_backward";
   NormShape s;
-  if (auto err = NormShapeOf(op, x.dimensions(), gamma, nullptr, &s); !err.success()) return err;
-  if (norm_type != static_cast<int64_t>(NormType::kLayerNorm) &&
-      norm_type != static_cast<int64_t>(NormType::kRmsNorm)) {
-    return BadArg(op, "norm_type must be 0 (layernorm) or 1 (rmsnorm)");
-  }
-  const int64_t n_rows = s.groups * s.rows;
-  if (dy.element_type() != x.element_type() || dy.element_count() != x.element_count() ||
-      dx->element_type() != x.element_type() || dx->element_count() != x.element_count() ||
-      mu.element_count() != n_rows || rs.element_count() != n_rows ||
-      dgamma->element_count() != gamma.element_count() ||
-      dbeta->element_count() != gamma.element_count()) {
-    return BadArg(op,
-                  "dy, dx must be like x; mu, rsigma one value per row; dgamma, dbeta "
-                  "like gamma");
+  if (auto err = CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s);
+      !err.success()) {
+    return err;
   }
   std::vector<float> g(gamma.element_count());
   for (size_t i = 0; i < g.size(); ++i) g[i] = NormGamma(LoadAny(gamma, i), zero_centered != 0);
@@ -221,19 +209,4 @@ ffi::Error NormBackward(ffi::ThreadPool pool, ffi::AnyBuffer dy, ffi::AnyBuffer 
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxNormBackwardCpu, fp8jax::NormBackward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("norm_type")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+FP8JAX_CPU_HANDLER(NormBackward, fp8jax::NormBackward);

@@ -3,7 +3,7 @@
 //
 // Layering (as in jax's examples/ffi): a typed compute loop, a dispatcher on
 // the runtime dtypes that returns ffi::Error for anything unexpected, and the
-// XLA_FFI_DEFINE_HANDLER_SYMBOL binding at the bottom.
+// handler definition at the bottom (its signature is in common/op_table.h).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -13,7 +13,9 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
+#include "common/op_checks.h"
 #include "cpu/cpu_cast_transpose.h"
+#include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -52,15 +54,10 @@ void QuantizeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, u
   }
 }
 
-ffi::Error QuantizeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-                        ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                        ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+ffi::Error QuantizeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::AnyOut q,
+                        sig::F32Out scale_inv, sig::F32Out amax) {
   GroupShape s;
-  if (auto err = GroupShapeOf("quantize", x.element_count(), scale.element_count(), &s);
-      !err.success()) {
-    return err;
-  }
-  if (q->element_count() != x.element_count()) return BadArg("quantize", "output size mismatch");
+  if (auto err = CheckQuantize(x, scale, *q, &s); !err.success()) return err;
   return DispatchWideFp8("quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            QuantizeCompute<W, F>(&pool, x.untyped_data(), scale.typed_data(),
@@ -107,16 +104,9 @@ void DequantizeCompute(ffi::ThreadPool* pool, const uint8_t* q, const float* sca
   });
 }
 
-ffi::Error DequantizeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale_inv,
-                          ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error DequantizeImpl(ffi::ThreadPool pool, sig::Any q, sig::F32 scale_inv, sig::AnyOut out) {
   GroupShape s;
-  if (auto err = GroupShapeOf("dequantize", q.element_count(), scale_inv.element_count(), &s);
-      !err.success()) {
-    return err;
-  }
-  if (out->element_count() != q.element_count()) {
-    return BadArg("dequantize", "output size mismatch");
-  }
+  if (auto err = CheckDequantize(q, scale_inv, *out, &s); !err.success()) return err;
   return DispatchWideFp8("dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
                          [&]<WideKind W, typename F>() {
                            DequantizeCompute<W, F>(&pool,
@@ -128,19 +118,13 @@ ffi::Error DequantizeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::Buffer<ff
 
 // -------------------------------------------------------- update_fp8_state
 
-ffi::Error UpdateFp8StateImpl(ffi::Buffer<ffi::F32> history, ffi::Buffer<ffi::F32> scale,
-                              ffi::Buffer<ffi::F32> amax, ffi::Buffer<ffi::F32> fp8_max,
-                              int64_t margin, int64_t algo,
-                              ffi::Result<ffi::Buffer<ffi::F32>> new_history,
-                              ffi::Result<ffi::Buffer<ffi::F32>> new_scale) {
+ffi::Error UpdateFp8StateImpl(ffi::ThreadPool, sig::F32 history, sig::F32 scale, sig::F32 amax,
+                              sig::F32 fp8_max, int64_t margin, int64_t algo,
+                              sig::F32Out new_history, sig::F32Out new_scale) {
   HistoryShape s;
-  if (auto err =
-          HistoryShapeOf(history.dimensions(), history.element_count(), scale.element_count(),
-                         amax.element_count(), fp8_max.element_count(), &s);
-      !err.success()) {
+  if (auto err = CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s); !err.success()) {
     return err;
   }
-  if (auto err = CheckAlgo(algo); !err.success()) return err;
   const float margin_factor = std::ldexp(1.0f, -static_cast<int>(margin));
   const float* h = history.typed_data();
   float* nh = new_history->typed_data();
@@ -168,31 +152,6 @@ ffi::Error UpdateFp8StateImpl(ffi::Buffer<ffi::F32> history, ffi::Buffer<ffi::F3
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxQuantizeCpu, fp8jax::QuantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDequantizeCpu, fp8jax::DequantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCpu, fp8jax::UpdateFp8StateImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("margin")
-                                  .Attr<int64_t>("algo")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+FP8JAX_CPU_HANDLER(Quantize, fp8jax::QuantizeImpl);
+FP8JAX_CPU_HANDLER(Dequantize, fp8jax::DequantizeImpl);
+FP8JAX_CPU_HANDLER(UpdateFp8State, fp8jax::UpdateFp8StateImpl);

@@ -16,8 +16,10 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/launch_plan.h"
+#include "common/op_checks.h"
 #include "cuda/cuda_cast_transpose.cuh"
 #include "cuda/cuda_device.cuh"
+#include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -167,56 +169,31 @@ ffi::Error LaunchAct(const char* op, cudaStream_t stream, WideKind w, int64_t co
   });
 }
 
-ffi::Error CheckGradInputs(const char* op, ffi::AnyBuffer g, ffi::AnyBuffer x,
-                           const MatrixShape& s) {
-  if (g.element_type() != x.element_type()) return BadArg(op, "g and x must share a dtype");
-  if (g.element_count() != s.matrices * s.rows * s.cols) {
-    return BadArg(op, "g must have shape [m, n] of x's [m, k, n]");
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error ActivationImpl(cudaStream_t stream, ffi::AnyBuffer x, int64_t code, int64_t gated,
-                          ffi::Result<ffi::AnyBuffer> y) {
+ffi::Error ActivationImpl(cudaStream_t stream, sig::Any x, int64_t code, int64_t gated,
+                          sig::AnyOut y) {
   const char* op = "activation";
   MatrixShape s;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
-  if (y->element_type() != x.element_type() || y->element_count() != s.matrices * s.rows * s.cols) {
-    return BadArg(op, "y must be [m, n] of x's [m, k, n], in x's dtype");
-  }
+  if (auto err = CheckActivation(x, gated, *y, &s); !err.success()) return err;
   return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, nullptr, x.untyped_data(),
                    y->untyped_data(), s.matrices * s.rows, s.cols);
 }
 
-ffi::Error DActivationImpl(cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer x, int64_t code,
-                           int64_t gated, ffi::Result<ffi::AnyBuffer> dx) {
+ffi::Error DActivationImpl(cudaStream_t stream, sig::Any g, sig::Any x, int64_t code, int64_t gated,
+                           sig::AnyOut dx) {
   const char* op = "dactivation";
   MatrixShape s;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, 1, &s); !err.success()) return err;
-  if (auto err = CheckGradInputs(op, g, x, s); !err.success()) return err;
-  if (dx->element_type() != g.element_type() || dx->element_count() != x.element_count()) {
-    return BadArg(op, "dx must have x's shape and g's dtype");
-  }
+  if (auto err = CheckDActivation(g, x, gated, *dx, &s); !err.success()) return err;
   return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, g.untyped_data(),
                    x.untyped_data(), dx->untyped_data(), s.matrices * s.rows, s.cols);
 }
 
-ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x,
-                                       ffi::Buffer<ffi::F32> scale, int64_t code, int64_t gated,
-                                       ffi::Result<ffi::AnyBuffer> q,
-                                       ffi::Result<ffi::AnyBuffer> qt,
-                                       ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                                       ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale,
+                                       int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
+                                       sig::F32Out scale_inv, sig::F32Out amax) {
   const char* op = "activation_cast_transpose";
   MatrixShape s;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &s);
-      !err.success()) {
+  if (auto err = CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s); !err.success()) {
     return err;
-  }
-  const int64_t count = s.matrices * s.rows * s.cols;
-  if (q->element_type() != qt->element_type() || q->element_count() != count ||
-      qt->element_count() != count) {
-    return BadArg(op, "q and q_t must be [m, n] of x's [m, k, n] and share an FP8 dtype");
   }
   return DispatchFused(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
                        [&]<WideKind W, typename F, int A, bool G>() {
@@ -230,27 +207,16 @@ ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x,
 
 // The dbias workspace arrives as the last operand and leaves, aliased, as the
 // last result (fp8jax.ops._opdef.OpDef.workspace).
-ffi::Error DActivationCastTransposeDbiasImpl(
-    cudaStream_t stream, ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-    ffi::Buffer<ffi::F32>, int64_t code, int64_t gated, ffi::Result<ffi::AnyBuffer> q,
-    ffi::Result<ffi::AnyBuffer> qt, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-    ffi::Result<ffi::Buffer<ffi::F32>> amax, ffi::Result<ffi::Buffer<ffi::F32>> dbias,
-    ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+ffi::Error DActivationCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::Any x,
+                                             sig::F32 scale, sig::F32, int64_t code, int64_t gated,
+                                             sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
+                                             sig::F32Out amax, sig::F32Out dbias,
+                                             sig::F32Out workspace) {
   const char* op = "dactivation_cast_transpose_dbias";
-  MatrixShape xs;
-  if (auto err = ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &xs);
+  MatrixShape xs, s;  // x's shape, the quantized matrix's ([m, k * n])
+  if (auto err = CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *dbias, &xs, &s);
       !err.success()) {
     return err;
-  }
-  if (auto err = CheckGradInputs(op, g, x, xs); !err.success()) return err;
-  if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
-      qt->element_count() != x.element_count()) {
-    return BadArg(op, "q and q_t must have x's size and share an FP8 dtype");
-  }
-  MatrixShape s = xs;  // the quantized matrix: [m, k * n]
-  s.cols = (gated != 0 ? 2 : 1) * xs.cols;
-  if (dbias->element_count() != s.matrices * s.cols) {
-    return BadArg(op, "dbias must have shape [k, n]");
   }
   if (auto err = CheckDbiasWorkspace(op, s, workspace->element_count()); !err.success()) {
     return err;
@@ -273,57 +239,9 @@ ffi::Error DActivationCastTransposeDbiasImpl(
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
 // Every handler allocates nothing (dbias's workspace is a buffer XLA
 // allocates): command-buffer compatible.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCuda, fp8jax::ActivationImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCuda, fp8jax::DActivationImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxActivationCastTransposeCuda,
-                              fp8jax::ActivationCastTransposeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDActivationCastTransposeDbiasCuda,
-                              fp8jax::DActivationCastTransposeDbiasImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("act")
-                                  .Attr<int64_t>("gated")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+FP8JAX_CUDA_HANDLER(Activation, fp8jax::ActivationImpl);
+FP8JAX_CUDA_HANDLER(DActivation, fp8jax::DActivationImpl);
+FP8JAX_CUDA_HANDLER(ActivationCastTranspose, fp8jax::ActivationCastTransposeImpl);
+FP8JAX_CUDA_HANDLER(DActivationCastTransposeDbias, fp8jax::DActivationCastTransposeDbiasImpl);

@@ -16,6 +16,7 @@
 #include "common/ffi_checks.h"
 #include "cuda/cuda_cast_transpose.cuh"
 #include "cuda/cuda_device.cuh"
+#include "cuda/cuda_handler.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -30,10 +31,8 @@ ffi::Error CheckOutputs(const char* op, ffi::AnyBuffer x, ffi::Result<ffi::AnyBu
   return ffi::Error::Success();
 }
 
-ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
-                             ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                             ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+ffi::Error CastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, sig::AnyOut q,
+                             sig::AnyOut qt, sig::F32Out scale_inv, sig::F32Out amax) {
   const char* op = "cast_transpose";
   MatrixShape s;
   if (auto err = MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s); !err.success()) {
@@ -52,13 +51,9 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
 
 // The workspace arrives as the last operand and leaves, aliased, as the last
 // result; it is written through the result.
-ffi::Error CastTransposeDbiasImpl(cudaStream_t stream, ffi::AnyBuffer g,
-                                  ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32>,
-                                  ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> amax,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> dbias,
-                                  ffi::Result<ffi::Buffer<ffi::F32>> workspace) {
+ffi::Error CastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::F32 scale, sig::F32,
+                                  sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
+                                  sig::F32Out amax, sig::F32Out dbias, sig::F32Out workspace) {
   const char* op = "cast_transpose_dbias";
   MatrixShape s;
   if (auto err = MatrixShapeOf(op, g.dimensions(), scale.element_count(), &s); !err.success()) {
@@ -89,31 +84,7 @@ ffi::Error CastTransposeDbiasImpl(cudaStream_t stream, ffi::AnyBuffer g,
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
 // Both are command-buffer (CUDA graph) compatible: the same memset and
 // launches for the same shapes, no allocation, no host synchronisation.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeCuda, fp8jax::CastTransposeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxCastTransposeDbiasCuda, fp8jax::CastTransposeDbiasImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+FP8JAX_CUDA_HANDLER(CastTranspose, fp8jax::CastTransposeImpl);
+FP8JAX_CUDA_HANDLER(CastTransposeDbias, fp8jax::CastTransposeDbiasImpl);

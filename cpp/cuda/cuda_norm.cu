@@ -29,6 +29,8 @@
 #include "common/fp8_numerics.h"
 #include "common/norm_plan.h"
 #include "common/norm_row.h"
+#include "common/op_checks.h"
+#include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -536,11 +538,7 @@ ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ff
                        int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
                        int64_t n_stats) {
   NormShape s;
-  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
-  if (y.element_type() != x.element_type() || y.element_count() != x.element_count() ||
-      n_stats != s.groups * s.rows) {
-    return BadArg(op, "outputs must be y like x and mu, rsigma with one value per row");
-  }
+  if (auto err = CheckNormForward(op, x, gamma, beta, y, n_stats, &s); !err.success()) return err;
   if (s.groups * s.rows == 0) return ffi::Error::Success();
   FwdArgs a{};
   a.x = x.untyped_data();
@@ -567,15 +565,14 @@ ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ff
 using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
 using Stream = ffi::PlatformStream<cudaStream_t>;
 
-ffi::Error LayerNormForward(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
-                            ffi::AnyBuffer beta, float eps, int64_t zcg,
-                            ffi::Result<ffi::AnyBuffer> y, F32Out mu, F32Out rs) {
+ffi::Error LayerNormForward(cudaStream_t stream, sig::Any x, sig::Any gamma, sig::Any beta,
+                            float eps, int64_t zcg, sig::AnyOut y, F32Out mu, F32Out rs) {
   return ForwardImpl("layernorm_forward", true, stream, x, gamma, &beta, eps, zcg, *y,
                      mu->typed_data(), rs->typed_data(), mu->element_count());
 }
 
-ffi::Error RmsNormForward(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma, float eps,
-                          int64_t zcg, ffi::Result<ffi::AnyBuffer> y, F32Out mu, F32Out rs) {
+ffi::Error RmsNormForward(cudaStream_t stream, sig::Any x, sig::Any gamma, float eps, int64_t zcg,
+                          sig::AnyOut y, F32Out mu, F32Out rs) {
   return ForwardImpl("rmsnorm_forward", false, stream, x, gamma, nullptr, eps, zcg, *y,
                      mu->typed_data(), rs->typed_data(), mu->element_count());
 }
@@ -635,19 +632,17 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const
                 static_cast<uint8_t*>(qt.untyped_data()), s.groups, s.rows, s.h);
 }
 
-ffi::Error LayerNormForwardFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
-                               ffi::AnyBuffer beta, ffi::Buffer<ffi::F32> scale, float eps,
-                               int64_t zcg, ffi::Result<ffi::AnyBuffer> q,
-                               ffi::Result<ffi::AnyBuffer> qt, F32Out scale_inv, F32Out amax,
-                               F32Out mu, F32Out rs) {
+ffi::Error LayerNormForwardFp8(cudaStream_t stream, sig::Any x, sig::Any gamma, sig::Any beta,
+                               sig::F32 scale, float eps, int64_t zcg, sig::AnyOut q,
+                               sig::AnyOut qt, F32Out scale_inv, F32Out amax, F32Out mu,
+                               F32Out rs) {
   return ForwardFp8Impl("layernorm_forward_fp8", true, stream, x, gamma, &beta, scale, eps, zcg, *q,
                         *qt, scale_inv->typed_data(), amax->typed_data(), mu->typed_data(),
                         rs->typed_data(), mu->element_count());
 }
 
-ffi::Error RmsNormForwardFp8(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma,
-                             ffi::Buffer<ffi::F32> scale, float eps, int64_t zcg,
-                             ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
+ffi::Error RmsNormForwardFp8(cudaStream_t stream, sig::Any x, sig::Any gamma, sig::F32 scale,
+                             float eps, int64_t zcg, sig::AnyOut q, sig::AnyOut qt,
                              F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
   return ForwardFp8Impl("rmsnorm_forward_fp8", false, stream, x, gamma, nullptr, scale, eps, zcg,
                         *q, *qt, scale_inv->typed_data(), amax->typed_data(), mu->typed_data(),
@@ -659,25 +654,14 @@ ffi::Error LaunchBackward(const char* op, cudaStream_t stream, const BwdArgs& a)
   return Launch(op, NormBackwardKernel<W, kVector, kLayer>, a.p.grid, a.p.threads, stream, a);
 }
 
-ffi::Error NormBackward(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x,
-                        ffi::Buffer<ffi::F32> mu, ffi::Buffer<ffi::F32> rs, ffi::AnyBuffer gamma,
-                        int64_t norm_type, int64_t zero_centered, ffi::Result<ffi::AnyBuffer> dx,
+ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 mu, sig::F32 rs,
+                        sig::Any gamma, int64_t norm_type, int64_t zero_centered, sig::AnyOut dx,
                         F32Out dgamma, F32Out dbeta, F32Out workspace) {
   const char* op = "norm_backward";
   NormShape s;
-  if (auto err = NormShapeOf(op, x.dimensions(), gamma, nullptr, &s); !err.success()) return err;
-  if (norm_type != static_cast<int64_t>(NormType::kLayerNorm) &&
-      norm_type != static_cast<int64_t>(NormType::kRmsNorm)) {
-    return BadArg(op, "norm_type must be 0 (layernorm) or 1 (rmsnorm)");
-  }
-  const int64_t n_rows = s.groups * s.rows;
-  if (dy.element_type() != x.element_type() || dy.element_count() != x.element_count() ||
-      dx->element_type() != x.element_type() || dx->element_count() != x.element_count() ||
-      mu.element_count() != n_rows || rs.element_count() != n_rows ||
-      dgamma->element_count() != gamma.element_count() ||
-      dbeta->element_count() != gamma.element_count()) {
-    return BadArg(op,
-                  "dy, dx must be like x; mu, rsigma one value per row; dgamma, dbeta like gamma");
+  if (auto err = CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s);
+      !err.success()) {
+    return err;
   }
   const int64_t ws_slots = workspace->element_count() / (s.groups * 2 * s.h);
   if (ws_slots < 1 || workspace->element_count() != s.groups * ws_slots * 2 * s.h) {
@@ -730,78 +714,8 @@ ffi::Error NormBackward(cudaStream_t stream, ffi::AnyBuffer dy, ffi::AnyBuffer x
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardCuda, fp8jax::LayerNormForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardCuda, fp8jax::RmsNormForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxLayerNormForwardFp8Cuda, fp8jax::LayerNormForwardFp8,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxRmsNormForwardFp8Cuda, fp8jax::RmsNormForwardFp8,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("epsilon")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxNormBackwardCuda, fp8jax::NormBackward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("norm_type")
-                                  .Attr<int64_t>("zero_centered_gamma")
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+FP8JAX_CUDA_HANDLER(LayerNormForward, fp8jax::LayerNormForward);
+FP8JAX_CUDA_HANDLER(RmsNormForward, fp8jax::RmsNormForward);
+FP8JAX_CUDA_HANDLER(LayerNormForwardFp8, fp8jax::LayerNormForwardFp8);
+FP8JAX_CUDA_HANDLER(RmsNormForwardFp8, fp8jax::RmsNormForwardFp8);
+FP8JAX_CUDA_HANDLER(NormBackward, fp8jax::NormBackward);

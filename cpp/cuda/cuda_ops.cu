@@ -26,7 +26,9 @@
 #include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
 #include "common/launch_plan.h"
+#include "common/op_checks.h"
 #include "cuda/cuda_device.cuh"
+#include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -67,15 +69,10 @@ __global__ void __launch_bounds__(plan::kThreads)
       });
 }
 
-ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
-                        ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
-                        ffi::Result<ffi::Buffer<ffi::F32>> amax) {
+ffi::Error QuantizeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, sig::AnyOut q,
+                        sig::F32Out scale_inv, sig::F32Out amax) {
   GroupShape s;
-  if (auto err = GroupShapeOf("quantize", x.element_count(), scale.element_count(), &s);
-      !err.success()) {
-    return err;
-  }
-  if (q->element_count() != x.element_count()) return BadArg("quantize", "output size mismatch");
+  if (auto err = CheckQuantize(x, scale, *q, &s); !err.success()) return err;
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax->typed_data());
   if (auto err = MemsetAsync("quantize", amax_bits, s.groups * sizeof(uint32_t), stream);
       !err.success()) {
@@ -120,16 +117,9 @@ __global__ void __launch_bounds__(plan::kThreads)
       [](int64_t) {});
 }
 
-ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale_inv,
-                          ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error DequantizeImpl(cudaStream_t stream, sig::Any q, sig::F32 scale_inv, sig::AnyOut out) {
   GroupShape s;
-  if (auto err = GroupShapeOf("dequantize", q.element_count(), scale_inv.element_count(), &s);
-      !err.success()) {
-    return err;
-  }
-  if (out->element_count() != q.element_count()) {
-    return BadArg("dequantize", "output size mismatch");
-  }
+  if (auto err = CheckDequantize(q, scale_inv, *out, &s); !err.success()) return err;
   return DispatchWideFp8(
       "dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
       [&]<WideKind W, typename F>() {
@@ -179,19 +169,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-ffi::Error UpdateFp8StateImpl(cudaStream_t stream, ffi::Buffer<ffi::F32> history,
-                              ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> amax,
-                              ffi::Buffer<ffi::F32> fp8_max, int64_t margin, int64_t algo,
-                              ffi::Result<ffi::Buffer<ffi::F32>> new_history,
-                              ffi::Result<ffi::Buffer<ffi::F32>> new_scale) {
+ffi::Error UpdateFp8StateImpl(cudaStream_t stream, sig::F32 history, sig::F32 scale, sig::F32 amax,
+                              sig::F32 fp8_max, int64_t margin, int64_t algo,
+                              sig::F32Out new_history, sig::F32Out new_scale) {
   HistoryShape s;
-  if (auto err =
-          HistoryShapeOf(history.dimensions(), history.element_count(), scale.element_count(),
-                         amax.element_count(), fp8_max.element_count(), &s);
-      !err.success()) {
+  if (auto err = CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s); !err.success()) {
     return err;
   }
-  if (auto err = CheckAlgo(algo); !err.success()) return err;
   if (s.rows == 0) return ffi::Error::Success();
   if (s.rows > INT32_MAX) return BadArg("update_fp8_state", "too many state rows");
   const float margin_factor = std::ldexp(1.0f, -static_cast<int>(margin));
@@ -204,40 +188,11 @@ ffi::Error UpdateFp8StateImpl(cudaStream_t stream, ffi::Buffer<ffi::F32> history
 }  // namespace
 }  // namespace fp8jax
 
-namespace ffi = xla::ffi;
-
 // Every handler is command-buffer (CUDA graph) compatible: each call enqueues
 // the same work for the same shapes (a memset and one kernel launch), with no
 // allocation and no host synchronisation. (module_cuda.cc passes the same
 // trait to the registration.)
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxQuantizeCuda, fp8jax::QuantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxDequantizeCuda, fp8jax::DequantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxUpdateFp8StateCuda, fp8jax::UpdateFp8StateImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("margin")
-                                  .Attr<int64_t>("algo")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+FP8JAX_CUDA_HANDLER(Quantize, fp8jax::QuantizeImpl);
+FP8JAX_CUDA_HANDLER(Dequantize, fp8jax::DequantizeImpl);
+FP8JAX_CUDA_HANDLER(UpdateFp8State, fp8jax::UpdateFp8StateImpl);

@@ -30,8 +30,8 @@
 // becomes an ffi::Error that names the cuBLAS status.
 //
 // Everything before cublasLtMatmul (checks, descriptors, layouts, preference)
-// is host-only and is exposed to the tests through DescribeGemmSetup
-// (gemm_setup.h); the handle and the heuristic query need a GPU.
+// is host-only (gemm_setup.h); the test-only extension reads it back
+// (cpp/testing/module_cuda_testing.cc). The handle and the heuristic query need a GPU.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "common/ffi_checks.h"
+#include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
 #include "cuda/gemm_setup.h"
 #include "xla/ffi/api/ffi.h"
@@ -61,7 +62,6 @@ constexpr char kOp[] = "gemm";
 // qualifies. The Python wrapper pads K and N to these multiples.
 constexpr int64_t kDimMultiple = 16;
 constexpr uintptr_t kMinAlignment = 16;
-constexpr uintptr_t kMaxAlignment = 256;  // cuBLASLt's default alignment preference
 
 // ------------------------------------------------------------ small helpers
 
@@ -73,6 +73,8 @@ std::string StatusText(cublasStatus_t st) {
   return s;
 }
 
+}  // namespace
+
 ffi::Error CublasError(const std::string& what, cublasStatus_t st) {
   const std::string msg = std::string("fp8jax ") + kOp + ": " + what + " failed: " + StatusText(st);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_ARCH_MISMATCH) {
@@ -81,6 +83,8 @@ ffi::Error CublasError(const std::string& what, cublasStatus_t st) {
   if (st == CUBLAS_STATUS_INVALID_VALUE) return ffi::Error::InvalidArgument(msg);
   return ffi::Error::Internal(msg);
 }
+
+namespace {
 
 // Largest power of two (capped at 256) dividing the address; 256 for null.
 uint32_t AlignmentOf(const void* p) {
@@ -173,14 +177,7 @@ std::map<AlgoKey, cublasLtMatmulAlgo_t>& AlgoCache() {
 
 // ------------------------------------------------------------------ GEMM
 
-struct GemmArgs {
-  int64_t m = 0;  // rows of the row-major result (M)
-  int64_t n = 0;  // columns of the row-major result (N)
-  int64_t k = 0;
-  cudaDataType_t a_type{}, b_type{}, d_type{};
-  bool has_bias = false;
-  bool fast_accum = false;
-};
+}  // namespace
 
 // The dtype, dimension and flag checks, on a problem description alone (the
 // host tests call this through DescribeGemmSetup).
@@ -223,6 +220,8 @@ ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g) {
   return ffi::Error::Success();
 }
 
+namespace {
+
 ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
                          const ffi::Buffer<ffi::F32>& a_scale_inv,
                          const ffi::Buffer<ffi::F32>& b_scale_inv, const ffi::AnyBuffer& bias,
@@ -252,24 +251,7 @@ ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
   return CheckGemmProblem(p, g);
 }
 
-// Device addresses the descriptors point at (placeholders in the host test),
-// their alignments and the usable workspace size.
-struct GemmPointers {
-  const void* a_scale_inv = nullptr;
-  const void* b_scale_inv = nullptr;
-  const void* bias = nullptr;
-  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
-  uint64_t workspace_bytes = 0;
-};
-
-// Descriptors in caller-owned memory (cuBLASLt's public opaque structs,
-// initialised by cublasLt*Init): building them allocates nothing and they
-// need no destroy, so the execute stage can build them inside a graph capture.
-struct GemmSetup {
-  cublasLtMatmulDescOpaque_t desc;
-  cublasLtMatrixLayoutOpaque_t la, lb, ld;
-  cublasLtMatmulPreferenceOpaque_t pref;
-};
+}  // namespace
 
 // Everything before cublasLtMatmul; host-only, no GPU needed.
 // cuBLASLt operands (see the header comment): A = b (K x N, transposed),
@@ -337,6 +319,8 @@ ffi::Error BuildGemmSetup(const GemmArgs& g, const GemmPointers& ptr, GemmSetup*
   if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasLtMatmulPreferenceSetAttribute", st);
   return ffi::Error::Success();
 }
+
+namespace {
 
 // The heuristic's algorithm for `key`: from the cache, else (needs a GPU)
 // asked of cuBLASLt and cached.
@@ -478,130 +462,6 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
 }
 
 }  // namespace
-
-// ------------------------------------------------- host-side test support
-
-namespace {
-
-template <typename T>
-int64_t DescAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, cublasStatus_t* st) {
-  T v{};
-  size_t written = 0;
-  if (*st == CUBLAS_STATUS_SUCCESS)
-    *st = cublasLtMatmulDescGetAttribute(d, attr, &v, sizeof(v), &written);
-  return static_cast<int64_t>(v);
-}
-
-int64_t DescPtrAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
-                    cublasStatus_t* st) {
-  const void* v = nullptr;
-  size_t written = 0;
-  if (*st == CUBLAS_STATUS_SUCCESS)
-    *st = cublasLtMatmulDescGetAttribute(d, attr, &v, sizeof(v), &written);
-  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v));
-}
-
-template <typename T>
-int64_t LayoutAttr(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
-                   cublasStatus_t* st) {
-  T v{};
-  size_t written = 0;
-  if (*st == CUBLAS_STATUS_SUCCESS)
-    *st = cublasLtMatrixLayoutGetAttribute(l, attr, &v, sizeof(v), &written);
-  return static_cast<int64_t>(v);
-}
-
-template <typename T>
-int64_t PrefAttr(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
-                 cublasStatus_t* st) {
-  T v{};
-  size_t written = 0;
-  if (*st == CUBLAS_STATUS_SUCCESS)
-    *st = cublasLtMatmulPreferenceGetAttribute(p, attr, &v, sizeof(v), &written);
-  return static_cast<int64_t>(v);
-}
-
-// Placeholder device addresses for the host description.
-constexpr uintptr_t kFakeAScaleInv = 0x1000;
-constexpr uintptr_t kFakeBScaleInv = 0x2000;
-constexpr uintptr_t kFakeBias = 0x3000;
-
-}  // namespace
-
-ffi::Error DescribeGemmSetup(const GemmProblem& problem,
-                             std::vector<std::pair<std::string, int64_t>>* out) {
-  GemmArgs g;
-  if (auto err = CheckGemmProblem(problem, &g); !err.success()) return err;
-  GemmPointers ptr;
-  ptr.a_scale_inv = reinterpret_cast<const void*>(kFakeAScaleInv);
-  ptr.b_scale_inv = reinterpret_cast<const void*>(kFakeBScaleInv);
-  ptr.bias = g.has_bias ? reinterpret_cast<const void*>(kFakeBias) : nullptr;
-  ptr.align_a = ptr.align_b = ptr.align_d = ptr.align_bias = static_cast<uint32_t>(kMaxAlignment);
-  ptr.workspace_bytes = 32u << 20;
-  GemmSetup s;
-  if (auto err = BuildGemmSetup(g, ptr, &s); !err.success()) return err;
-  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-  auto& r = *out;
-  cublasLtMatmulDesc_t d = &s.desc;
-  r.emplace_back("desc.compute_type", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, &st));
-  r.emplace_back("desc.scale_type", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_SCALE_TYPE, &st));
-  r.emplace_back("desc.transa", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_TRANSA, &st));
-  r.emplace_back("desc.transb", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_TRANSB, &st));
-  r.emplace_back("desc.fast_accum", DescAttr<int8_t>(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &st));
-  r.emplace_back("desc.epilogue", DescAttr<uint32_t>(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &st));
-  r.emplace_back("desc.a_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &st));
-  r.emplace_back("desc.b_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &st));
-  r.emplace_back("desc.bias_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &st));
-  if (g.has_bias) {
-    r.emplace_back("desc.bias_data_type",
-                   DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &st));
-  }
-  const std::pair<const char*, cublasLtMatrixLayout_t> layouts[] = {
-      {"a", &s.la}, {"b", &s.lb}, {"d", &s.ld}};
-  for (const auto& [name, l] : layouts) {
-    const std::string pre = std::string("layout_") + name + ".";
-    r.emplace_back(pre + "type", LayoutAttr<uint32_t>(l, CUBLASLT_MATRIX_LAYOUT_TYPE, &st));
-    r.emplace_back(pre + "order", LayoutAttr<int32_t>(l, CUBLASLT_MATRIX_LAYOUT_ORDER, &st));
-    r.emplace_back(pre + "rows", LayoutAttr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &st));
-    r.emplace_back(pre + "cols", LayoutAttr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_COLS, &st));
-    r.emplace_back(pre + "ld", LayoutAttr<int64_t>(l, CUBLASLT_MATRIX_LAYOUT_LD, &st));
-  }
-  cublasLtMatmulPreference_t p = &s.pref;
-  r.emplace_back("pref.max_workspace_bytes",
-                 PrefAttr<uint64_t>(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st));
-  r.emplace_back("pref.min_alignment_a",
-                 PrefAttr<uint32_t>(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &st));
-  r.emplace_back("pref.min_alignment_d",
-                 PrefAttr<uint32_t>(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &st));
-  if (st != CUBLAS_STATUS_SUCCESS) return CublasError("reading back the cuBLASLt setup", st);
-  return ffi::Error::Success();
-}
-
-std::vector<std::pair<std::string, int64_t>> CublasLtConstants() {
-  return {{"CUBLAS_COMPUTE_32F", CUBLAS_COMPUTE_32F},
-          {"CUDA_R_32F", CUDA_R_32F},
-          {"CUDA_R_16F", CUDA_R_16F},
-          {"CUDA_R_16BF", CUDA_R_16BF},
-          {"CUDA_R_8F_E4M3", CUDA_R_8F_E4M3},
-          {"CUDA_R_8F_E5M2", CUDA_R_8F_E5M2},
-          {"CUBLAS_OP_N", CUBLAS_OP_N},
-          {"CUBLAS_OP_T", CUBLAS_OP_T},
-          {"CUBLASLT_ORDER_COL", CUBLASLT_ORDER_COL},
-          {"CUBLASLT_EPILOGUE_DEFAULT", CUBLASLT_EPILOGUE_DEFAULT},
-          {"CUBLASLT_EPILOGUE_BIAS", CUBLASLT_EPILOGUE_BIAS},
-          {"fake_a_scale_inv", static_cast<int64_t>(kFakeAScaleInv)},
-          {"fake_b_scale_inv", static_cast<int64_t>(kFakeBScaleInv)},
-          {"fake_bias", static_cast<int64_t>(kFakeBias)}};
-}
-
-std::string ProbeCublasLtCreate() {
-  cublasLtHandle_t h = nullptr;
-  const cublasStatus_t st = cublasLtCreate(&h);
-  if (st == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(h);
-  const char* name = cublasLtGetStatusName(st);
-  return name != nullptr ? name : std::to_string(static_cast<int>(st));
-}
-
 }  // namespace fp8jax
 
 namespace ffi = xla::ffi;
@@ -624,4 +484,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda, fp8jax::GemmInitialize,
                               FP8JAX_GEMM_BINDING(BindInitialize));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxGemmCuda, fp8jax::GemmImpl, FP8JAX_GEMM_BINDING(Bind),
-                              {ffi::Traits::kCmdBufferCompatible});
+                              {fp8jax::kCudaHandlerTraits});

@@ -1,17 +1,21 @@
-// The host-only part of the cuBLASLt FP8 GEMM (cpp/cuda/gemm_cublaslt.cc):
-// argument checks and every descriptor, layout and preference set before
-// cublasLtMatmul. None of it needs a GPU, so module_cuda.cc exposes it to the
-// tests (tests/ops/test_gemm_setup.py) as `_gemm_setup`.
+// The host-only part of the cuBLASLt FP8 GEMM (cpp/cuda/gemm_cublaslt.cc): the argument checks
+// and every descriptor, layout and preference set before cublasLtMatmul. None of it needs a GPU;
+// the handler uses it, and so does the test-only extension (cpp/testing/module_cuda_testing.cc),
+// which reads the descriptors back for tests/ops/test_gemm_setup.py.
 #pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
+
+// cuBLASLt's default alignment preference, and the cap of the alignments the handler reports.
+inline constexpr uintptr_t kMaxAlignment = 256;
 
 // One GEMM as the handler sees it: a[M, K] (FP8), b[N, K] (FP8), out[M, N],
 // optional bias[N]; the dtypes are XLA's.
@@ -28,19 +32,43 @@ struct GemmProblem {
   int64_t fast_accum = 0;
 };
 
-// Checks the problem and builds the cuBLASLt setup for it with placeholder
-// device pointers (no GPU involved), then reads every attribute back from the
-// descriptors: (name, value) pairs, e.g. ("desc.fast_accum", 1). An invalid or
-// unsupported problem returns the same ffi::Error the handler would.
-xla::ffi::Error DescribeGemmSetup(const GemmProblem& problem,
-                                  std::vector<std::pair<std::string, int64_t>>* out);
+// The checked problem in cuBLASLt's terms.
+struct GemmArgs {
+  int64_t m = 0;  // rows of the row-major result (M)
+  int64_t n = 0;  // columns of the row-major result (N)
+  int64_t k = 0;
+  cudaDataType_t a_type{}, b_type{}, d_type{};
+  bool has_bias = false;
+  bool fast_accum = false;
+};
 
-// The cuBLASLt constants the description uses (data types, ops, epilogues),
-// by name, so tests compare against the header's values.
-std::vector<std::pair<std::string, int64_t>> CublasLtConstants();
+// Device addresses the descriptors point at (placeholders in the host test),
+// their alignments and the usable workspace size.
+struct GemmPointers {
+  const void* a_scale_inv = nullptr;
+  const void* b_scale_inv = nullptr;
+  const void* bias = nullptr;
+  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+  uint64_t workspace_bytes = 0;
+};
 
-// Tries cublasLtCreate (and destroys the handle): "CUBLAS_STATUS_SUCCESS" or
-// the failure's status name. Tells the tests what needs a device.
-std::string ProbeCublasLtCreate();
+// Descriptors in caller-owned memory (cuBLASLt's public opaque structs,
+// initialised by cublasLt*Init): building them allocates nothing and they
+// need no destroy, so the execute stage can build them inside a graph capture.
+struct GemmSetup {
+  cublasLtMatmulDescOpaque_t desc;
+  cublasLtMatrixLayoutOpaque_t la, lb, ld;
+  cublasLtMatmulPreferenceOpaque_t pref;
+};
+
+// The dtype, dimension and flag checks, on a problem description alone.
+xla::ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g);
+
+// Everything before cublasLtMatmul for a checked problem; host-only.
+xla::ffi::Error BuildGemmSetup(const GemmArgs& g, const GemmPointers& ptr, GemmSetup* s);
+
+// A failed cuBLAS call as an ffi::Error naming `what` and the status (kUnimplemented for an
+// unsupported problem or architecture, InvalidArgument for an invalid value, Internal else).
+xla::ffi::Error CublasError(const std::string& what, cublasStatus_t st);
 
 }  // namespace fp8jax

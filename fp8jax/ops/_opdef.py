@@ -94,6 +94,17 @@ def _names(spec: Factors) -> tuple[str, ...]:
     return tuple(spec.split()) if isinstance(spec, str) else tuple(spec)
 
 
+_OPS: dict[str, OpDef] = {}  # every OpDef constructed, by name (see registered_ops)
+
+
+def registered_ops() -> dict[str, OpDef]:
+    """Every op declared with :class:`OpDef`, by name (importing :mod:`fp8jax.ops` declares
+    them all). The GEMM, which plans its own partitioning, is not an OpDef."""
+    import fp8jax.ops  # noqa: F401  (declares every op)
+
+    return dict(_OPS)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class OpDef:
     """The declaration of one op (see the module docstring).
@@ -149,6 +160,7 @@ class OpDef:
 
     def __post_init__(self) -> None:
         _implementation.register_family(self.family, self.name)
+        _OPS[self.name] = self
 
         def run(params, reduction, impl, *operands):
             if impl == "xla":

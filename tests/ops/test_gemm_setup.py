@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from conftest import load_testing_extension
 
 from fp8jax import _ffi
 
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.skipif(
     reason="the CUDA extension is not built (no nvcc when fp8jax was built); the cuBLASLt setup "
     "lives in it",
 )
+# The host-side GEMM setup lives in the test-only CUDA extension.
+setup = load_testing_extension(cuda=True) if cuda is not None else None
 
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 OUT = ("float32", "bfloat16", "float16")
@@ -31,7 +34,7 @@ M, N, K = 48, 32, 64  # K, N multiples of 16; M free
 
 
 def consts():
-    return cuda._cublaslt_constants()
+    return setup._cublaslt_constants()
 
 
 def cuda_type(name: str) -> int:
@@ -54,13 +57,13 @@ def test_setup_for_every_dtype_combination(a, b, out, fast_accum, has_bias):
     args = dict(a=a, b=b, out=out, m=M, n=N, k=K, has_bias=has_bias, fast_accum=fast_accum)
     if a == b == "float8_e5m2":
         with pytest.raises(ValueError, match="E5M2 x E5M2 is not supported"):
-            cuda._gemm_setup(**args, bias=bias, bias_count=N)
+            setup._gemm_setup(**args, bias=bias, bias_count=N)
         return
     if has_bias and out == "float32":
         with pytest.raises(ValueError, match="fused bias needs a bfloat16 or float16 output"):
-            cuda._gemm_setup(**args, bias=bias, bias_count=N)
+            setup._gemm_setup(**args, bias=bias, bias_count=N)
         return
-    s = cuda._gemm_setup(**args, bias=bias, bias_count=N if has_bias else 0)
+    s = setup._gemm_setup(**args, bias=bias, bias_count=N if has_bias else 0)
     c = consts()
     assert s["desc.compute_type"] == c["CUBLAS_COMPUTE_32F"]
     assert s["desc.scale_type"] == c["CUDA_R_32F"]
@@ -121,12 +124,12 @@ def test_rejected_problems(change, message):
     )
     args.update(change)
     with pytest.raises(ValueError, match=message):
-        cuda._gemm_setup(**args)
+        setup._gemm_setup(**args)
 
 
 def test_empty_output_needs_no_k():
     """M == 0 or N == 0: nothing to compute; K == 0 is then accepted (the handler returns)."""
-    s = cuda._gemm_setup("float8_e4m3fn", "float8_e4m3fn", "float32", 0, 32, 0, 0, 1)
+    s = setup._gemm_setup("float8_e4m3fn", "float8_e4m3fn", "float32", 0, 32, 0, 0, 1)
     assert s["layout_b.cols"] == 0
 
 
@@ -135,7 +138,7 @@ def test_what_needs_a_device():
     takes the handle: the heuristic query and the matmul. On a machine with no GPU or driver it
     returns CUBLAS_STATUS_NOT_INITIALIZED (seen on the project's CPU machines); with JAX's CUDA
     backend up it must succeed."""
-    status = cuda._probe_cublaslt_create()
+    status = setup._probe_cublaslt_create()
     assert status.startswith("CUBLAS_STATUS_"), status
     if _ffi.jax_has_cuda():
         assert status == "CUBLAS_STATUS_SUCCESS"

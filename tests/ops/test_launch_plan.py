@@ -1,11 +1,12 @@
 """The CUDA kernels' launch planning (cpp/common/launch_plan.h), run on the host.
 
-The CPU extension compiles the same header the CUDA kernels use and exposes it as private
-``_plan_*`` functions; ``_simulate_*`` run each kernel's tile walk for every block and thread of
-the planned grid and report which element each thread touched. The tests check, without a GPU:
-every element written exactly once, vector accesses only where aligned, scalar head/tail only at
-the ends, one scale_inv write per group even for empty tensors, and no grid-dimension limit
-(more than 65535 row tiles or vmapped groups, more than 2**31 elements: all int64).
+The test-only extension (``fp8jax._fp8jax_testing``) compiles the same header the CUDA kernels
+use and exposes it as private ``_plan_*`` functions; ``_simulate_*`` run each kernel's tile walk
+for every block and thread of the planned grid and report which element each thread touched. The
+tests check, without a GPU: every element written exactly once, vector accesses only where
+aligned, scalar head/tail only at the ends, one scale_inv write per group even for empty
+tensors, and no grid-dimension limit (more than 65535 row tiles or vmapped groups, more than
+2**31 elements: all int64).
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _dbias import strip_order_sum
+from conftest import load_testing_extension
 
-from fp8jax._ffi import cpu_extension
-
-ext = cpu_extension()
+ext = load_testing_extension()
 
 RESIDENT = 132 * 8  # an H100's SMs x 8 blocks: what the occupancy API might return
 BASE = 1 << 20  # a 256-byte aligned fake device address

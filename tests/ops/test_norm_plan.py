@@ -1,6 +1,6 @@
 """The CUDA norm kernels' launch planning (cpp/common/norm_plan.h), run on the host.
 
-The CPU extension compiles the header the CUDA kernels use; ``_simulate_norm`` walks the
+The test-only extension compiles the header the CUDA kernels use; ``_simulate_norm`` walks the
 kernels' loops for every block, row group, iteration and thread of the planned grid. Checked
 without a GPU: every element of every row touched exactly once (forward and backward), vector
 chunks only for aligned rows and always whole, the backward's per-thread registers within
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import load_testing_extension
 
-from fp8jax._ffi import cpu_extension
 from fp8jax.ops.norm import NORM_WORKSPACE_SLOTS
 
-ext = cpu_extension()
+ext = load_testing_extension()
 RESIDENT = 132 * 4
 
 

@@ -1,4 +1,4 @@
-// Private `_plan_norm*` / `_simulate_norm*` functions of `fp8jax._fp8jax_cpu`:
+// Private `_plan_norm*` / `_simulate_norm*` functions of the test-only `fp8jax._fp8jax_testing`:
 // the CUDA norm kernels' launch planning (cpp/common/norm_plan.h), compiled
 // for the host so that tests/ops/test_norm_plan.py checks it without a GPU.
 //
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/norm_plan.h"
-#include "cpu/plan_bindings.h"
+#include "testing/plan_bindings.h"
 
 namespace nb = nanobind;
 

@@ -1,4 +1,4 @@
-// Private `_plan_*` / `_simulate_*` functions of `fp8jax._fp8jax_cpu`: the
+// The `_plan_*` / `_simulate_*` functions of the test-only `fp8jax._fp8jax_testing`: the
 // CUDA kernels' launch planning (cpp/common/launch_plan.h), compiled for the
 // host so that tests/ops/test_launch_plan.py checks it without a GPU.
 //
@@ -9,7 +9,7 @@
 // cast_transpose, which input element each q_t code comes from through the
 // shared-memory tile. Meant for small shapes: the arrays are one entry per
 // element.
-#include "cpu/plan_bindings.h"
+#include "testing/plan_bindings.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>

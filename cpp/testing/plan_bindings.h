@@ -1,4 +1,4 @@
-// The CUDA launch planning, exposed to Python by the CPU extension for tests.
+// The CUDA launch planning, exposed to the tests by the test-only extension (module_testing.cc).
 #pragma once
 
 #include <nanobind/nanobind.h>

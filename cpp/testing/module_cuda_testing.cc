@@ -1,0 +1,205 @@
+// nanobind module `fp8jax._fp8jax_cuda_testing`, built only for the tests (CMake
+// FP8JAX_TESTING=ON, which tools/test.sh sets) and only beside the CUDA extension: the cuBLASLt
+// FP8 GEMM's host-side setup (cuda/gemm_setup.h) built with placeholder device pointers and read
+// back from the descriptors, for tests/ops/test_gemm_setup.py. No GPU is needed; loading the
+// module runs no CUDA call.
+#include <cublasLt.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/gemm_setup.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+namespace fp8jax {
+namespace {
+
+template <typename T>
+int64_t DescAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, cublasStatus_t* st) {
+  T v{};
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatmulDescGetAttribute(d, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(v);
+}
+
+int64_t DescPtrAttr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                    cublasStatus_t* st) {
+  const void* v = nullptr;
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatmulDescGetAttribute(d, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(v));
+}
+
+template <typename T>
+int64_t LayoutAttr(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                   cublasStatus_t* st) {
+  T v{};
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatrixLayoutGetAttribute(l, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(v);
+}
+
+template <typename T>
+int64_t PrefAttr(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+                 cublasStatus_t* st) {
+  T v{};
+  size_t written = 0;
+  if (*st == CUBLAS_STATUS_SUCCESS)
+    *st = cublasLtMatmulPreferenceGetAttribute(p, attr, &v, sizeof(v), &written);
+  return static_cast<int64_t>(v);
+}
+
+// Placeholder device addresses for the host description.
+constexpr uintptr_t kFakeAScaleInv = 0x1000;
+constexpr uintptr_t kFakeBScaleInv = 0x2000;
+constexpr uintptr_t kFakeBias = 0x3000;
+
+// Checks the problem, builds its setup with placeholder device pointers and reads every
+// attribute back: (name, value) pairs, e.g. ("desc.fast_accum", 1).
+ffi::Error DescribeGemmSetup(const GemmProblem& problem,
+                             std::vector<std::pair<std::string, int64_t>>* out) {
+  GemmArgs g;
+  if (auto err = CheckGemmProblem(problem, &g); !err.success()) return err;
+  GemmPointers ptr;
+  ptr.a_scale_inv = reinterpret_cast<const void*>(kFakeAScaleInv);
+  ptr.b_scale_inv = reinterpret_cast<const void*>(kFakeBScaleInv);
+  ptr.bias = g.has_bias ? reinterpret_cast<const void*>(kFakeBias) : nullptr;
+  ptr.align_a = ptr.align_b = ptr.align_d = ptr.align_bias = static_cast<uint32_t>(kMaxAlignment);
+  ptr.workspace_bytes = 32u << 20;
+  GemmSetup s;
+  if (auto err = BuildGemmSetup(g, ptr, &s); !err.success()) return err;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  auto& r = *out;
+  cublasLtMatmulDesc_t d = &s.desc;
+  r.emplace_back("desc.compute_type", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, &st));
+  r.emplace_back("desc.scale_type", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_SCALE_TYPE, &st));
+  r.emplace_back("desc.transa", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_TRANSA, &st));
+  r.emplace_back("desc.transb", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_TRANSB, &st));
+  r.emplace_back("desc.fast_accum", DescAttr<int8_t>(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &st));
+  r.emplace_back("desc.epilogue", DescAttr<uint32_t>(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &st));
+  r.emplace_back("desc.a_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &st));
+  r.emplace_back("desc.b_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &st));
+  r.emplace_back("desc.bias_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &st));
+  if (g.has_bias) {
+    r.emplace_back("desc.bias_data_type",
+                   DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &st));
+  }
+  const std::pair<const char*, cublasLtMatrixLayout_t> layouts[] = {
+      {"a", &s.la}, {"b", &s.lb}, {"d", &s.ld}};
+  for (const auto& [name, l] : layouts) {
+    const std::string pre = std::string("layout_") + name + ".";
+    r.emplace_back(pre + "type", LayoutAttr<uint32_t>(l, CUBLASLT_MATRIX_LAYOUT_TYPE, &st));
+    r.emplace_back(pre + "order", LayoutAttr<int32_t>(l, CUBLASLT_MATRIX_LAYOUT_ORDER, &st));
+    r.emplace_back(pre + "rows", LayoutAttr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &st));
+    r.emplace_back(pre + "cols", LayoutAttr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_COLS, &st));
+    r.emplace_back(pre + "ld", LayoutAttr<int64_t>(l, CUBLASLT_MATRIX_LAYOUT_LD, &st));
+  }
+  cublasLtMatmulPreference_t p = &s.pref;
+  r.emplace_back("pref.max_workspace_bytes",
+                 PrefAttr<uint64_t>(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st));
+  r.emplace_back("pref.min_alignment_a",
+                 PrefAttr<uint32_t>(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &st));
+  r.emplace_back("pref.min_alignment_d",
+                 PrefAttr<uint32_t>(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &st));
+  if (st != CUBLAS_STATUS_SUCCESS) return CublasError("reading back the cuBLASLt setup", st);
+  return ffi::Error::Success();
+}
+
+// The cuBLASLt constants the description uses, by name, so tests compare against the header.
+std::vector<std::pair<std::string, int64_t>> CublasLtConstants() {
+  return {{"CUBLAS_COMPUTE_32F", CUBLAS_COMPUTE_32F},
+          {"CUDA_R_32F", CUDA_R_32F},
+          {"CUDA_R_16F", CUDA_R_16F},
+          {"CUDA_R_16BF", CUDA_R_16BF},
+          {"CUDA_R_8F_E4M3", CUDA_R_8F_E4M3},
+          {"CUDA_R_8F_E5M2", CUDA_R_8F_E5M2},
+          {"CUBLAS_OP_N", CUBLAS_OP_N},
+          {"CUBLAS_OP_T", CUBLAS_OP_T},
+          {"CUBLASLT_ORDER_COL", CUBLASLT_ORDER_COL},
+          {"CUBLASLT_EPILOGUE_DEFAULT", CUBLASLT_EPILOGUE_DEFAULT},
+          {"CUBLASLT_EPILOGUE_BIAS", CUBLASLT_EPILOGUE_BIAS},
+          {"fake_a_scale_inv", static_cast<int64_t>(kFakeAScaleInv)},
+          {"fake_b_scale_inv", static_cast<int64_t>(kFakeBScaleInv)},
+          {"fake_bias", static_cast<int64_t>(kFakeBias)}};
+}
+
+// Tries cublasLtCreate (and destroys the handle): "CUBLAS_STATUS_SUCCESS" or the failure's
+// status name. Tells the tests what needs a device.
+std::string ProbeCublasLtCreate() {
+  cublasLtHandle_t h = nullptr;
+  const cublasStatus_t st = cublasLtCreate(&h);
+  if (st == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(h);
+  const char* name = cublasLtGetStatusName(st);
+  return name != nullptr ? name : std::to_string(static_cast<int>(st));
+}
+
+ffi::DataType DataTypeOf(const std::string& name) {
+  if (name == "float8_e4m3fn") return ffi::DataType::F8E4M3FN;
+  if (name == "float8_e5m2") return ffi::DataType::F8E5M2;
+  if (name == "float32") return ffi::DataType::F32;
+  if (name == "bfloat16") return ffi::DataType::BF16;
+  if (name == "float16") return ffi::DataType::F16;
+  if (name == "int8") return ffi::DataType::S8;
+  if (name == "none") return ffi::DataType::INVALID;
+  throw std::invalid_argument("unknown dtype name '" + name + "'");
+}
+
+nb::dict Pairs(const std::vector<std::pair<std::string, int64_t>>& pairs) {
+  nb::dict d;
+  for (const auto& [k, v] : pairs) d[k.c_str()] = v;
+  return d;
+}
+
+// The handler's ffi::Error as a Python exception: ValueError for invalid
+// arguments, NotImplementedError for unsupported ones, RuntimeError else.
+[[noreturn]] void Raise(const ffi::Error& err) {
+  const auto code = err.errc().value_or(ffi::ErrorCode::kUnknown);
+  if (code == ffi::ErrorCode::kInvalidArgument) throw nb::value_error(err.message().c_str());
+  if (code == ffi::ErrorCode::kUnimplemented) {
+    throw nb::builtin_exception(nb::exception_type::runtime_error,
+                                ("unimplemented: " + err.message()).c_str());
+  }
+  throw std::runtime_error(err.message());
+}
+
+nb::dict GemmSetupOf(const std::string& a, const std::string& b, const std::string& out, int64_t m,
+                     int64_t n, int64_t k, int64_t has_bias, int64_t fast_accum,
+                     const std::string& bias, int64_t bias_count) {
+  GemmProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.a_type = DataTypeOf(a);
+  p.b_type = DataTypeOf(b);
+  p.out_type = DataTypeOf(out);
+  p.bias_type = DataTypeOf(bias);
+  p.bias_count = bias_count;
+  p.has_bias = has_bias;
+  p.fast_accum = fast_accum;
+  std::vector<std::pair<std::string, int64_t>> report;
+  if (auto err = DescribeGemmSetup(p, &report); !err.success()) Raise(err);
+  return Pairs(report);
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+NB_MODULE(_fp8jax_cuda_testing, m) {
+  m.doc() = "fp8jax test support: the cuBLASLt GEMM setup on the host";
+  m.def("_gemm_setup", &fp8jax::GemmSetupOf, nb::arg("a"), nb::arg("b"), nb::arg("out"),
+        nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("has_bias"), nb::arg("fast_accum"),
+        nb::arg("bias") = "none", nb::arg("bias_count") = 0);
+  m.def("_cublaslt_constants", []() { return fp8jax::Pairs(fp8jax::CublasLtConstants()); });
+  m.def("_probe_cublaslt_create", &fp8jax::ProbeCublasLtCreate);
+}
