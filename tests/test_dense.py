@@ -9,15 +9,29 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _accuracy import EPS32, Bound, assert_within, gemm, tensor_cores
 
 import fp8jax
-from fp8jax import DelayedScaling, Float8CurrentScaling, Format
+from fp8jax import DelayedScaling, Float8CurrentScaling, Format, ops
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 # Unit roundoff of each format: a quantized value is within u * |x| of x (normal range).
 U_E4M3 = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).eps) / 2  # 2**-4
 U_E5M2 = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).eps) / 2  # 2**-3
 RECIPE = DelayedScaling(amax_history_len=4)
+
+
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+    """Full float32 matmuls on a GPU too (no TF32): in the references, and in the FP8-off layer,
+    which runs a plain ``jnp.dot`` at the default precision, as ``flax.linen.Dense`` would."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
+
+def _tensor_cores() -> bool:
+    """Whether the FP8 GEMMs run on tensor cores here (see tests/_accuracy.py)."""
+    return tensor_cores(ops.get_implementation("gemm"))
 
 
 def _rand(shape, seed, scale=1.0):
@@ -48,7 +62,13 @@ def _grad(loss, argnums):
 def test_disabled_is_plain_dense():
     x, w, b = _rand((5, 7, 16), 0), _rand((16, 12), 1), _rand((12,), 2)
     y = fp8jax.dense(x, w, b, enabled=False)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(_ref(x, w, b)), rtol=1e-6, atol=1e-6)
+    if jax.default_backend() == "cpu":
+        np.testing.assert_allclose(np.asarray(y), np.asarray(_ref(x, w, b)), rtol=1e-6, atol=1e-6)
+    else:  # the GPU may sum the 2-D and the 3-D dot in other orders: each float32 sum of K
+        # products and a bias is within (K + 1) * 2**-24 * sum(|terms|) of the exact one
+        p = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64)) + np.abs(b)
+        err = np.abs(np.asarray(y, np.float64) - np.asarray(_ref(x, w, b), np.float64))
+        assert (err <= (x.shape[-1] + 2) * EPS32 * p).all(), err.max()
     # outside any autocast, FP8 is off by default
     np.testing.assert_array_equal(np.asarray(fp8jax.dense(x, w, b)), np.asarray(y))
 
@@ -58,8 +78,16 @@ def test_representable_inputs_forward_is_exact_to_accumulation_order():
     w = fp8jax.cast_to_representable(_rand((48, 32), 4, 0.5), E4M3)
     y = _fp8(x, w)
     ref = _ref(x, w)
-    # FP8 products are exact in float32: only the summation order differs (~1e-6 relative).
-    np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=1e-4, atol=1e-4)
+    if not _tensor_cores():
+        # FP8 products are exact in float32: only the summation order differs (~1e-6 relative).
+        np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=1e-4, atol=1e-4)
+        return
+    # On tensor cores: the accumulation bound of each element (tests/_accuracy.py), and, as in
+    # tests/ops/test_gemm.py, the whole matrix within "fast" accumulation's allowance of
+    # max(2**-9, 2**-13 * K / 32) of its norm (2**-9 here, K = 48).
+    assert_within(y, gemm(Bound.exact(x), Bound.exact(w), ref), rtol=0.0, atol=0.0)
+    rel = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+    assert rel <= EPS32 + max(2.0**-9, 2.0**-13 * x.shape[1] / 32), rel
 
 
 def test_representable_gradients_are_tight():
@@ -70,8 +98,22 @@ def test_representable_gradients_are_tight():
 
     g = _grad(lambda x, w, b, p: jnp.sum(_fp8(x, w, b, probe=p) * c), (0, 1, 2))(x, w, b)
     gr = jax.grad(lambda x, w, b: jnp.sum(_ref(x, w, b) * c), argnums=(0, 1, 2))(x, w, b)
-    for got, want in zip(g, gr, strict=True):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    if not _tensor_cores():
+        for got, want in zip(g, gr, strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+        return
+    # On tensor cores, dgrad c @ w^T (K = 16) and wgrad x^T @ c (K = 32) within their GEMMs'
+    # accumulation bound (tests/_accuracy.py) and, whole, within "split" accumulation's
+    # allowance of 2**-9 (tests/ops/test_gemm.py); dbias is c's column sum in float32, as on CPU.
+    xb, wb, cb = Bound.exact(x), Bound.exact(w), Bound.exact(c)
+    for name, got, want in (
+        ("dx", g[0], gemm(cb, wb.T, gr[0])),
+        ("dw", g[1], gemm(xb.T, cb, gr[1])),
+    ):
+        assert_within(got, want, rtol=0.0, atol=0.0, what=name)
+        rel = float(np.linalg.norm(np.asarray(got, np.float64) - want.value))
+        assert rel <= (EPS32 + 2.0**-9) * float(np.linalg.norm(want.value)), (name, rel)
+    np.testing.assert_allclose(np.asarray(g[2]), np.asarray(gr[2]), rtol=1e-4, atol=1e-4)
 
 
 def _normwise_bound(x, w, u):

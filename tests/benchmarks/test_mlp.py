@@ -27,6 +27,9 @@ def test_allow_cpu_smoke(tmp_path):
         assert key in report["env"]
 
 
+@pytest.mark.skipif(
+    mlp.on_gpu(), reason="a CUDA device is present: main() would run the full-size benchmark"
+)
 def test_without_gpu_it_skips(tmp_path):
     out = tmp_path / "mlp.json"
     assert mlp.main(["--json", str(out)]) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 
+import jax
 import pytest
 from _example import EXAMPLES, example
 
@@ -34,7 +35,15 @@ def results(quickstart):
 def test_demos_run_and_learn(results, quickstart, api):
     result, printed = results[api]
     assert 1e-3 < result["fp8_vs_fp32"] < 0.1, result  # the E4M3 cast of input and kernel
-    assert result["representable"] < 1e-4, result  # only the summation order is left
+    if jax.default_backend() == "cpu":
+        assert result["representable"] < 1e-4, result  # only the summation order is left
+    else:
+        # Only the accumulation is left, on FP8 tensor cores whose forward ("fast") accumulator
+        # keeps ~14 bits: tests/ops/test_gemm.py's allowance for it, 2**-13 lost in each of the
+        # K / 32 MMA steps (K = HIDDEN), is 2.9e-3 here; and far below the cast's difference.
+        allowance = max(2.0**-9, 2.0**-13 * quickstart.HIDDEN / 32)
+        assert result["representable"] < allowance, result
+        assert result["representable"] < result["fp8_vs_fp32"] / 10, result
     losses = result["losses"]
     assert len(losses) == quickstart.STEPS
     assert min(losses) == losses[-1] < losses[0] / 10, losses

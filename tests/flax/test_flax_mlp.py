@@ -145,6 +145,10 @@ def test_five_delayed_scaling_steps_match_flax_fp8_ops(acts, norm):
     float32 details (the norm's statistics; x * scale vs x / (1 / scale) before the FP8
     rounding), which move an occasional element to the neighbouring FP8 value."""
     model, twin = _model(acts, norm), _flax_fp8_twin(acts, norm)
+    # On a GPU both run their FP8 GEMMs on tensor cores, but not the same kernels: each GEMM is
+    # within tests/ops/test_gemm.py's whole-matrix allowance of 2**-9 of its exact value (K <= 128
+    # here, either accumulation mode), so the two may differ by 2 * 2**-9 more.
+    tol = 2e-3 if jax.default_backend() == "cpu" else 2e-3 + 2 * 2.0**-9
     x, y = _rand((4, 8, H), 4, 2.0), _rand((4, 8, H), 5)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         v = model.init(jax.random.key(2), x)
@@ -179,10 +183,10 @@ def test_five_delayed_scaling_steps_match_flax_fp8_ops(acts, norm):
     for _ in range(5):
         v, loss = step(v)
         tv, tloss = tstep(tv)
-        np.testing.assert_allclose(float(loss), float(tloss), rtol=2e-3)
+        np.testing.assert_allclose(float(loss), float(tloss), rtol=tol)
     for a, b in zip(jax.tree.leaves(_twin_params(v["params"])), jax.tree.leaves(tv["params"]),
                     strict=True):  # fmt: skip
-        assert _rel(a, b) < 2e-3
+        assert _rel(a, b) < tol
     # Flax keeps the scale it used in the last step and derives the next one from its amax
     # history when it next runs; fp8jax's state already holds the next step's scale. Compare
     # that: the format's max over the max of the last four amaxes, per role.
@@ -194,4 +198,4 @@ def test_five_delayed_scaling_steps_match_flax_fp8_ops(acts, norm):
         for op in ops_state
         for role in ("input", "kernel", "output_grad")
     ]
-    np.testing.assert_allclose(np.asarray(v["fp8_meta"]["scale"]), theirs, rtol=2e-3)
+    np.testing.assert_allclose(np.asarray(v["fp8_meta"]["scale"]), theirs, rtol=tol)

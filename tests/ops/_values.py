@@ -135,21 +135,48 @@ def assert_wide_equal(got, want) -> None:
     _assert_same_bits(got, want, width, 2 * got.dtype.itemsize)
 
 
-def assert_fp8_within_one_code(got, want) -> None:
-    """FP8 arrays whose values are equal or neighbours (one rounding apart); NaN codes equal."""
-    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
-    assert g.shape == w.shape, (g.shape, w.shape)
-    nan_g = np.isnan(np.asarray(got).astype(np.float32))
-    np.testing.assert_array_equal(nan_g, np.isnan(np.asarray(want).astype(np.float32)))
+def assert_matches(
+    got, want, exact: bool, *, ulps: int = 0, rtol: float = 0.0, atol: float = 0.0
+) -> None:
+    """``got`` equals ``want`` as far as its implementation promises (``exact``: pass
+    ``reference_bits_promised(implementation)`` from ``_implementations``).
 
-    def ordinal(codes):  # sign-magnitude codes to their order on the number line (+0 == -0)
-        mag = (codes & 0x7F).astype(np.int32)
-        return np.where(codes & 0x80, -mag, mag)
+    ``exact``: the same bits, NaN payloads and signs included (``assert_fp8_equal`` and
+    ``assert_wide_equal``); ``ulps``, ``rtol`` and ``atol`` are then ignored. Otherwise (``"xla"``
+    on a GPU, docs/numerics.md): NaN exactly where ``want`` is NaN, with any sign and payload (XLA
+    gives NaN results its canonical NaN); +-inf exactly where ``want`` has it; and each finite value
+    with ``want``'s bits, or at most ``ulps`` steps of its dtype from it on the number line (for
+    FP8, codes; +0 and -0 are one point), or within ``atol + rtol * |want|``. FP8 or wide arrays.
+    """
+    got, want = np.atleast_1d(np.asarray(got)), np.atleast_1d(np.asarray(want))
+    size = got.dtype.itemsize
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[size]
+    if exact:
+        _assert_same_bits(got, want, width, 2 * size)
+        return
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    gb, wb = got.view(width), want.view(width)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        gv, wv = (a.astype(np.float32).astype(np.float64) for a in (got, want))
+    finite = np.isfinite(gv) & np.isfinite(wv)
+    ok = gb == wb
+    if ulps:
+        sign = 1 << (8 * size - 1)
 
-    far = ~nan_g & (np.abs(ordinal(g) - ordinal(w)) > 1)
-    if far.any():
-        i = tuple(b[0] for b in np.nonzero(far))
+        def ordinal(b):  # sign-magnitude bits to their order on the number line
+            b = b.astype(np.int64)
+            return np.where(b & sign, -(b & (sign - 1)), b & (sign - 1))
+
+        ok |= finite & (np.abs(ordinal(gb) - ordinal(wb)) <= ulps)
+    if rtol or atol:
+        ok |= finite & (np.abs(gv - wv) <= atol + rtol * np.abs(wv))
+    bad = np.where(np.isnan(wv), ~np.isnan(gv), ~ok)
+    if bad.any():
+        i = tuple(b[0] for b in np.nonzero(bad))
+        d = 2 * size + 2
         raise AssertionError(
-            f"{int(far.sum())} of {g.size} codes are more than one code apart; first at {i}: "
-            f"got {g[i]:#04x}, want {w[i]:#04x}"
+            f"{int(bad.sum())} of {gb.size} values differ beyond ulps={ulps}, rtol={rtol}, "
+            f"atol={atol} (NaN: any sign and payload); first at {i}: got {gb[i]:#0{d}x} "
+            f"({gv[i]!r}), want {wb[i]:#0{d}x} ({wv[i]!r})"
         )
