@@ -85,6 +85,14 @@ FP8JAX_HD float RoundHalfEven(float x) {
 // True when x is neither inf nor NaN (an exponent field below all ones).
 FP8JAX_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7F800000u) != 0x7F800000u; }
 
+// scale_inv = 1 / scale, with the NaN rule of x86's divss (what the CPU reference computes): a
+// NaN scale gives that NaN, quieted, sign and payload kept. CUDA's division would give the
+// canonical NaN (0x7fffffff); every kernel writes its scale_inv through this.
+FP8JAX_HD float ScaleInverse(float scale) {
+  if (scale != scale) return BitsToFloat(FloatBits(scale) | 0x00400000u);
+  return 1.0f / scale;
+}
+
 // float -> FP8 code: round_to_nearest_even(x), finite values beyond the
 // largest finite value saturating to +-max. NaN -> sign|kNanCode (the sign of
 // the NaN kept); +-inf -> sign|kInfCode (E5M2: +-inf; E4M3: NaN, it has no

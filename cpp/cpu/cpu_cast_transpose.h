@@ -170,7 +170,7 @@ void CastTransposeRows(ffi::ThreadPool* pool, const Source& src, const CastTrans
   });
   for (int64_t g = 0; g < s.groups; ++g) {
     o.amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
-    o.scale_inv[g] = 1.0f / o.scale[g];
+    o.scale_inv[g] = ScaleInverse(o.scale[g]);
   }
   if (o.dbias == nullptr) return;
   // The strips' partials, added in strip order; blocks of columns in parallel.

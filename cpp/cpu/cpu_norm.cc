@@ -312,7 +312,7 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
   if (!err.success()) return err;
   for (int64_t g = 0; g < s.groups; ++g) {
     o.amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
-    o.scale_inv[g] = 1.0f / sc[g];
+    o.scale_inv[g] = ScaleInverse(sc[g]);
   }
   return ffi::Error::Success();
 }

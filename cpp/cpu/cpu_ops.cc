@@ -50,7 +50,7 @@ void QuantizeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, u
   });
   for (int64_t g = 0; g < s.groups; ++g) {
     amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
-    scale_inv[g] = 1.0f / scale[g];
+    scale_inv[g] = ScaleInverse(scale[g]);
   }
 }
 

@@ -194,7 +194,7 @@ __device__ __forceinline__ void StoreCodes(uint8_t* p, int64_t i, int count, boo
 __device__ __forceinline__ void WriteScaleInv(const float* __restrict__ scale,
                                               float* __restrict__ scale_inv, int64_t groups) {
   plan::WalkGroups(groups, blockIdx.x, gridDim.x, threadIdx.x,
-                   [&](int64_t g) { scale_inv[g] = 1.0f / scale[g]; });
+                   [&](int64_t g) { scale_inv[g] = ScaleInverse(scale[g]); });
 }
 
 // One atomic per block and group: the block's max of m into amax_bits[group].

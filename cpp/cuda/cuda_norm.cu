@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormForwardKernel(FwdArgs a) {
   if constexpr (kFp8) {
     if (blockIdx.x == 0) {
       for (int64_t g = threadIdx.x; g < a.groups; g += blockDim.x) {
-        a.scale_inv[g] = 1.0f / a.scale[g];
+        a.scale_inv[g] = ScaleInverse(a.scale[g]);
       }
     }
   }
