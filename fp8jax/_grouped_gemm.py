@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _fp8_gemm as g8
+from fp8jax import _layer_core as core
 from fp8jax.ops import _partition
 from fp8jax.ops._gemm_partition import _dims, _plan_mnk
 from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
@@ -237,44 +237,44 @@ def gemm_k(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, reuse, accumulate="split"
     return call(a, b, a_sinv, b_sinv, *reuse)
 
 
-def forward(s: g8.Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
+def forward(s: core.Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
     """A layer's grouped GEMM ``y [M, g, N]`` from its input's FP8 codes ``x_q [M, hidden]``
     and the high-precision kernel ``w (hidden, g, N)``, cast here (one quantize; its transposed
     copy ``(g, N, hidden)`` a transpose of the codes) -> ``(y, w's amax, residuals)`` as
-    :func:`fp8jax._fp8_gemm.gemm_forward`'s."""
+    :func:`fp8jax._layer_core.gemm_forward`'s."""
     fwd = s.fwd_dtype
     q, sinv, amax = quantize(
-        w, g8.scale_for(s, w, scale, fwd), fwd, amax_reduction="mesh",
+        w, core.scale_for(s, w, scale, fwd), fwd, amax_reduction="mesh",
         implementation=s.implementation("cast"),
     )  # fmt: skip
-    w_q = g8.named(g8.codes(q), 1)
-    w_t = g8.named(jnp.transpose(w_q, (1, 2, 0)), 3)
-    sinv, amax = g8.named(sinv, 4), g8.named(amax, 5)
+    w_q = core.named(core.codes(q), 1)
+    w_t = core.named(jnp.transpose(w_q, (1, 2, 0)), 3)
+    sinv, amax = core.named(sinv, 4), core.named(amax, 5)
     y = gemm_n(x_q, w_t, x_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=bias,
                accumulate="fast")  # fmt: skip
-    return y, amax, g8.GemmResiduals(w_q, w_t, sinv)
+    return y, amax, core.GemmResiduals(w_q, w_t, sinv)
 
 
-def cast_grad(s: g8.Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
+def cast_grad(s: core.Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
     """The output gradient ``dy [M, g, N]`` cast to the backward format -> ``(codes [M, g, N],
     transposed codes [g, N, M], scale_inv, amax, dbias [g, N] (float32) or None)``: one fused
     kernel (:func:`~fp8jax.ops.cast_transpose.grouped_cast_transpose_dbias`), or under
     explicit sharding (where its global view is not allowed) a quantize, an XLA transpose of
     the codes and a float32 column sum."""
     bwd, impl = s.bwd_dtype, s.implementation("cast")
-    scale = g8.scale_for(s, dy, scale, bwd)
+    scale = core.scale_for(s, dy, scale, bwd)
     if not _partition.explicit_mesh():
         q, q_t, sinv, amax, dbias = grouped_cast_transpose_dbias(
             dy, scale, bwd, amax_reduction="mesh", implementation=impl
         )
-        return g8.codes(q), g8.codes(q_t), sinv, amax, (dbias if with_bias else None)
+        return core.codes(q), core.codes(q_t), sinv, amax, (dbias if with_bias else None)
     q, sinv, amax = quantize(dy, scale, bwd, amax_reduction="mesh", implementation=impl)
-    q = g8.codes(q)
+    q = core.codes(q)
     dbias = jnp.sum(dy.astype(jnp.float32), axis=0) if with_bias else None
     return q, jnp.transpose(q, (1, 2, 0)), sinv, amax, dbias
 
 
-def backward(s: g8.Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt):
+def backward(s: core.Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt):
     """dgrad ``[M, hidden]`` and wgrad ``(hidden, g, N)`` of :func:`forward` from the output
     gradient's codes ``g_q [M, g, N]`` and ``g_t [g, N, M]``."""
     fwd, bwd = s.fwd_dtype, s.bwd_dtype

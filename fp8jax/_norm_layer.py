@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax._fp8_gemm import Fp8Setup, cast_t, codes, named
+from fp8jax._layer_core import Fp8Setup, cast_t, named_input
 from fp8jax.ops.norm import norm_backward, norm_forward, norm_forward_fp8
 
 NORM_TYPES = ("layernorm", "rmsnorm")
@@ -134,7 +134,7 @@ def input_forward(
     """A layer's first GEMM input: ``x`` ``[..., H]`` normalised (``norm``; ``None``: as it
     is) and cast to FP8 -> ``(q [M, H], q_t [H, M], scale_inv, amax, output or None,
     NormResiduals or None)``, the FP8 tensors as checkpoint-named codes
-    (:data:`fp8jax.dense.CHECKPOINT_NAMES`). ``output`` (the norm's output in ``x.dtype``, or
+    (:data:`fp8jax.CHECKPOINT_NAMES`). ``output`` (the norm's output in ``x.dtype``, or
     ``x``; ``[M, H]``) is kept when ``keep_output``."""
     hidden = x.shape[-1]
     if norm is None:
@@ -147,8 +147,7 @@ def input_forward(
         )
         res = NormResiduals(x, gamma, mu, rsigma)
         out = None if out is None else out.reshape(-1, hidden)
-    q, q_t = named(codes(q), 2), named(codes(q_t), 0)
-    return q, q_t, named(sinv, 4), named(amax, 5), out, res
+    return (*named_input(q, q_t, sinv, amax), out, res)
 
 
 def input_backward(

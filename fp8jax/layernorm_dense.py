@@ -10,15 +10,14 @@ norm's backward.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _fp8_gemm as g8
 from fp8jax import _grouped_gemm
+from fp8jax import _layer_core as core
 from fp8jax._norm_layer import (
     check_norm_args,
     check_norm_params,
@@ -35,7 +34,7 @@ _N = len(DENSE_ROLES)
 
 
 class _Config(NamedTuple):
-    setup: g8.Fp8Setup
+    setup: core.Fp8Setup
     norm: tuple[str, float, bool] | None  # None: no norm
     has_bias: bool
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
@@ -49,54 +48,37 @@ def _forward(cfg: _Config, x, gamma, beta, w, b, scale):
     ln_q, ln_t, ln_sinv, ln_amax, ln, norm_res = input_forward(
         s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
-    gemm = _grouped_gemm.forward if cfg.grouped else g8.gemm_forward
+    gemm = _grouped_gemm.forward if cfg.grouped else core.gemm_forward
     y, w_amax, r = gemm(s, ln_q, ln_sinv, w, scale[1], b, cfg.dtype)
     seen = jnp.stack([ln_amax, w_amax, jnp.float32(jnp.nan)]).reshape(_N)
     res = (norm_res, ln_t, ln_sinv, r, scale[2], ln_amax, w_amax)
     return (y, ln, seen), res
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ln_dense2d(cfg: _Config, x, gamma, beta, w, b, scale, probe):
-    del probe
-    out, _ = _forward(cfg, x, gamma, beta, w, b, scale)
-    return out
-
-
-def _ln_dense2d_fwd(cfg: _Config, x, gamma, beta, w, b, scale, probe):
-    params = (x, gamma, beta, w, b)
-    if not cfg.setup.current_scaling and not probe.perturbed and g8.perturbed(params):
-        raise g8.probe_error(cfg.setup.where)
-    args = jax.tree.map(lambda p: p.value, (*params, scale))
-    return _forward(cfg, *args)
-
-
-def _ln_dense2d_bwd(cfg: _Config, res, cts):
+def _backward(cfg: _Config, res, cts):
     s = cfg.setup
     norm_res, ln_t, ln_sinv, r, g_scale, ln_amax, w_amax = res
     x_dt, gamma_dt, beta_dt, w_dt, b_dt = cfg.dtypes
-    dy = g8.zeros_if_symbolic(cts[0])
+    dy = core.zeros_if_symbolic(cts[0])
     if cfg.grouped:
         g_q, g_t, g_sinv, g_amax, db = _grouped_gemm.cast_grad(s, dy, g_scale, cfg.has_bias)
         dln, dw = _grouped_gemm.backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
     else:
-        g_q, g_t, g_sinv, g_amax, db = g8.cast_dbias(s, dy, g_scale, cfg.has_bias)
-        g_q, g_t = g8.codes(g_q), g8.codes(g_t)
-        dln, dw = g8.gemm_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
+        g_q, g_t, g_sinv, g_amax, db = core.cast_dbias(s, dy, g_scale, cfg.has_bias)
+        g_q, g_t = core.codes(g_q), core.codes(g_t)
+        dln, dw = core.gemm_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
     dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)
-    observed = jnp.stack([ln_amax, w_amax, g_amax]).reshape(_N)
-    return (
+    grads = (
         dx.astype(x_dt),
         None if gamma_dt is None else dgamma.astype(gamma_dt),
         None if beta_dt is None else dbeta.astype(beta_dt),
         dw,
         None if b_dt is None else db.astype(b_dt),
-        jnp.zeros((_N,), jnp.float32),
-        observed,
     )
+    return grads, jnp.stack([ln_amax, w_amax, g_amax]).reshape(_N)
 
 
-_ln_dense2d.defvjp(_ln_dense2d_fwd, _ln_dense2d_bwd, symbolic_zeros=True)
+_ln_dense2d = core.layer_vjp(_forward, _backward, "layernorm_dense")
 
 
 def layernorm_dense(
@@ -171,7 +153,7 @@ def _check(x, gamma, beta, kernel, bias, norm, dtype):
         check_norm_params(where, norm[0], x.shape[-1], gamma, beta)
     if bias is not None and tuple(bias.shape) != tuple(kernel.shape[1:]):
         raise ValueError(f"{where}: bias must have shape {kernel.shape[1:]}, got {bias.shape}")
-    if jnp.dtype(dtype) not in g8.WIDE:
+    if jnp.dtype(dtype) not in core.WIDE:
         raise TypeError(f"{where}: dtype must be float32, bfloat16 or float16, got {dtype!r}")
 
 
@@ -186,18 +168,18 @@ def _layernorm_dense(
     _check(x, gamma, beta, kernel, bias, norm, dtype)
     dtype = jnp.dtype(dtype)
     lead, hidden, features = x.shape[:-1], x.shape[-1], kernel.shape[1:]
-    setup, scale, probe = g8.resolve(where, recipe, enabled, fp8_meta, probe, _N, ("norm",))
+    setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, _N, ("norm",))
     if setup is None:
         ln = x.astype(dtype) if norm is None else flax_norm(x, gamma, beta, *norm, dtype=dtype)
         y = jax.lax.dot_general(ln, kernel.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
         if bias is not None:
             y = y + bias.astype(dtype)
         return y, (ln.astype(x.dtype) if return_layernorm_output else None), None
-    if jnp.dtype(x.dtype) not in g8.WIDE:
+    if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
     m = int(np.prod(lead, dtype=np.int64))
     n = int(np.prod(features, dtype=np.int64))
-    w = kernel if jnp.dtype(kernel.dtype) in g8.WIDE else kernel.astype(dtype)
+    w = kernel if jnp.dtype(kernel.dtype) in core.WIDE else kernel.astype(dtype)
     # a (hidden, g, N) kernel (fused QKV: g = 3) keeps its group dim, so that a split of N
     # (tensor parallelism) needs no resharding; with delayed scaling and the kernel GEMM
     grouped = (
@@ -219,6 +201,6 @@ def _layernorm_dense(
     # the norm takes x unflattened (see fp8jax._norm_layer.norm_fp8)
     x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
     w = w if grouped else w.reshape(hidden, n)
-    y2, ln2, seen = _ln_dense2d(cfg, x_in, gamma, beta, w, b, scale, probe)
+    y2, ln2, seen = _ln_dense2d(cfg, (x_in, gamma, beta, w, b), scale, probe)
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
     return y2.reshape(*lead, *features), ln, seen

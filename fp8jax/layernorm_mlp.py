@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _fp8_gemm as g8
 from fp8jax import _grouped_gemm
+from fp8jax import _layer_core as core
 from fp8jax._norm_layer import (
     check_norm_args,
     check_norm_params,
@@ -50,7 +50,7 @@ _N = len(MLP_ROLES)
 
 
 class _Config(NamedTuple):
-    setup: g8.Fp8Setup
+    setup: core.Fp8Setup
     norm: tuple[str, float, bool] | None  # norm_type, epsilon, zero_centered_gamma; None: no norm
     activations: tuple[str, ...]
     has_bias: tuple[bool, bool]
@@ -73,7 +73,7 @@ def _activation_fp8(cfg: _Config, h: jax.Array, scale: jax.Array, mask: jax.Arra
         a = activation(h, cfg.activations, implementation=impl)
         if mask is not None:
             a = (a * mask).astype(a.dtype)
-        return g8.cast_t(s, a, scale, s.fwd_dtype)
+        return core.cast_t(s, a, scale, s.fwd_dtype)
     return activation_cast_transpose(
         h, scale, s.fwd_dtype, cfg.activations, amax_reduction="mesh", implementation=impl
     )
@@ -88,7 +88,7 @@ def _dactivation_fp8(cfg: _Config, da: jax.Array, h: jax.Array, scale: jax.Array
     impl = s.implementation("activation")
     if s.current_scaling:
         dh = dactivation(da, h, cfg.activations, implementation=impl).reshape(m, k * i)
-        return g8.cast_dbias(s, dh, scale, True)
+        return core.cast_dbias(s, dh, scale, True)
     q, q_t, sinv, amax, dbias = dactivation_cast_transpose_dbias(
         da, h, scale, s.bwd_dtype, cfg.activations, amax_reduction="mesh", implementation=impl
     )
@@ -105,12 +105,10 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     if cfg.grouped:
         h, w1_amax, r1 = _grouped_gemm.forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
     else:
-        h, w1_amax, r1 = g8.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
+        h, w1_amax, r1 = core.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
         h = h.reshape(ln_q.shape[0], len(cfg.activations), -1)
-    a_q, a_t, a_sinv, a_amax = _activation_fp8(cfg, h, scale[3], mask)
-    a_q, a_t = g8.named(g8.codes(a_q), 2), g8.named(g8.codes(a_t), 0)
-    a_sinv, a_amax = g8.named(a_sinv, 4), g8.named(a_amax, 5)
-    y, w2_amax, r2 = g8.gemm_forward(s, a_q, a_sinv, w2, scale[4], b2, cfg.dtype)
+    a_q, a_t, a_sinv, a_amax = core.named_input(*_activation_fp8(cfg, h, scale[3], mask))
+    y, w2_amax, r2 = core.gemm_forward(s, a_q, a_sinv, w2, scale[4], b2, cfg.dtype)
     nan = jnp.float32(jnp.nan)  # the output-grad roles: not observed by the forward
     seen = jnp.stack([ln_amax, w1_amax, nan, a_amax, w2_amax, nan]).reshape(_N)
     fwd_seen = jnp.stack([ln_amax, w1_amax, a_amax, w2_amax]).reshape(4)
@@ -118,37 +116,22 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     return (y, ln, seen), res
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _mlp2d(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, probe, mask):
-    del probe
-    out, _ = _forward(cfg, x, gamma, beta, w1, b1, w2, b2, scale, mask)
-    return out
-
-
-def _mlp2d_fwd(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, probe, mask):
-    params = (x, gamma, beta, w1, b1, w2, b2)
-    if not cfg.setup.current_scaling and not probe.perturbed and g8.perturbed(params):
-        raise g8.probe_error(cfg.setup.where)
-    args = jax.tree.map(lambda p: p.value, (*params, scale, mask))
-    return _forward(cfg, *args)
-
-
-def _mlp2d_bwd(cfg: _Config, res, cts):
+def _backward(cfg: _Config, res, cts):
     s = cfg.setup
     norm_res, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask = res
     x_dt, gamma_dt, beta_dt, w1_dt, b1_dt, w2_dt, b2_dt = cfg.dtypes
-    dy = g8.zeros_if_symbolic(cts[0])
-    dy_q, dy_t, dy_sinv, dy_amax, db2 = g8.cast_dbias(s, dy, scale[5], cfg.has_bias[1])
-    dy_q, dy_t = g8.codes(dy_q), g8.codes(dy_t)
-    da, dw2 = g8.gemm_backward(s, dy_q, dy_t, dy_sinv, a_t, a_sinv, r2, cfg.dtype, w2_dt)
+    dy = core.zeros_if_symbolic(cts[0])
+    dy_q, dy_t, dy_sinv, dy_amax, db2 = core.cast_dbias(s, dy, scale[5], cfg.has_bias[1])
+    dy_q, dy_t = core.codes(dy_q), core.codes(dy_t)
+    da, dw2 = core.gemm_backward(s, dy_q, dy_t, dy_sinv, a_t, a_sinv, r2, cfg.dtype, w2_dt)
     if mask is not None:
         da = (da * mask).astype(da.dtype)
     dh_q, dh_t, dh_sinv, dh_amax, db1 = _dactivation_fp8(cfg, da, h, scale[2])
-    dh_q, dh_t = g8.codes(dh_q), g8.codes(dh_t)
+    dh_q, dh_t = core.codes(dh_q), core.codes(dh_t)
     if cfg.grouped:
         dln, dw1 = _grouped_gemm.backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     else:
-        dln, dw1 = g8.gemm_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
+        dln, dw1 = core.gemm_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)
     ln_amax, w1_amax, a_amax, w2_amax = (fwd_seen[i] for i in range(4))
     observed = jnp.stack([ln_amax, w1_amax, dh_amax, a_amax, w2_amax, dy_amax]).reshape(_N)
@@ -161,11 +144,11 @@ def _mlp2d_bwd(cfg: _Config, res, cts):
         dw2,
         None if b2_dt is None else db2.astype(b2_dt),
     )
-    dmask = None if mask is None else jnp.zeros_like(mask)
-    return (*grads, jnp.zeros((_N,), jnp.float32), observed, dmask)
+    return grads, observed
 
 
-_mlp2d.defvjp(_mlp2d_fwd, _mlp2d_bwd, symbolic_zeros=True)
+# the dropout mask is an argument that is not differentiated (zero cotangent)
+_mlp2d = core.layer_vjp(_forward, _backward, "layernorm_mlp")
 
 
 def _check(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, activations, dtype):
@@ -197,7 +180,7 @@ def _check(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, activations
     for name, v, want in (("bias_1", bias_1, (k, inter)), ("bias_2", bias_2, kernel_2.shape[1:])):
         if v is not None and tuple(v.shape) != tuple(want):
             raise ValueError(f"{where}: {name} must have shape {want}, got {tuple(v.shape)}")
-    if jnp.dtype(dtype) not in g8.WIDE:
+    if jnp.dtype(dtype) not in core.WIDE:
         raise TypeError(f"{where}: dtype must be float32, bfloat16 or float16, got {dtype!r}")
     return acts
 
@@ -293,7 +276,7 @@ def _layernorm_mlp(
     inter, out = kernel_1.shape[2], kernel_2.shape[1]
     if dropout_mask is not None:
         dropout_mask = jnp.broadcast_to(dropout_mask, (*lead, inter))
-    setup, scale, probe = g8.resolve(
+    setup, scale, probe = core.resolve(
         where, recipe, enabled, fp8_meta, probe, _N, families=("norm", "activation")
     )
     keep = bool(return_layernorm_output)
@@ -301,11 +284,11 @@ def _layernorm_mlp(
         y, ln = _reference(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, acts,
                            dropout_mask, dtype)  # fmt: skip
         return y, (ln.astype(x.dtype) if keep else None), None
-    if jnp.dtype(x.dtype) not in g8.WIDE:
+    if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
     m = int(np.prod(lead, dtype=np.int64))
-    w1 = kernel_1 if jnp.dtype(kernel_1.dtype) in g8.WIDE else kernel_1.astype(dtype)
-    w2 = kernel_2 if jnp.dtype(kernel_2.dtype) in g8.WIDE else kernel_2.astype(dtype)
+    w1 = kernel_1 if jnp.dtype(kernel_1.dtype) in core.WIDE else kernel_1.astype(dtype)
+    w2 = kernel_2 if jnp.dtype(kernel_2.dtype) in core.WIDE else kernel_2.astype(dtype)
     # the gated pair kept as a dim of its own (see fp8jax._grouped_gemm), except with current
     # scaling (whose casts of the activation gradient are 2-D)
     grouped = (
@@ -332,7 +315,7 @@ def _layernorm_mlp(
     w1 = w1 if grouped else w1.reshape(hidden, -1)
     # the norm takes x unflattened (see fp8jax._norm_layer.norm_fp8)
     x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
-    y2, ln2, seen = _mlp2d(cfg, x_in, gamma, beta, w1, b1, w2, b2, scale, probe, mask2)
+    y2, ln2, seen = _mlp2d(cfg, (x_in, gamma, beta, w1, b1, w2, b2), scale, probe, (mask2,))
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
     return y2.reshape(*lead, out), ln, seen
 

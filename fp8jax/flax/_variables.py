@@ -54,16 +54,12 @@ import jax
 import jax.numpy as jnp
 from flax.linen import module as _flax_module
 
+from fp8jax._train_math import FP8_META, FP8_PROBE
 from fp8jax.autocast import get_recipe, is_fp8_enabled
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles, state_gradient_link
 
 __all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "check_float_array", "fp8_call", "next_call_index"]
-
-#: Collection of the delayed-scaling state (``amax_history``, ``scale``).
-FP8_META = "fp8_meta"
-#: Collection of the per-call probes (``call_0``, ``call_1``, ...).
-FP8_PROBE = "fp8_probe"
 
 _N_ROLES = len(DENSE_ROLES)
 _CALL_RE = re.compile(r"call_(\d+)")

@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax.typing import Initializer
 
+from fp8jax.flax._params import check_names
 from fp8jax.flax._te_args import check_no_score_mod, check_off
 from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.dense import DenseGeneral, _check_names
+from fp8jax.flax.dense import DenseGeneral
 from fp8jax.flax.dot_product_attention import (
     DotProductAttention,
     canonical_mask_type,
@@ -230,7 +231,7 @@ class MultiHeadAttention(nn.Module):
         for name, n in (("qkv_kernel_axes", 2), ("qkv_bias_axes", 1), ("out_kernel_axes", 2),
                         ("out_bias_axes", 1)):  # fmt: skip
             if getattr(self, name):
-                _check_names(owner, name, getattr(self, name), n)
+                check_names(owner, name, getattr(self, name), n)
         return heads, groups
 
     @nn.compact

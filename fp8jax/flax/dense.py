@@ -27,11 +27,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.core import meta
 from flax.typing import Initializer
 from jax.sharding import PartitionSpec
 
 from fp8jax.dense import _dense
+from fp8jax.flax._params import annotated, as_tuple, check_names, constrain, flat_init
 from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import Fp8Call, check_float_array, fp8_call
 from fp8jax.ops import _partition
@@ -58,16 +58,10 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
 _default_kernel_init = nn.initializers.lecun_normal()
 
 
-def _as_tuple(value: int | Sequence[int]) -> tuple[int, ...]:
-    if isinstance(value, (int, np.integer)):
-        return (int(value),)
-    return tuple(value)
-
-
 def _normalize_axes(owner: str, name: str, axes: Any, ndim: int) -> tuple[int, ...]:
     """Non-negative, sorted (as Flax sorts them), distinct axes; ValueError naming ``name``."""
     try:
-        raw = _as_tuple(axes)
+        raw = as_tuple(axes)
     except TypeError:
         raise TypeError(
             f"{owner}: {name} must be an int or a sequence of ints, got {axes!r}"
@@ -84,49 +78,6 @@ def _normalize_axes(owner: str, name: str, axes: Any, ndim: int) -> tuple[int, .
     if not out or len(set(out)) != len(out):
         raise ValueError(f"{owner}: {name} must name at least one axis, each once; got {axes!r}")
     return tuple(sorted(out))
-
-
-def _flat_init(init: Initializer, flat_shape: tuple[int, ...]) -> Any:
-    """Wraps ``init`` to draw a ``flat_shape`` tensor and reshape it (as Flax's DenseGeneral)."""
-
-    def wrapped(rng: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Any:
-        value = init(rng, flat_shape, dtype)
-        if isinstance(value, meta.AxisMetadata):
-            return meta.replace_boxed(value, jnp.reshape(value.unbox(), shape))
-        return jnp.reshape(value, shape)
-
-    return wrapped
-
-
-def _check_names(owner: str, name: str, names: Any, ndim: int) -> tuple[str | None, ...]:
-    """``names`` as a tuple of ``ndim`` logical axis names (str or None); ValueError otherwise."""
-    if isinstance(names, str):
-        names = (names,)
-    try:
-        out = tuple(names)
-    except TypeError:
-        raise TypeError(
-            f"{owner}: {name} must be a tuple of axis names (str or None), got {names!r}"
-        ) from None
-    if any(n is not None and not isinstance(n, str) for n in out):
-        raise TypeError(f"{owner}: {name} must hold str or None, got {names!r}")
-    if len(out) != ndim:
-        raise ValueError(f"{owner}: {name}={names!r} must name {ndim} dims, got {len(out)}")
-    return out
-
-
-def constrain(owner: str, name: str, x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """``x`` with logical axis ``names`` as a sharding constraint (nothing when empty)."""
-    if not names:
-        return x
-    return nn.with_logical_constraint(x, _check_names(owner, name, names, x.ndim))
-
-
-def _annotated(owner: str, name: str, init: Any, names: Any, ndim: int) -> Any:
-    """``init`` boxed with logical axis ``names``; ``init`` itself when ``names`` is empty."""
-    if not names:
-        return init
-    return nn.with_logical_partitioning(init, _check_names(owner, name, names, ndim))
 
 
 class DenseGeneral(nn.Module):
@@ -190,7 +141,7 @@ class DenseGeneral(nn.Module):
     def _check_config(self) -> tuple[int, ...]:
         owner = "DenseGeneral"
         check_off(owner, self, "enable_low_rank_adaptation", "quantization_checkpoint_name")
-        if _as_tuple(self.batch_dims) != ():
+        if as_tuple(self.batch_dims) != ():
             raise ValueError(
                 f"{owner}: batch_dims must be () (FP8 GEMMs have no batch dims; fold them into "
                 f"the leading dims of the input), got {self.batch_dims!r}"
@@ -200,7 +151,7 @@ class DenseGeneral(nn.Module):
                 f"{owner}: precision must be None (an FP8 GEMM has no precision setting), got "
                 f"{self.precision!r}"
             )
-        features = _as_tuple(self.features)
+        features = as_tuple(self.features)
         if not features or any(
             not isinstance(f, (int, np.integer)) or isinstance(f, bool) or f < 1 for f in features
         ):
@@ -217,15 +168,15 @@ class DenseGeneral(nn.Module):
         axes = _normalize_axes(owner, "axis", self.axis, inputs.ndim)
         contract = tuple(inputs.shape[a] for a in axes)
         flat = (int(np.prod(contract)), int(np.prod(features)))
-        kernel_init = _annotated(
-            owner, "kernel_axes", _flat_init(self.kernel_init, flat), self.kernel_axes,
+        kernel_init = annotated(
+            owner, "kernel_axes", flat_init(self.kernel_init, flat), self.kernel_axes,
             len(contract) + len(features),
         )  # fmt: skip
         kernel = self.param("kernel", kernel_init, contract + features, self.param_dtype)
         bias = None
         if self.use_bias:
-            bias_init = _annotated(
-                owner, "bias_axes", _flat_init(self.bias_init, flat[1:]), self.bias_axes,
+            bias_init = annotated(
+                owner, "bias_axes", flat_init(self.bias_init, flat[1:]), self.bias_axes,
                 len(features),
             )  # fmt: skip
             bias = self.param("bias", bias_init, features, self.param_dtype)
@@ -235,7 +186,7 @@ class DenseGeneral(nn.Module):
         out_names = None
         if self.output_axes:
             out_ndim = inputs.ndim - len(axes) + len(features)
-            out_names = _check_names(owner, "output_axes", self.output_axes, out_ndim)
+            out_names = check_names(owner, "output_axes", self.output_axes, out_ndim)
         out_spec = _explicit_spec(out_names)
         if out_spec is not None:
             inputs = _reshard_batch_dims(inputs, axes, out_spec)

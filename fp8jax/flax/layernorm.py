@@ -28,9 +28,9 @@ from flax.typing import Initializer
 
 from fp8jax._norm_layer import check_norm_args, flax_norm
 from fp8jax.autocast import is_fp8_enabled
+from fp8jax.flax._params import annotated, as_tuple, constrain, flat_init
 from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import check_float_array, fp8_call
-from fp8jax.flax.dense import _annotated, _as_tuple, _flat_init, constrain
 from fp8jax.layernorm_dense import _layernorm_dense
 from fp8jax.ops.norm import layernorm, rmsnorm
 
@@ -58,11 +58,11 @@ def norm_params(
     ``zero_centered_gamma``, unless ``scale_init``) and, for LayerNorm, ``ln_bias``."""
     if scale_init is None:
         scale_init = nn.initializers.zeros_init() if zero_centered_gamma else nn.initializers.ones
-    scale_init = _annotated(owner, "scale_axes", scale_init, scale_axes, 1)
+    scale_init = annotated(owner, "scale_axes", scale_init, scale_axes, 1)
     gamma = module.param("scale", scale_init, (hidden,), param_dtype)
     beta = None
     if layernorm_type == "layernorm":
-        bias_init = _annotated(owner, "ln_bias_axes", bias_init, bias_axes, 1)
+        bias_init = annotated(owner, "ln_bias_axes", bias_init, bias_axes, 1)
         beta = module.param("ln_bias", bias_init, (hidden,), param_dtype)
     return gamma, beta
 
@@ -199,7 +199,7 @@ class LayerNormDenseGeneral(nn.Module):
         check_off(owner, self, "enable_low_rank_adaptation", "quantization_checkpoint_name")
         inputs = check_float_array(owner, "inputs", inputs)
         features = _features(owner, self.features)
-        if _as_tuple(self.axis) not in ((-1,), (inputs.ndim - 1,)):
+        if as_tuple(self.axis) not in ((-1,), (inputs.ndim - 1,)):
             raise ValueError(f"{owner}: axis must be -1 (the normalised axis), got {self.axis!r}")
         if self.enable_layernorm:
             check_norm_args(owner, self.layernorm_type, self.epsilon, self.zero_centered_gamma)
@@ -216,15 +216,15 @@ class LayerNormDenseGeneral(nn.Module):
         else:
             x = constrain(owner, "dot_input_axes", x, self.dot_input_axes or ())
         flat = (hidden, int(np.prod(features)))
-        kernel_init = _annotated(
-            owner, "kernel_axes", _flat_init(self.kernel_init or default_kernel_init, flat),
+        kernel_init = annotated(
+            owner, "kernel_axes", flat_init(self.kernel_init or default_kernel_init, flat),
             self.kernel_axes, 1 + len(features),
         )  # fmt: skip
         kernel = self.param("kernel", kernel_init, (hidden, *features), self.param_dtype)
         bias = None
         if self.use_bias:
-            bias_init = _annotated(
-                owner, "bias_axes", _flat_init(self.bias_init, flat[1:]), self.bias_axes,
+            bias_init = annotated(
+                owner, "bias_axes", flat_init(self.bias_init, flat[1:]), self.bias_axes,
                 len(features),
             )  # fmt: skip
             bias = self.param("bias", bias_init, features, self.param_dtype)
@@ -247,7 +247,7 @@ class LayerNormDenseGeneral(nn.Module):
 
 
 def _features(owner: str, features: Any) -> tuple[int, ...]:
-    out = _as_tuple(features)
+    out = as_tuple(features)
     if not out or any(
         not isinstance(f, (int, np.integer)) or isinstance(f, bool) or f < 1 for f in out
     ):

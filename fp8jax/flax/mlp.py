@@ -26,9 +26,9 @@ import numpy as np
 from flax.typing import Initializer
 from jax.ad_checkpoint import checkpoint_name
 
+from fp8jax.flax._params import annotated, as_tuple, constrain
 from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import check_float_array, fp8_call
-from fp8jax.flax.dense import _annotated, _as_tuple, constrain
 from fp8jax.flax.layernorm import default_kernel_init, norm_params
 from fp8jax.layernorm_mlp import MLP_ROLES, _layernorm_mlp, check_activations
 
@@ -154,15 +154,15 @@ class LayerNormMLP(nn.Module):
                 bias_axes=self.ln_bias_axes, param_dtype=self.param_dtype,
             )  # fmt: skip
         init = self.kernel_init or default_kernel_init
-        wi_init = _annotated(owner, "kernel_axes_1", _stacked_init(init, k), self.kernel_axes_1, 3)
+        wi_init = annotated(owner, "kernel_axes_1", _stacked_init(init, k), self.kernel_axes_1, 3)
         wi = self.param("wi_kernel", wi_init, (hidden, k, inter), self.param_dtype)
-        wo_init = _annotated(owner, "kernel_axes_2", init, self.kernel_axes_2, 2)
+        wo_init = annotated(owner, "kernel_axes_2", init, self.kernel_axes_2, 2)
         wo = self.param("wo_kernel", wo_init, (inter, hidden), self.param_dtype)
         bi = bo = None
         if self.use_bias:
-            bi_init = _annotated(owner, "bias_axes_1", self.bias_init, self.bias_axes_1, 2)
+            bi_init = annotated(owner, "bias_axes_1", self.bias_init, self.bias_axes_1, 2)
             bi = self.param("wi_bias", bi_init, (k, inter), self.param_dtype)
-            bo_init = _annotated(owner, "bias_axes_2", self.bias_init, self.bias_axes_2, 1)
+            bo_init = annotated(owner, "bias_axes_2", self.bias_init, self.bias_axes_2, 1)
             bo = self.param("wo_bias", bo_init, (hidden,), self.param_dtype)
         dtype = self.dtype or jnp.result_type(
             *(v for v in (inputs, wi, wo, bi, bo, gamma, beta) if v is not None)
@@ -192,7 +192,7 @@ class LayerNormMLP(nn.Module):
         inter = self.intermediate_dim
         if not isinstance(inter, (int, np.integer)) or isinstance(inter, bool) or inter < 1:
             raise ValueError(f"{owner}: intermediate_dim must be a positive int, got {inter!r}")
-        if _as_tuple(self.axis) not in ((-1,), (inputs.ndim - 1,)):
+        if as_tuple(self.axis) not in ((-1,), (inputs.ndim - 1,)):
             raise ValueError(f"{owner}: axis must be -1 (the normalised axis), got {self.axis!r}")
         rate = self.intermediate_dropout_rate
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:

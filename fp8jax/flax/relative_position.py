@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.flax.dense import _annotated
+from fp8jax.flax._params import annotated
 
 __all__ = ["RelativePositionBiases", "t5_relative_buckets"]
 
@@ -105,7 +105,7 @@ class RelativePositionBiases(nn.Module):
             int(q_seqlen), int(k_seqlen), int(self.num_buckets), int(self.max_distance),
             bool(bidirectional),
         )  # fmt: skip
-        init = _annotated(owner, "embedding_axes", self.embedding_init, self.embedding_axes, 2)
+        init = annotated(owner, "embedding_axes", self.embedding_init, self.embedding_axes, 2)
         table = self.param(
             "rel_embedding", init, (self.num_attention_heads, self.num_buckets), self.param_dtype
         )

@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax._train_math import all_finite, micro_batch_count, update_fp8_variables
 from fp8jax.autocast import autocast
-from fp8jax.flax.train import all_finite, micro_batch_count, update_fp8_variables
 from fp8jax.nnx._linen_backed import LinenBacked, calibrating
 from fp8jax.nnx.variables import (
     FP8_META,

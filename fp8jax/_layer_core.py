@@ -1,0 +1,356 @@
+"""The core every FP8 layer is built from (:func:`fp8jax.dense`, :func:`fp8jax.layernorm_dense`,
+:func:`fp8jax.layernorm_mlp`): resolving FP8 on/off and the recipe, the cast of a tensor for a
+GEMM, one FP8 GEMM's forward and backward on already-cast operands, the checkpoint names of
+what the backward reads, and the ``jax.custom_vjp`` wiring of a layer (:func:`layer_vjp`: the
+probe check, the observations out through the probe's cotangent, cotangents typed as their
+primals under explicit sharding).
+
+A layer with ``G`` GEMMs has ``3 G`` tensor roles (:func:`fp8jax.state.gemm_roles`); each GEMM's
+forward here takes its input already in FP8 (from a fused norm or activation kernel, or from
+``cast_transpose``), casts its kernel, and keeps, as ``uint8`` codes with the checkpoint names of
+:data:`CHECKPOINT_NAMES`, exactly what its two backward GEMMs read.
+
+FP8 tensors travel as their ``uint8`` codes (the GEMMs view them as FP8 on each device): for
+every floating-point residual that the forward also uses, ``jax.checkpoint`` inserts
+``reduce_precision(x, finfo(x.dtype))``, which XLA applies with IEEE rules (E4M3FN codes of 256
+and above become NaN, subnormals are flushed), so FP8 residuals would change the forward pass
+under remat; codes are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from fp8jax.autocast import _current_state
+from fp8jax.ops._implementation import get_implementation
+from fp8jax.ops._partition import explicit_mesh
+from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_dbias
+from fp8jax.ops.gemm import gemm_codes
+from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
+from fp8jax.state import DENSE_ROLES, Fp8Meta
+
+#: Checkpoint names of everything an FP8 GEMM layer saves for its backward pass, for
+#: ``jax.checkpoint_policies.save_only_these_names``: the FP8 input and kernel in both layouts
+#: (row-wise for the forward GEMM, transposed for the backward ones), their inverse scales and
+#: their amaxes. Saving all of them means no cast is recomputed under ``jax.checkpoint``.
+CHECKPOINT_NAMES: tuple[str, ...] = (
+    "fp8jax_input_fp8",  # input, transposed (K-major for the wgrad GEMM)
+    "fp8jax_kernel_fp8",  # kernel, row-wise (the dgrad GEMM)
+    "fp8jax_input_fp8_fwd",  # input, row-wise (the forward GEMM)
+    "fp8jax_kernel_fp8_fwd",  # kernel, transposed (the forward GEMM; FSDP's gathered copy)
+    "fp8jax_scale_inv",  # inverse scales of the input and the kernel
+    "fp8jax_amax",  # amaxes of the input and the kernel (the forward observations)
+)
+
+#: A ``jax.checkpoint`` policy that saves the FP8 operands of every fp8jax GEMM (and their
+#: scales) and recomputes everything else: ``jax.checkpoint(f, policy=save_fp8_operands)`` or
+#: ``nn.remat(Block, policy=save_fp8_operands)``. A forward GEMM whose output the backward needs
+#: (e.g. the input of an activation) is recomputed from the saved FP8 operands, with no cast.
+save_fp8_operands = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)
+
+#: The dtypes a layer computes in and casts from directly (others are converted first).
+WIDE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+class Fp8Setup(NamedTuple):
+    """Static FP8 settings of one layer call (hashable: part of a custom_vjp's config)."""
+
+    fwd_dtype: Any
+    bwd_dtype: Any
+    current_scaling: bool
+    margin: int
+    # fp8jax.ops.implementation per family, read when the layer is called, so that a backward
+    # traced later (jax.vjp's function called elsewhere) runs the same ones.
+    impl: tuple[tuple[str, str], ...]
+    # Who is calling, for error messages ("fp8jax.dense", "DenseGeneral at 'Dense_0'", ...).
+    where: str
+
+    def implementation(self, family: str) -> str:
+        return dict(self.impl)[family]
+
+
+def _meta_hint(n_roles: int) -> str:
+    extra = "" if n_roles == len(DENSE_ROLES) else f", n_roles={n_roles}"
+    return f"fp8jax.init_fp8_meta(recipe{extra})"
+
+
+def resolve(
+    where: str,
+    recipe: Recipe | None,
+    enabled: bool | None,
+    fp8_meta: Fp8Meta | None,
+    probe: jax.Array | None,
+    n_roles: int,
+    families: tuple[str, ...] = (),
+) -> tuple[Fp8Setup | None, jax.Array | None, jax.Array | None]:
+    """FP8 on or off, with which recipe, scales and probe: an explicit ``enabled`` decides;
+    otherwise an explicit ``recipe`` turns FP8 on (a recipe given by hand is never silently
+    ignored); otherwise the enclosing autocast (off outside any). The recipe is the one given,
+    else the autocast's. Returns ``(setup, scale, probe)``; ``setup`` is ``None`` with FP8 off.
+    ``families``: the op families besides ``cast`` and ``gemm`` whose implementation the layer
+    reads (:meth:`Fp8Setup.implementation`)."""
+    state = _current_state()
+    if enabled is None:
+        enabled = True if recipe is not None else state.enabled
+    if not enabled:
+        return None, None, None
+    if recipe is None:
+        recipe = state.recipe if state.recipe is not None else DelayedScaling()
+    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
+        raise TypeError(
+            f"{where}: recipe must be DelayedScaling or Float8CurrentScaling, got {recipe!r}"
+        )
+    if recipe.fp8_format is Format.E5M2:
+        raise ValueError(
+            f"{where}: Format.E5M2 cannot run GEMMs (FP8 tensor cores have no E5M2 x E5M2 "
+            "matmul); use Format.HYBRID or Format.E4M3"
+        )
+    current = isinstance(recipe, Float8CurrentScaling)
+    if current:
+        scale = jnp.ones((n_roles,), jnp.float32)
+    else:
+        if not isinstance(fp8_meta, Fp8Meta):
+            raise TypeError(
+                f"{where}: DelayedScaling needs fp8_meta (an Fp8Meta with {n_roles} roles, from "
+                f"{_meta_hint(n_roles)}), got {type(fp8_meta).__name__}"
+            )
+        if fp8_meta.scale.shape != (n_roles,):
+            raise ValueError(
+                f"{where}: fp8_meta must have {n_roles} roles, got scale {fp8_meta.scale.shape}"
+            )
+        scale = jax.lax.stop_gradient(fp8_meta.scale)
+    if probe is None:
+        probe = jnp.zeros((n_roles,), jnp.float32)
+    elif jnp.shape(probe) != (n_roles,) or jnp.result_type(probe) != jnp.float32:
+        raise ValueError(f"{where}: probe must be float32[{n_roles}], got {jnp.shape(probe)}")
+    setup = Fp8Setup(
+        fwd_dtype=recipe.fwd_dtype,
+        bwd_dtype=recipe.bwd_dtype,
+        current_scaling=current,
+        margin=recipe.margin,
+        impl=tuple((f, get_implementation(f)) for f in ("cast", "gemm", *families)),
+        where=where,
+    )
+    return setup, scale, probe
+
+
+def codes(q: jax.Array) -> jax.Array:
+    """An FP8 tensor's ``uint8`` codes (how FP8 residuals travel; see the module docstring)."""
+    return jax.lax.bitcast_convert_type(q, jnp.uint8)
+
+
+def named(x: jax.Array, i: int) -> jax.Array:
+    """``x`` under the checkpoint name ``CHECKPOINT_NAMES[i]``."""
+    return checkpoint_name(x, CHECKPOINT_NAMES[i])
+
+
+def current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
+    """Float8CurrentScaling: the scale from this tensor's own amax (1 if amax is 0/non-finite)."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+    s = (np.float32(fp8_max(fp8_dtype)) / amax) * np.float32(2.0**-margin)
+    ok = (amax >= np.finfo(np.float32).smallest_normal) & jnp.isfinite(amax)
+    return jnp.where(ok, jnp.minimum(s, np.finfo(np.float32).max), jnp.float32(1.0))
+
+
+def scale_for(setup: Fp8Setup, value: jax.Array, scale: jax.Array, fp8_dtype: Any) -> jax.Array:
+    """The scale to quantize ``value`` with: the delayed one, or under current scaling the one
+    from ``value``'s own amax."""
+    return current_scale(value, fp8_dtype, setup.margin) if setup.current_scaling else scale
+
+
+def cast_t(setup: Fp8Setup, x: jax.Array, scale: jax.Array, fp8_dtype: Any):
+    """``cast_transpose`` with this call's scale (current scaling: ``x``'s own) -> ``(q, q_t,
+    scale_inv, amax)``. "mesh": every amax of the step is reduced over the same devices, so XLA
+    merges all of them into one all-reduce (the value is the tensor's global amax either way)."""
+    return cast_transpose(
+        x, scale_for(setup, x, scale, fp8_dtype), fp8_dtype, amax_reduction="mesh",
+        implementation=setup.implementation("cast"),
+    )  # fmt: skip
+
+
+def cast_dbias(setup: Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool):
+    """An output gradient cast to the backward format, with its column sums when the layer has
+    a bias: ``(q, q_t, scale_inv, amax, dbias or None)`` (``cast_transpose_dbias``: one pass
+    over ``g``, so the bias gradient costs no second read)."""
+    bwd = setup.bwd_dtype
+    if not with_bias:
+        return (*cast_t(setup, g, scale, bwd), None)
+    scale = scale_for(setup, g, scale, bwd)
+    return cast_transpose_dbias(
+        g, scale, bwd, amax_reduction="mesh", implementation=setup.implementation("cast")
+    )
+
+
+def named_input(q: jax.Array, q_t: jax.Array, sinv: jax.Array, amax: jax.Array):
+    """A GEMM input cast to FP8 (``q`` [M, K] row-wise for the forward GEMM, ``q_t`` [K, M]
+    for the wgrad, its inverse scale and amax) as it is kept: codes, checkpoint-named."""
+    return named(codes(q), 2), named(codes(q_t), 0), named(sinv, 4), named(amax, 5)
+
+
+class GemmResiduals(NamedTuple):
+    """What one FP8 GEMM's backward reads of its forward (besides its input's transposed
+    copy, which the caller produced): the kernel in both layouts (codes), its inverse scale."""
+
+    w_q: jax.Array
+    w_t: jax.Array
+    w_sinv: jax.Array
+
+
+def gemm_forward(
+    setup: Fp8Setup,
+    x_q: jax.Array,
+    x_sinv: jax.Array,
+    w: jax.Array,
+    w_scale: jax.Array,
+    bias: jax.Array | None,
+    out_dtype: Any,
+) -> tuple[jax.Array, jax.Array, GemmResiduals]:
+    """``y = x @ w (+ bias)`` for ``x_q`` (codes, [M, K], row-wise) and the high-precision
+    kernel ``w`` [K, N], which is cast here; returns ``(y, w's amax, residuals)``. One FP8 GEMM
+    with fast accumulation; both backward GEMMs that use ``w_t`` see the very same value, so an
+    FSDP gather of it is shared."""
+    fwd = setup.fwd_dtype
+    w_q, w_t, w_sinv, w_amax = cast_t(setup, w, w_scale, fwd)
+    w_q, w_t = named(codes(w_q), 1), named(codes(w_t), 3)
+    w_sinv, w_amax = named(w_sinv, 4), named(w_amax, 5)
+    y = gemm_codes(
+        x_q, w_t, x_sinv, w_sinv, dtypes=(fwd, fwd), out_dtype=out_dtype, bias=bias,
+        accumulate="fast", implementation=setup.implementation("gemm"),
+    )  # fmt: skip
+    return y, w_amax, GemmResiduals(w_q, w_t, w_sinv)
+
+
+def gemm_backward(
+    setup: Fp8Setup,
+    g_q: jax.Array,
+    g_t: jax.Array,
+    g_sinv: jax.Array,
+    x_t: jax.Array,
+    x_sinv: jax.Array,
+    res: GemmResiduals,
+    x_dtype: Any,
+    w_dtype: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """dgrad and wgrad of one FP8 GEMM from its cast output gradient (codes ``g_q`` [M, N] and
+    ``g_t`` [N, M]) and its input's transposed copy ``x_t`` (codes, [K, M]), with split
+    (full-precision) accumulation: ``dx = g @ w^T`` in ``x_dtype``, ``dw = x^T @ g`` in
+    ``w_dtype``. Every GEMM gets K-major operands; under FSDP the dgrad reuses the forward
+    GEMM's gathered ``w_t`` (transposed on each device, no second all-gather)."""
+    fwd, bwd = setup.fwd_dtype, setup.bwd_dtype
+    gemm = setup.implementation("gemm")
+    dx = gemm_codes(
+        g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), reuse=(res.w_t, x_t),
+        out_dtype=x_dtype, accumulate="split", implementation=gemm,
+    )  # fmt: skip
+    dw = gemm_codes(
+        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dtype, accumulate="split",
+        implementation=gemm,
+    )  # fmt: skip
+    return dx, dw
+
+
+def zeros_if_symbolic(g: Any) -> jax.Array:
+    """A cotangent as an array (``symbolic_zeros=True`` hands over ``SymbolicZero`` objects)."""
+    if isinstance(g, jax.custom_derivatives.SymbolicZero):
+        return jnp.zeros(g.shape, g.dtype)
+    return g
+
+
+def perturbed(tree: Any) -> bool:
+    """Whether any ``CustomVJPPrimal`` in ``tree`` is being differentiated."""
+    return any(p.perturbed for p in jax.tree.leaves(tree))
+
+
+def probe_error(where: str) -> ValueError:
+    """Differentiated without the probe under delayed scaling (see :func:`layer_vjp`)."""
+    return ValueError(
+        f"{where}: differentiated with FP8 DelayedScaling, but not with respect to its probe, "
+        "so this step's amax observations would be dropped and the FP8 scales would never "
+        "update. Differentiate the loss with respect to the fp8_probe collection too and fold "
+        "its gradient into fp8_meta (fp8jax.flax.Fp8TrainState.apply_gradients or "
+        "update_fp8_variables; for the functional layers: probe=jnp.zeros(n_roles) and "
+        "fp8jax.update_fp8_meta). Under nn.scan, give fp8_probe a variable axis. Flax NNX: "
+        "nnx.value_and_grad(..., argnums=fp8jax.nnx.diff_state()), then "
+        "fp8jax.nnx.update_fp8_state or apply_gradients. A gradient that must not update the "
+        "state: differentiate the probe too and ignore its gradient."
+    )
+
+
+def primal_shardings(primals: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Under explicit sharding (``AxisType.Explicit``) the shardings of ``primals`` (``None``
+    for an absent one): a custom_vjp cotangent must have its primal's type, sharding included.
+    ``None`` otherwise."""
+    if not explicit_mesh():
+        return None
+    return tuple(None if v is None else jax.typeof(v).sharding for v in primals)
+
+
+def as_primals(shardings: tuple[Any, ...] | None, grads: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``grads`` resharded to their primals' ``shardings`` (:func:`primal_shardings`): a GEMM
+    picks its output's split from its operands', which need not be the primal's."""
+    if shardings is None:
+        return grads
+    pairs = zip(grads, shardings, strict=True)
+    return tuple(g if g is None or s is None else jax.sharding.reshard(g, s) for g, s in pairs)
+
+
+class _Wiring(NamedTuple):
+    cfg: Any  # the layer's static config, with the Fp8Setup as ``cfg.setup``
+    shardings: tuple[Any, ...] | None  # primal_shardings of the params
+
+
+def layer_vjp(forward: Callable[..., Any], backward: Callable[..., Any], name: str):
+    """A layer's ``jax.custom_vjp``, called as ``call(cfg, params, scale, probe, extra=())``.
+
+    ``forward(cfg, *params, scale, *extra) -> (outputs, residuals)``: the layer's forward (its
+    outputs usually end with the forward observations, NaN for the output-grad roles);
+    ``backward(cfg, residuals, cotangents) -> (one gradient per param, observed)``, ``observed``
+    the ``float32[n_roles]`` amaxes of the step.
+    ``cfg`` is the layer's static (hashable) config with its :class:`Fp8Setup` as
+    ``cfg.setup``; ``params`` (``None`` for an absent one) are differentiated, ``extra`` (e.g.
+    a dropout mask) is not (zero cotangents).
+
+    The wiring every layer shares: the observed amaxes leave as the cotangent of ``probe`` (a
+    zero ``float32[n_roles]`` the forward ignores; ``scale`` gets a zero cotangent);
+    differentiating a param but not ``probe`` under delayed scaling is a :func:`probe_error`
+    at trace time, since the state would silently stop updating; under explicit sharding each
+    param's gradient is resharded to the param's sharding (:func:`as_primals`).
+    """
+
+    def primal(wiring: _Wiring, params, scale, probe, extra):
+        del probe
+        out, _ = forward(wiring.cfg, *params, scale, *extra)
+        return out
+
+    primal.__name__ = primal.__qualname__ = name
+    fn = jax.custom_vjp(primal, nondiff_argnums=(0,))
+
+    def fwd(wiring: _Wiring, params, scale, probe, extra):
+        # symbolic_zeros=True: each argument arrives as a CustomVJPPrimal that says whether it
+        # is being differentiated.
+        setup = wiring.cfg.setup
+        if not setup.current_scaling and not probe.perturbed and perturbed(params):
+            raise probe_error(setup.where)
+        params, scale, extra = jax.tree.map(lambda p: p.value, (params, scale, extra))
+        out, res = forward(wiring.cfg, *params, scale, *extra)
+        return out, (res, extra)
+
+    def bwd(wiring: _Wiring, res, cts):
+        res, extra = res
+        grads, observed = backward(wiring.cfg, res, cts)
+        grads = as_primals(wiring.shardings, tuple(grads))
+        zero = jnp.zeros(observed.shape, jnp.float32)
+        return grads, zero, observed, jax.tree.map(jnp.zeros_like, extra)
+
+    fn.defvjp(fwd, bwd, symbolic_zeros=True)
+
+    def call(cfg, params: tuple[Any, ...], scale, probe, extra: tuple[Any, ...] = ()):
+        return fn(_Wiring(cfg, primal_shardings(params)), tuple(params), scale, probe, tuple(extra))
+
+    return call

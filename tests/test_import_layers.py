@@ -1,0 +1,206 @@
+"""The package's import layering (docs/design.md, Layers): no import cycle between fp8jax's
+modules, and each module imports only from its own layer or the layers below it.
+
+Every module of ``fp8jax`` is parsed with ``ast`` (nothing is imported); an edge is an import
+of another fp8jax module, at module level or inside a function: an import deferred into a
+function is how a cycle is usually papered over (``dense`` and ``_fp8_gemm`` imported each
+other that way), so it counts, except the few in :data:`DEFERRED` (each with its reason). An
+import of a package (``from fp8jax import ops``) is an edge to its ``__init__``; the implicit
+import of a module's parent packages is not an edge. ``fp8jax/__init__.py`` loads ``fp8jax.flax``
+and ``fp8jax.nnx`` on first attribute access with ``importlib`` (so ``import fp8jax`` needs no
+Flax): not an import statement, so not an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "fp8jax"
+
+#: The layers, lowest first; a module belongs to the layer of the longest prefix that names it
+#: (a prefix is a module or a package with everything below it; ``fp8jax`` names only
+#: ``fp8jax/__init__.py``).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # the extensions' loader and what asks it about the device
+    ("bindings", ("fp8jax._ffi", "fp8jax._support")),
+    # recipes are plain data (formats, margins, fp8_max) that the ops' checks read
+    ("recipe", ("fp8jax.recipe",)),
+    ("ops", ("fp8jax.ops",)),
+    # the FP8 state and its update (ops.scaling), its update on variable trees (framework
+    # neutral, for fp8jax.flax and fp8jax.nnx), the autocast context, TE's MeshResource
+    (
+        "state, context",
+        ("fp8jax.state", "fp8jax._train_math", "fp8jax.autocast", "fp8jax.sharding"),
+    ),
+    # what every FP8 layer is built from: setup, casts, GEMM forward/backward, custom_vjp wiring
+    ("layer core", ("fp8jax._layer_core", "fp8jax._norm_layer", "fp8jax._grouped_gemm")),
+    (
+        "functional layers",
+        ("fp8jax.dense", "fp8jax.layernorm_dense", "fp8jax.layernorm_mlp", "fp8jax.rotary"),
+    ),
+    ("package", ("fp8jax",)),  # fp8jax/__init__.py: the public functional API
+    ("flax", ("fp8jax.flax",)),
+    ("nnx", ("fp8jax.nnx",)),
+)
+
+#: Imports inside a function that are allowed although they go against the rules, and why.
+DEFERRED: dict[tuple[str, str], str] = {
+    ("fp8jax.ops._opdef", "fp8jax.ops"): (
+        "registered_ops() (read by tests) imports the ops package so that every op module has "
+        "declared its OpDef; called after all modules are loaded"
+    ),
+}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = ("fp8jax", *path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _target(name: str) -> str | None:
+    """The fp8jax module ``name`` is (or is in: ``fp8jax.dense._dense`` -> ``fp8jax.dense``)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name if name in MODULES else None
+
+
+def _imports(module: str) -> list[tuple[str, int, bool]]:
+    """``(imported fp8jax module, line, inside a function)`` for each import in ``module``."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    in_function: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            in_function.update(id(n) for n in ast.walk(node) if n is not node)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            names = [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            target = _target(name) if name.split(".")[0] == "fp8jax" else None
+            edge = (target, node.lineno, id(node) in in_function)
+            if target is not None and target != module and edge not in found:
+                found.append(edge)
+    return found
+
+
+def _layer(module: str) -> int:
+    best, best_len = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            inside = module.startswith(p + ".") and p != "fp8jax"
+            if (module == p or inside) and len(p) > best_len:
+                best, best_len = i, len(p)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS in {__file__}"
+    return best
+
+
+def _edges() -> dict[str, list[tuple[str, int, bool]]]:
+    return {m: [e for e in _imports(m) if not (e[2] and (m, e[0]) in DEFERRED)] for m in MODULES}
+
+
+def _where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT.parent)}:{line}"
+
+
+def _cycle(graph: dict[str, list[tuple[str, int, bool]]]) -> str | None:
+    """One import cycle of ``graph``, each import with its file and line; ``None`` if none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[tuple[str, int]] = []
+
+    def visit(m: str) -> str | None:
+        state[m] = 1
+        for target, line, _ in graph.get(m, ()):
+            path.append((m, line))
+            if state.get(target) == 1:
+                start = next(i for i, (n, _) in enumerate(path) if n == target)
+                return " -> ".join(f"{n} ({_where(n, ln)})" for n, ln in path[start:]) + (
+                    f" -> {target}"
+                )
+            if target not in state and (found := visit(target)):
+                return found
+            path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def _upward(graph: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
+    """Each import of a module from a layer above its own, as a message naming both."""
+    names = [name for name, _ in LAYERS]
+    bad = []
+    for m, edges in sorted(graph.items()):
+        for target, line, deferred in edges:
+            if _layer(target) > _layer(m):
+                bad.append(
+                    f"{_where(m, line)}: {m} (layer {names[_layer(m)]!r}) imports {target} "
+                    f"(layer {names[_layer(target)]!r}, above it) "
+                    + ("inside a function" if deferred else "at module level")
+                )
+    return bad
+
+
+def test_every_module_has_a_layer():
+    for m in MODULES:
+        _layer(m)
+
+
+def test_no_import_cycle():
+    cycle = _cycle(_edges())
+    assert cycle is None, f"import cycle: {cycle}"
+
+
+def test_each_module_imports_only_its_layer_or_below():
+    bad = _upward(_edges())
+    order = " < ".join(name for name, _ in LAYERS)
+    assert not bad, f"imports against the layer order {order}:\n" + "\n".join(bad)
+
+
+def test_deferred_allowances_name_modules():
+    """Each :data:`DEFERRED` entry names two fp8jax modules (an entry whose import is gone is
+    harmless; drop it when you see one)."""
+    for m, target in DEFERRED:
+        assert m in MODULES and target in MODULES, (m, target)
+
+
+def test_the_checks_catch_a_deferred_cycle_and_an_upward_import(tmp_path, monkeypatch):
+    """What the old ``dense`` <-> ``_fp8_gemm`` pair did (a cycle through an import inside a
+    function) and a layer importing a layer above it are both reported, naming the lines."""
+    assert _upward({"fp8jax.ops.quantize": [("fp8jax.dense", 7, True)]}) == [
+        "fp8jax/ops/quantize.py:7: fp8jax.ops.quantize (layer 'ops') imports fp8jax.dense "
+        "(layer 'functional layers', above it) inside a function"
+    ]
+    assert _layer("fp8jax.flax.dense") > _layer("fp8jax.dense") > _layer("fp8jax._layer_core")
+    (tmp_path / "fp8jax").mkdir()
+    (tmp_path / "fp8jax" / "a.py").write_text("from fp8jax import b\n")
+    (tmp_path / "fp8jax" / "b.py").write_text("def f():\n    from fp8jax.a import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / "fp8jax")
+    for m in ("a", "b"):
+        monkeypatch.setitem(MODULES, f"fp8jax.{m}", tmp_path / "fp8jax" / f"{m}.py")
+    assert _imports("fp8jax.a") == [("fp8jax.b", 1, False)]
+    assert _imports("fp8jax.b") == [("fp8jax.a", 2, True)]
+    graph = {m: _imports(m) for m in ("fp8jax.a", "fp8jax.b")}
+    assert _cycle(graph) == "fp8jax.a (fp8jax/a.py:1) -> fp8jax.b (fp8jax/b.py:2) -> fp8jax.a"
