@@ -1,11 +1,12 @@
 // The one declaration of every fp8jax FFI target: its name and its signature.
 //
 // FP8JAX_OPS(X) calls X(Stem, "target") once per op that has a CPU and a CUDA handler; both
-// extensions declare (FP8JAX_DECLARE_HANDLERS), register (module_*.cc) and, on CUDA, mark the
-// command-buffer trait from it. FP8JAX_SIGNATURE_<Stem> is the op's binding after the platform
-// context (the CPU thread pool or the CUDA stream): its arguments, attributes and results, in
-// order. A handler file defines its op with one line, FP8JAX_CPU_HANDLER(Stem, impl) or
-// FP8JAX_CUDA_HANDLER(Stem, impl) (cpu/cpu_handler.h, cuda/cuda_handler.h).
+// extensions declare (FP8JAX_DECLARE_CPU_HANDLER_ / FP8JAX_DECLARE_CUDA_HANDLER_), register
+// (module_*.cc) and, on CUDA, mark the command-buffer trait from it. FP8JAX_SIGNATURE_<Stem> is the
+// op's binding after the platform context (the CPU thread pool or the CUDA stream): its arguments,
+// attributes and results, in order. A handler file defines its op with one line,
+// FP8JAX_CPU_HANDLER(Stem, impl) or FP8JAX_CUDA_HANDLER(Stem, impl) (cpu/cpu_handler.h,
+// cuda/cuda_handler.h).
 //
 // Adding an op: a line here, its signature below, its kernels, its Python module.
 // The GEMM (CUDA only, two execution stages) is declared in cuda/gemm_cublaslt.cc.
