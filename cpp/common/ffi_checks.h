@@ -10,6 +10,15 @@
 
 #include "xla/ffi/api/ffi.h"
 
+// Evaluates `expr` (an ffi::Error) and returns it from the enclosing function unless it is a
+// success: the one spelling of "propagate a failed check" in every handler.
+#define FP8JAX_RETURN_IF_ERROR(expr)                                      \
+  do {                                                                    \
+    if (::xla::ffi::Error fp8jax_err_ = (expr); !fp8jax_err_.success()) { \
+      return fp8jax_err_;                                                 \
+    }                                                                     \
+  } while (false)
+
 namespace fp8jax {
 
 namespace ffi = xla::ffi;
@@ -72,6 +81,21 @@ struct MatrixShape {
   int64_t rows = 0;
   int64_t cols = 0;
 };
+
+// The dbias workspace that XLA allocates for a dbias op (fp8jax.ops._opdef.OpDef.workspace: one
+// more operand, aliased to one more result, so no handler allocates): float32 [matrices,
+// row_tiles, cols], one partial column sum per tile of `tile_rows` rows (the platform's tiling).
+inline int64_t DbiasWorkspaceElements(const MatrixShape& s, int64_t tile_rows) {
+  return s.matrices * ((s.rows + tile_rows - 1) / tile_rows) * s.cols;
+}
+
+inline ffi::Error CheckDbiasWorkspace(const char* op, const MatrixShape& s, int64_t tile_rows,
+                                      int64_t count) {
+  if (count != DbiasWorkspaceElements(s, tile_rows)) {
+    return BadArg(op, "the dbias workspace must be float32 [row_tiles, cols]");
+  }
+  return ffi::Error::Success();
+}
 
 inline ffi::Error MatrixShapeOf(const std::string& op, ffi::AnyBuffer::Dimensions dims,
                                 int64_t groups, MatrixShape* out) {

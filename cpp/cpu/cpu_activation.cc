@@ -78,7 +78,7 @@ void WriteRows(ffi::ThreadPool* pool, const Source& src, int64_t total_rows, int
 // Calls fn.template operator()<W, A, G>() for a float dtype and activation.
 template <typename Fn>
 ffi::Error DispatchWideAct(const char* op, ffi::DataType t, int64_t code, int64_t gated, Fn&& fn) {
-  if (auto err = CheckAct(op, code, gated); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckAct(op, code, gated));
   return act::Dispatch(code, gated, [&]<int A, bool G>() {
     switch (WideKindOf(t)) {
       case WideKind::kF32:
@@ -97,7 +97,7 @@ ffi::Error ActivationImpl(ffi::ThreadPool pool, sig::Any x, int64_t code, int64_
                           sig::AnyOut y) {
   const char* op = "activation";
   MatrixShape s;
-  if (auto err = CheckActivation(x, gated, *y, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckActivation(x, gated, *y, &s));
   return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
     const ActRows<W, A, G> src{x.untyped_data(), s.matrices * s.rows, s.cols};
     WriteRows<W>(&pool, src, s.matrices * s.rows, s.cols, y->untyped_data());
@@ -109,7 +109,7 @@ ffi::Error DActivationImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x, int64_t
                            int64_t gated, sig::AnyOut dx) {
   const char* op = "dactivation";
   MatrixShape s;
-  if (auto err = CheckDActivation(g, x, gated, *dx, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckDActivation(g, x, gated, *dx, &s));
   const int64_t k = gated != 0 ? 2 : 1;
   return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
     const DActRows<W, A, G> src{g.untyped_data(), x.untyped_data(), s.matrices * s.rows, s.cols};
@@ -140,9 +140,7 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F3
                                        sig::F32Out scale_inv, sig::F32Out amax) {
   const char* op = "activation_cast_transpose";
   MatrixShape s;
-  if (auto err = CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s));
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),
@@ -156,8 +154,6 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F3
                             });
 }
 
-// The dbias workspace arrives as the last operand and leaves, aliased, as the
-// last result (fp8jax.ops._opdef.OpDef.workspace).
 ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x,
                                              sig::F32 scale, sig::F32, int64_t code, int64_t gated,
                                              sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
@@ -165,13 +161,8 @@ ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, s
                                              sig::F32Out workspace) {
   const char* op = "dactivation_cast_transpose_dbias";
   MatrixShape xs, s;  // x's shape, the quantized matrix's ([m, k * n])
-  if (auto err = CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *dbias, &xs, &s);
-      !err.success()) {
-    return err;
-  }
-  if (workspace->element_count() != DbiasWorkspaceSize(s)) {
-    return BadArg(op, "the dbias workspace must be float32 [row_tiles, k * n]");
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckDActivationCastTransposeDbias(
+      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), kStripRows, &xs, &s));
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),

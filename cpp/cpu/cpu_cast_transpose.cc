@@ -20,9 +20,7 @@ ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, ffi::AnyBuffe
                             ffi::Result<ffi::Buffer<ffi::F32>> amax, float* dbias,
                             int64_t dbias_count, float* workspace, int64_t workspace_count) {
   MatrixShape s;
-  if (auto err = MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s));
   if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
       qt->element_count() != x.element_count()) {
     return BadArg(op, "outputs must match the input size and share an FP8 dtype");
@@ -30,8 +28,8 @@ ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, ffi::AnyBuffe
   if (dbias != nullptr && dbias_count != s.matrices * s.cols) {
     return BadArg(op, "dbias must have one element per column of each matrix");
   }
-  if (dbias != nullptr && workspace_count != DbiasWorkspaceSize(s)) {
-    return BadArg(op, "the dbias workspace must be float32 [row_tiles, cols]");
+  if (dbias != nullptr) {
+    FP8JAX_RETURN_IF_ERROR(CheckDbiasWorkspace(op, s, kStripRows, workspace_count));
   }
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),

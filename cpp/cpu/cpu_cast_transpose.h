@@ -85,11 +85,6 @@ struct CastTransposeOut {
   float* partial;
 };
 
-// Elements of the dbias workspace of s.
-inline int64_t DbiasWorkspaceSize(const MatrixShape& s) {
-  return s.matrices * ((s.rows + kStripRows - 1) / kStripRows) * s.cols;
-}
-
 // p[c] += float(row[c]) for c in [0, cols).
 template <WideKind W>
 inline void AddRow(const void* row, int64_t cols, float* p) {

@@ -226,7 +226,7 @@ ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const 
                        int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
                        int64_t n_stats) {
   NormShape s;
-  if (auto err = CheckNormForward(op, x, gamma, beta, y, n_stats, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
   const Params p = ParamsOf(gamma, beta, zero_centered != 0);
   const FwdArgs a{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h,
                   y.untyped_data(), mu,         rs};
@@ -268,12 +268,24 @@ struct Fp8Outs {
   int64_t n_stats;
 };
 
+// The FP8 forward's results as the kernel wants them.
+Fp8Outs Fp8OutsOf(sig::AnyOut& q, sig::AnyOut& qt, sig::F32Out& scale_inv, sig::F32Out& amax,
+                  sig::F32Out& mu, sig::F32Out& rs) {
+  return Fp8Outs{&*q,
+                 &*qt,
+                 scale_inv->typed_data(),
+                 amax->typed_data(),
+                 mu->typed_data(),
+                 rs->typed_data(),
+                 static_cast<int64_t>(mu->element_count())};
+}
+
 ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
                           const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
                           const ffi::AnyBuffer* beta, const ffi::Buffer<ffi::F32>& scale, float eps,
                           int64_t zero_centered, const Fp8Outs& o) {
   NormShape s;
-  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(NormShapeOf(op, x.dimensions(), gamma, beta, &s));
   if (scale.element_count() != s.groups) return BadArg(op, "scale must hold one value per group");
   if (o.q->element_type() != o.qt->element_type() || o.q->element_count() != x.element_count() ||
       o.qt->element_count() != x.element_count() || o.n_stats != s.groups * s.rows) {
@@ -323,26 +335,14 @@ ffi::Error LayerNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma,
                                sig::F32 scale, float eps, int64_t zcg, sig::AnyOut q,
                                sig::AnyOut qt, F32Out scale_inv, F32Out amax, F32Out mu,
                                F32Out rs) {
-  const Fp8Outs o{&*q,
-                  &*qt,
-                  scale_inv->typed_data(),
-                  amax->typed_data(),
-                  mu->typed_data(),
-                  rs->typed_data(),
-                  mu->element_count()};
+  const Fp8Outs o = Fp8OutsOf(q, qt, scale_inv, amax, mu, rs);
   return ForwardFp8Impl("layernorm_forward_fp8", true, pool, x, gamma, &beta, scale, eps, zcg, o);
 }
 
 ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::F32 scale,
                              float eps, int64_t zcg, sig::AnyOut q, sig::AnyOut qt,
                              F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
-  const Fp8Outs o{&*q,
-                  &*qt,
-                  scale_inv->typed_data(),
-                  amax->typed_data(),
-                  mu->typed_data(),
-                  rs->typed_data(),
-                  mu->element_count()};
+  const Fp8Outs o = Fp8OutsOf(q, qt, scale_inv, amax, mu, rs);
   return ForwardFp8Impl("rmsnorm_forward_fp8", false, pool, x, gamma, nullptr, scale, eps, zcg, o);
 }
 

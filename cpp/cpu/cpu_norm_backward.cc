@@ -141,10 +141,8 @@ ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 
                         sig::F32Out dgamma, sig::F32Out dbeta, sig::F32Out workspace) {
   const char* op = "norm_backward";
   NormShape s;
-  if (auto err = CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s);
-      !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(
+      CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s));
   std::vector<float> g(gamma.element_count());
   for (size_t i = 0; i < g.size(); ++i) g[i] = NormGamma(LoadAny(gamma, i), zero_centered != 0);
   const int64_t slots = workspace->element_count() / std::max<int64_t>(1, s.groups * 2 * s.h);

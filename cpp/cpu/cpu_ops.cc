@@ -57,7 +57,7 @@ void QuantizeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, u
 ffi::Error QuantizeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::AnyOut q,
                         sig::F32Out scale_inv, sig::F32Out amax) {
   GroupShape s;
-  if (auto err = CheckQuantize(x, scale, *q, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, &s));
   return DispatchWideFp8("quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            QuantizeCompute<W, F>(&pool, x.untyped_data(), scale.typed_data(),
@@ -106,7 +106,7 @@ void DequantizeCompute(ffi::ThreadPool* pool, const uint8_t* q, const float* sca
 
 ffi::Error DequantizeImpl(ffi::ThreadPool pool, sig::Any q, sig::F32 scale_inv, sig::AnyOut out) {
   GroupShape s;
-  if (auto err = CheckDequantize(q, scale_inv, *out, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckDequantize(q, scale_inv, *out, &s));
   return DispatchWideFp8("dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
                          [&]<WideKind W, typename F>() {
                            DequantizeCompute<W, F>(&pool,
@@ -122,9 +122,7 @@ ffi::Error UpdateFp8StateImpl(ffi::ThreadPool, sig::F32 history, sig::F32 scale,
                               sig::F32 fp8_max, int64_t margin, int64_t algo,
                               sig::F32Out new_history, sig::F32Out new_scale) {
   HistoryShape s;
-  if (auto err = CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s));
   const float margin_factor = std::ldexp(1.0f, -static_cast<int>(margin));
   const float* h = history.typed_data();
   float* nh = new_history->typed_data();

@@ -173,7 +173,7 @@ ffi::Error ActivationImpl(cudaStream_t stream, sig::Any x, int64_t code, int64_t
                           sig::AnyOut y) {
   const char* op = "activation";
   MatrixShape s;
-  if (auto err = CheckActivation(x, gated, *y, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckActivation(x, gated, *y, &s));
   return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, nullptr, x.untyped_data(),
                    y->untyped_data(), s.matrices * s.rows, s.cols);
 }
@@ -182,7 +182,7 @@ ffi::Error DActivationImpl(cudaStream_t stream, sig::Any g, sig::Any x, int64_t 
                            sig::AnyOut dx) {
   const char* op = "dactivation";
   MatrixShape s;
-  if (auto err = CheckDActivation(g, x, gated, *dx, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckDActivation(g, x, gated, *dx, &s));
   return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, g.untyped_data(),
                    x.untyped_data(), dx->untyped_data(), s.matrices * s.rows, s.cols);
 }
@@ -192,9 +192,7 @@ ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32
                                        sig::F32Out scale_inv, sig::F32Out amax) {
   const char* op = "activation_cast_transpose";
   MatrixShape s;
-  if (auto err = CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s));
   return DispatchFused(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
                        [&]<WideKind W, typename F, int A, bool G>() {
                          const ActSource<W, A, G> src{x.untyped_data(), s.cols};
@@ -205,8 +203,6 @@ ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32
                        });
 }
 
-// The dbias workspace arrives as the last operand and leaves, aliased, as the
-// last result (fp8jax.ops._opdef.OpDef.workspace).
 ffi::Error DActivationCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::Any x,
                                              sig::F32 scale, sig::F32, int64_t code, int64_t gated,
                                              sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
@@ -214,13 +210,8 @@ ffi::Error DActivationCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, si
                                              sig::F32Out workspace) {
   const char* op = "dactivation_cast_transpose_dbias";
   MatrixShape xs, s;  // x's shape, the quantized matrix's ([m, k * n])
-  if (auto err = CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *dbias, &xs, &s);
-      !err.success()) {
-    return err;
-  }
-  if (auto err = CheckDbiasWorkspace(op, s, workspace->element_count()); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckDActivationCastTransposeDbias(
+      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), plan::kBigTile, &xs, &s));
   float* partial = workspace->typed_data();
   if (auto err = DispatchFused(
           op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,

@@ -35,10 +35,8 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, si
                              sig::AnyOut qt, sig::F32Out scale_inv, sig::F32Out amax) {
   const char* op = "cast_transpose";
   MatrixShape s;
-  if (auto err = MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s); !err.success()) {
-    return err;
-  }
-  if (auto err = CheckOutputs(op, x, q, qt); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s));
+  FP8JAX_RETURN_IF_ERROR(CheckOutputs(op, x, q, qt));
   return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            return LaunchCastTransposeOf<W, F, false>(
@@ -56,16 +54,12 @@ ffi::Error CastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::F32 scal
                                   sig::F32Out amax, sig::F32Out dbias, sig::F32Out workspace) {
   const char* op = "cast_transpose_dbias";
   MatrixShape s;
-  if (auto err = MatrixShapeOf(op, g.dimensions(), scale.element_count(), &s); !err.success()) {
-    return err;
-  }
-  if (auto err = CheckOutputs(op, g, q, qt); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(op, g.dimensions(), scale.element_count(), &s));
+  FP8JAX_RETURN_IF_ERROR(CheckOutputs(op, g, q, qt));
   if (dbias->element_count() != s.matrices * s.cols) {
     return BadArg(op, "dbias must have one element per column of each matrix");
   }
-  if (auto err = CheckDbiasWorkspace(op, s, workspace->element_count()); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckDbiasWorkspace(op, s, plan::kBigTile, workspace->element_count()));
   float* partial = workspace->typed_data();
   if (auto err = DispatchWideFp8(op, WideKindOf(g.element_type()), Fp8KindOf(q->element_type()),
                                  [&]<WideKind W, typename F>() {

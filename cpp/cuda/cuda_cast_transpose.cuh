@@ -214,9 +214,7 @@ ffi::Error LaunchCastTransposeOf(const char* op, cudaStream_t stream, const Sour
                                  uint64_t x_addr, const MatrixShape& s, const float* scale, void* q,
                                  void* qt, float* scale_inv, float* amax, float* partial) {
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax);
-  if (auto err = MemsetAsync(op, amax_bits, s.groups * sizeof(uint32_t), stream); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(MemsetAsync(op, amax_bits, s.groups * sizeof(uint32_t), stream));
   auto* qp = static_cast<uint8_t*>(q);
   auto* qtp = static_cast<uint8_t*>(qt);
   plan::TransposeArgs a;
@@ -258,16 +256,6 @@ __global__ void __launch_bounds__(plan::kThreads)
     }
     dbias[i] = acc;
   }
-}
-
-// Checks the dbias workspace, float32 [matrices, row_tiles, cols], that XLA
-// allocated for the op (fp8jax.ops._opdef.OpDef.workspace: one more operand,
-// aliased to one more result, so the handler allocates nothing).
-inline ffi::Error CheckDbiasWorkspace(const char* op, const MatrixShape& s, int64_t count) {
-  if (count != s.matrices * plan::CeilDiv(s.rows, plan::kBigTile) * s.cols) {
-    return BadArg(op, "the dbias workspace must be float32 [row_tiles, cols]");
-  }
-  return ffi::Error::Success();
 }
 
 // Enqueues pass 2 (after a kDbias cast_transpose wrote `partial`).

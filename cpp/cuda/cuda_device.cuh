@@ -217,11 +217,8 @@ template <typename PlanGrid, typename... Params, typename... Args>
 ffi::Error PlanAndLaunch(const char* op, void (*kernel)(Params...), cudaStream_t stream,
                          PlanGrid&& plan_grid, Args&&... args) {
   int64_t resident = 0;
-  if (auto err = ResidentBlocks(op, reinterpret_cast<const void*>(kernel), plan::kThreads,
-                                &resident);
-      !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(
+      ResidentBlocks(op, reinterpret_cast<const void*>(kernel), plan::kThreads, &resident));
   return Launch(op, kernel, plan_grid(resident), plan::kThreads, stream,
                 std::forward<Args>(args)...);
 }

@@ -498,8 +498,7 @@ ffi::Error PlanForward(const char* op, Kernel kernel, cudaStream_t stream, int64
                        int elem_bytes, bool aligned, plan::NormPlan* out) {
   plan::NormPlan p = plan::PlanNorm(rows, h, elem_bytes, aligned, 1, 0);
   int64_t resident = 0;
-  if (auto err =
-          ResidentBlocks(op, reinterpret_cast<const void*>(kernel), p.threads, &resident);
+  if (auto err = ResidentBlocks(op, reinterpret_cast<const void*>(kernel), p.threads, &resident);
       !err.success()) {
     return err;
   }
@@ -510,10 +509,8 @@ ffi::Error PlanForward(const char* op, Kernel kernel, cudaStream_t stream, int64
 template <WideKind W, bool kLayer, typename F, bool kVector>
 ffi::Error LaunchForward(const char* op, cudaStream_t stream, FwdArgs a, bool aligned) {
   auto* kernel = NormForwardKernel<W, kVector, kLayer, F>;
-  if (auto err = PlanForward(op, kernel, stream, a.rows, a.h, kWideBytes<W>, aligned, &a.p);
-      !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(
+      PlanForward(op, kernel, stream, a.rows, a.h, kWideBytes<W>, aligned, &a.p));
   return Launch(op, kernel, a.p.grid, a.p.threads, stream, a);
 }
 
@@ -538,7 +535,7 @@ ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ff
                        int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
                        int64_t n_stats) {
   NormShape s;
-  if (auto err = CheckNormForward(op, x, gamma, beta, y, n_stats, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
   if (s.groups * s.rows == 0) return ffi::Error::Success();
   FwdArgs a{};
   a.x = x.untyped_data();
@@ -583,7 +580,7 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const
                           ffi::AnyBuffer& q, ffi::AnyBuffer& qt, float* scale_inv, float* amax,
                           float* mu, float* rs, int64_t n_stats) {
   NormShape s;
-  if (auto err = NormShapeOf(op, x.dimensions(), gamma, beta, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(NormShapeOf(op, x.dimensions(), gamma, beta, &s));
   if (scale.element_count() != s.groups) return BadArg(op, "scale must hold one value per group");
   if (q.element_type() != qt.element_type() || q.element_count() != x.element_count() ||
       qt.element_count() != x.element_count() || n_stats != s.groups * s.rows) {
@@ -659,10 +656,8 @@ ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 m
                         F32Out dgamma, F32Out dbeta, F32Out workspace) {
   const char* op = "norm_backward";
   NormShape s;
-  if (auto err = CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s);
-      !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(
+      CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s));
   const int64_t ws_slots = workspace->element_count() / (s.groups * 2 * s.h);
   if (ws_slots < 1 || workspace->element_count() != s.groups * ws_slots * 2 * s.h) {
     return BadArg(op, "workspace must be [groups, slots, 2, h]");

@@ -72,12 +72,9 @@ __global__ void __launch_bounds__(plan::kThreads)
 ffi::Error QuantizeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, sig::AnyOut q,
                         sig::F32Out scale_inv, sig::F32Out amax) {
   GroupShape s;
-  if (auto err = CheckQuantize(x, scale, *q, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, &s));
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax->typed_data());
-  if (auto err = MemsetAsync("quantize", amax_bits, s.groups * sizeof(uint32_t), stream);
-      !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(MemsetAsync("quantize", amax_bits, s.groups * sizeof(uint32_t), stream));
   return DispatchWideFp8(
       "quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
       [&]<WideKind W, typename F>() {
@@ -119,7 +116,7 @@ __global__ void __launch_bounds__(plan::kThreads)
 
 ffi::Error DequantizeImpl(cudaStream_t stream, sig::Any q, sig::F32 scale_inv, sig::AnyOut out) {
   GroupShape s;
-  if (auto err = CheckDequantize(q, scale_inv, *out, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckDequantize(q, scale_inv, *out, &s));
   return DispatchWideFp8(
       "dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
       [&]<WideKind W, typename F>() {
@@ -173,9 +170,7 @@ ffi::Error UpdateFp8StateImpl(cudaStream_t stream, sig::F32 history, sig::F32 sc
                               sig::F32 fp8_max, int64_t margin, int64_t algo,
                               sig::F32Out new_history, sig::F32Out new_scale) {
   HistoryShape s;
-  if (auto err = CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s); !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s));
   if (s.rows == 0) return ffi::Error::Success();
   if (s.rows > INT32_MAX) return BadArg("update_fp8_state", "too many state rows");
   const float margin_factor = std::ldexp(1.0f, -static_cast<int>(margin));

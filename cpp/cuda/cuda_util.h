@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/ffi_checks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -45,7 +46,7 @@ inline ffi::Error CurrentDevice(const char* op, int* device) {
 // captures the stream into a CUDA graph.
 inline ffi::Error ResidentBlocks(const char* op, const void* kernel, int threads, int64_t* out) {
   int device = 0;
-  if (auto err = CurrentDevice(op, &device); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CurrentDevice(op, &device));
   static std::mutex mu;
   static auto* cache = new std::map<std::pair<int, const void*>, int64_t>();
   std::lock_guard<std::mutex> lock(mu);

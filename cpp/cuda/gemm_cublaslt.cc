@@ -371,10 +371,8 @@ ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::
                        int64_t has_bias, int64_t fast_accum, ffi::AnyBuffer& out,
                        ffi::Buffer<ffi::U8>& workspace, PreparedGemm* pg) {
   GemmArgs& g = pg->g;
-  if (auto err = CheckGemmArgs(a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum, out, &g);
-      !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(
+      CheckGemmArgs(a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum, out, &g));
   if (g.m == 0 || g.n == 0) {
     pg->empty = true;
     return ffi::Error::Success();
@@ -403,13 +401,13 @@ ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::
   pg->ws_bytes = ws_total - kMaxAlignment;
   ptr.workspace_bytes = pg->ws_bytes;
 
-  if (auto err = BuildGemmSetup(g, ptr, &pg->setup); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(BuildGemmSetup(g, ptr, &pg->setup));
 
   // The stream's device (XLA makes it the current one; see CurrentDevice):
   // handles and algorithms are per device.
   int device = 0;
-  if (auto err = CurrentDevice(kOp, &device); !err.success()) return err;
-  if (auto err = HandleFor(device, &pg->handle); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CurrentDevice(kOp, &device));
+  FP8JAX_RETURN_IF_ERROR(HandleFor(device, &pg->handle));
   const AlgoKey key{device,
                     g.n,
                     g.m,
@@ -446,11 +444,8 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     ffi::AnyBuffer bias, int64_t has_bias, int64_t fast_accum,
                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   PreparedGemm pg;
-  if (auto err = PrepareGemm(stream, a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum,
-                             *out, *workspace, &pg);
-      !err.success()) {
-    return err;
-  }
+  FP8JAX_RETURN_IF_ERROR(PrepareGemm(stream, a, b, a_scale_inv, b_scale_inv, bias, has_bias,
+                                     fast_accum, *out, *workspace, &pg));
   if (pg.empty) return ffi::Error::Success();
   const float alpha = 1.0f;
   const float beta = 0.0f;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/ffi_checks.h"
 #include "cuda/gemm_setup.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -70,7 +71,7 @@ constexpr uintptr_t kFakeBias = 0x3000;
 ffi::Error DescribeGemmSetup(const GemmProblem& problem,
                              std::vector<std::pair<std::string, int64_t>>* out) {
   GemmArgs g;
-  if (auto err = CheckGemmProblem(problem, &g); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(CheckGemmProblem(problem, &g));
   GemmPointers ptr;
   ptr.a_scale_inv = reinterpret_cast<const void*>(kFakeAScaleInv);
   ptr.b_scale_inv = reinterpret_cast<const void*>(kFakeBScaleInv);
@@ -78,7 +79,7 @@ ffi::Error DescribeGemmSetup(const GemmProblem& problem,
   ptr.align_a = ptr.align_b = ptr.align_d = ptr.align_bias = static_cast<uint32_t>(kMaxAlignment);
   ptr.workspace_bytes = 32u << 20;
   GemmSetup s;
-  if (auto err = BuildGemmSetup(g, ptr, &s); !err.success()) return err;
+  FP8JAX_RETURN_IF_ERROR(BuildGemmSetup(g, ptr, &s));
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   auto& r = *out;
   cublasLtMatmulDesc_t d = &s.desc;
