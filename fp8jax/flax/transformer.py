@@ -34,6 +34,7 @@ from flax.typing import Initializer
 from fp8jax.flax._te_args import check_no_score_mod, check_off
 from fp8jax.flax._variables import check_float_array
 from fp8jax.flax.attention import MultiHeadAttention, RelativePositionBiases
+from fp8jax.flax.dot_product_attention import canonical_mask_type
 from fp8jax.flax.layernorm import LayerNorm
 from fp8jax.flax.mlp import LayerNormMLP
 
@@ -98,8 +99,23 @@ class TransformerLayer(nn.Module):
         parallelism. ``init`` then returns :class:`flax.linen.LogicallyPartitioned` params
         (``nn.unbox`` them, or use ``nn.get_partition_spec`` for their shardings).
 
-    Differences from TE: ``dtype``/``param_dtype`` follow Flax; ``decode`` (the key/value
-    cache) is not supported; ``enable_sequence_parallel`` is accepted for compatibility
+    Decoding (``decode=True``): the self-attention keeps TE's autoregressive key/value cache
+    in the ``"cache"`` collection (see :class:`MultiHeadAttention`). ``init`` (or a first call)
+    with ``decode=True`` on the full-length input ``[batch, max_len, hidden]`` creates it; each
+    later ``apply(..., decode=True, mutable=["cache"])`` takes one token and returns that
+    position's output of the causal forward pass over the sequence. It needs a causal
+    ``self_attn_mask_type`` (with ``"padding_causal"`` each step's ``attention_mask`` is the
+    query's row, ``[batch, 1, 1, max_len]``) and no ``window_size``; a decoder's
+    cross-attention has no cache (``encoded`` is passed whole at every step, with an
+    ``encoder_decoder_mask`` row ``[batch, 1, 1, encoded_len]``). The relative position bias
+    is computed for the cache's length (``max_decode_length``, if given, must equal it).
+
+    Differences from TE: ``dtype``/``param_dtype`` follow Flax; ``decode`` also works for an
+    ``ENCODER`` layer with a causal mask (a decoder-only block; TE asserts it off), takes the
+    bias length from the cache when ``max_decode_length`` is left out, and is a ValueError
+    with a non-causal self-attention mask, ``window_size``, or rotary embeddings in a
+    ``DECODER`` layer (its cross-attention would rotate the token's query at position 0);
+    ``enable_sequence_parallel`` is accepted for compatibility
     (sequence parallelism comes from logical axis rules here); logical axis names are opt-in
     (``logical_axes``; TE always annotates, with its own names); LoRA
     (``low_rank_adaptation_scope``, ``low_rank_adaptation_dim``,
@@ -196,13 +212,57 @@ class TransformerLayer(nn.Module):
                 f"{self.hidden_size}"
             )
         if decode:
-            raise ValueError(f"{owner}: decode=True (a key/value cache) is not supported yet")
+            self._check_decode()
         if self.layer_type is TransformerLayerType.DECODER and encoded is None:
             raise ValueError(f"{owner}: a DECODER layer needs encoded (the encoder's output)")
         for name in ("hidden_dropout", "attention_dropout", "intermediate_dropout", "drop_path"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"{owner}: {name} must be a float in [0, 1), got {v!r}")
+
+    def _check_decode(self) -> None:
+        """The configurations ``decode=True`` supports (ValueError otherwise)."""
+        owner = "TransformerLayer"
+        mask_type = canonical_mask_type(self.self_attn_mask_type, "self_attn_mask_type")
+        if mask_type not in ("causal", "padding_causal"):
+            raise ValueError(
+                f"{owner}: decode=True needs a causal self-attention (self_attn_mask_type "
+                f"'causal' or 'padding_causal'): each cached step attends to the tokens before "
+                f"it; got self_attn_mask_type={self.self_attn_mask_type!r}"
+            )
+        if self.window_size is not None:
+            raise ValueError(
+                f"{owner}: decode=True does not support window_size (sliding-window attention "
+                f"over the cache); got window_size={self.window_size!r}"
+            )
+        if self.layer_type is TransformerLayerType.DECODER and self.enable_rotary_pos_emb:
+            raise ValueError(
+                f"{owner}: decode=True with enable_rotary_pos_emb is not supported for a DECODER "
+                "layer: its cross-attention (no cache) would rotate each token's query at "
+                "position 0 instead of the token's position"
+            )
+
+    def _decode_length(self, attn_name: str, length: int, max_decode_length: Any) -> int:
+        """The sequence length the relative position bias covers with ``decode=True``: the
+        cache's (the input's, on the call that creates the cache)."""
+        owner = "TransformerLayer"
+        seq_dim = 0 if self.transpose_batch_sequence else 1
+        cache = self.variables.get("cache", {}).get(attn_name, {})
+        cached_key = cache.get("cached_key") if hasattr(cache, "get") else None
+        cache_len = length if cached_key is None else int(cached_key.shape[seq_dim])
+        if max_decode_length is None:
+            return cache_len
+        if (
+            not isinstance(max_decode_length, (int, np.integer))
+            or isinstance(max_decode_length, bool)
+            or max_decode_length != cache_len
+        ):
+            raise ValueError(
+                f"{owner}: max_decode_length must be None or the key/value cache's length "
+                f"{cache_len} (the sequence length of the input that created the cache), got "
+                f"{max_decode_length!r}"
+            )
+        return cache_len
 
     def _attention(self, name: str, **overrides: Any) -> MultiHeadAttention:
         kw = dict(
@@ -272,13 +332,17 @@ class TransformerLayer(nn.Module):
         score_mod_bprop_tensors: Any = None,
     ) -> jax.Array:
         """The layer on ``inputs`` ``[batch, seq, hidden]`` (``[seq, batch, hidden]`` with
-        ``transpose_batch_sequence``); masks are True where attention is *not* allowed."""
-        del max_decode_length  # only meaningful with decode, which is not supported
+        ``transpose_batch_sequence``); masks are True where attention is *not* allowed.
+        ``decode``/``max_decode_length``: the key/value cache (see the class docstring)."""
         check_no_score_mod("TransformerLayer", score_mod_tensors, score_mod_bprop_tensors)
         inputs = check_float_array("TransformerLayer", "inputs", inputs)
         self._check(inputs, encoded, decode)
         decoder = self.layer_type is TransformerLayerType.DECODER
         seq_dim = 0 if self.transpose_batch_sequence else 1
+        attn_name = "self_attention" if decoder else "attention"
+        length = inputs.shape[seq_dim]
+        if decode:
+            length = self._decode_length(attn_name, length, max_decode_length)
         bias = None
         if self.enable_relative_embedding:
             rel = self.relative_embedding
@@ -288,11 +352,10 @@ class TransformerLayer(nn.Module):
                     embedding_init=nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                     **self._axes(embedding_axes=("heads", "relpos_buckets")), name="relpos_bias",
                 )  # fmt: skip
-            length = inputs.shape[seq_dim]
             bias = rel(length, length, not decoder)
 
-        x, ln = self._attention("self_attention" if decoder else "attention")(
-            inputs, None, attention_mask, bias, deterministic=deterministic
+        x, ln = self._attention(attn_name)(
+            inputs, None, attention_mask, bias, decode=decode, deterministic=deterministic
         )
         x = self._dropout(x, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
         x = self._drop_path(x, deterministic)

@@ -1,5 +1,6 @@
 """fp8jax.flax.TransformerLayer: a 2-layer decoder model trains in FP8 (loss falls, the FP8
-state moves every step), encoder and decoder layers, nn.scan over layers, and bad input."""
+state moves every step), encoder and decoder layers, nn.scan over layers, decoding with the
+key/value cache, and bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from jax.sharding import PartitionSpec as P
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling
-from fp8jax.flax import Fp8TrainState, TransformerLayer, TransformerLayerType
+from fp8jax.flax import (
+    Fp8TrainState,
+    TransformerLayer,
+    TransformerLayerType,
+    update_fp8_variables,
+)
 
 HIDDEN, HEADS, MLP, SEQ, VOCAB = 32, 4, 64, 8, 16
 NO_DROPOUT = dict(hidden_dropout=0.0, attention_dropout=0.0, intermediate_dropout=0.0)
@@ -195,12 +201,117 @@ def test_bad_input_names_the_argument(kw, args, match):
         _layer(**kw).init(jax.random.key(0), x, *args, deterministic=True)
 
 
-def test_rank_and_decode_errors():
+def test_rank_error():
     with pytest.raises(ValueError, match="rank 3"):
         _layer().init(jax.random.key(0), jnp.ones((SEQ, HIDDEN)), deterministic=True)
-    with pytest.raises(ValueError, match="decode"):
-        _layer().init(jax.random.key(0), jnp.ones((2, SEQ, HIDDEN)), deterministic=True,
-                      decode=True)  # fmt: skip
+
+
+ENC, DEC = TransformerLayerType.ENCODER, TransformerLayerType.DECODER
+# name -> (layer_type, transpose_batch_sequence, layer arguments)
+DECODE_CASES = {
+    "encoder_relbias": (ENC, False, {}),
+    "encoder_gqa_rotary_tbs": (ENC, True, dict(num_gqa_groups=2, enable_rotary_pos_emb=True,
+                                               enable_relative_embedding=False)),
+    "decoder_relbias_tbs": (DEC, True, {}),
+    "decoder_padding_causal_separate_qkv": (DEC, False, dict(
+        self_attn_mask_type="padding_causal", fuse_qkv_params=False, num_gqa_groups=2,
+        use_bias=True, apply_residual_connection_post_layernorm=True)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp8_off", "fp8_on"])
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_decode_steps_equal_the_causal_forward(case, fp8):
+    """``decode=True``: ``init`` on the full-length input creates the self-attention's
+    key/value cache; then token by token (one jitted step, ``mutable=["cache"]``) each output
+    equals the causal forward over the whole sequence at that position. Relative bias rows at
+    the cached position, rotary at the cached position, a padding_causal mask row by row, a
+    decoder's cross-attention over the whole ``encoded`` (with its padding mask row) at every
+    step. FP8 on: DelayedScaling with state moved off its initial scales by one observed
+    forward/backward pass, the same state for both runs, so every quantization scale is the
+    same and the two agree as closely as with FP8 off."""
+    layer_type, tbs, kw = DECODE_CASES[case]
+    decoder = layer_type is DEC
+    padded = kw.get("self_attn_mask_type") == "padding_causal"
+    layer = _layer(layer_type=layer_type, transpose_batch_sequence=tbs, **kw)
+    b, s, s_enc = 2, 6, 5
+    swap = (lambda t: jnp.swapaxes(t, 0, 1)) if tbs else (lambda t: t)
+    x = jax.random.normal(jax.random.key(1), (b, s, HIDDEN))
+    enc = swap(jax.random.normal(jax.random.key(2), (b, s_enc, HIDDEN))) if decoder else None
+    mask = jnp.zeros((b, 1, s, s), bool).at[1, :, :, 1].set(True) if padded else None
+    enc_mask = jnp.zeros((b, 1, s, s_enc), bool).at[0, :, :, -1].set(True) if decoder else None
+    recipe = DelayedScaling(amax_history_len=4)
+
+    def run(variables, inputs, row, enc_row, **call):
+        with fp8jax.autocast(enabled=fp8, recipe=recipe):
+            return layer.apply(variables, inputs, enc, row, enc_row, deterministic=True, **call)
+
+    with fp8jax.autocast(enabled=fp8, recipe=recipe):
+        variables = layer.init(jax.random.key(0), swap(x), enc, mask, enc_mask,
+                               deterministic=True, decode=True)  # fmt: skip
+    fixed = {k: v for k, v in variables.items() if k != "cache"}
+    cache = variables["cache"]
+    name = "self_attention" if decoder else "attention"
+    assert set(cache) == {name}  # the cross-attention has no cache
+    groups = kw.get("num_gqa_groups", HEADS)
+    head_dim = HIDDEN // HEADS
+    assert cache[name]["cached_key"].shape == ((s, b) if tbs else (b, s)) + (groups, head_dim)
+    if fp8:
+        probe_grads = jax.grad(
+            lambda probe: jnp.sum(run({**fixed, "fp8_probe": probe}, swap(x), mask, enc_mask))
+        )(fixed["fp8_probe"])
+        moved = update_fp8_variables(fixed["fp8_meta"], probe_grads, recipe)
+        assert not all(np.array_equal(u, w) for u, w in zip(
+            jax.tree.leaves(moved), jax.tree.leaves(fixed["fp8_meta"]), strict=True))  # fmt: skip
+        fixed = {**fixed, "fp8_meta": moved}
+    full = swap(run(fixed, swap(x), mask, enc_mask))
+    steps = dict(max_decode_length=s) if decoder else {}  # TE's argument; optional here
+
+    @jax.jit
+    def step(cache, tok, row, enc_row):
+        out, upd = run({**fixed, "cache": cache}, tok, row, enc_row, decode=True,
+                       mutable=["cache"], **steps)  # fmt: skip
+        return out, upd["cache"]
+
+    for t in range(s):
+        row = mask[:, :, t : t + 1] if padded else None
+        enc_row = enc_mask[:, :, t : t + 1] if decoder else None
+        out, cache = step(cache, swap(x[:, t : t + 1]), row, enc_row)
+        np.testing.assert_allclose(np.asarray(swap(out)[:, 0]), np.asarray(full[:, t]),
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert int(cache[name]["cache_index"]) == s
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(self_attn_mask_type="padding"), "self_attn_mask_type"),
+        (dict(self_attn_mask_type="no_mask"), "self_attn_mask_type"),
+        (dict(window_size=(2, 0)), "window_size"),
+        (dict(layer_type=DEC, enable_rotary_pos_emb=True), "enable_rotary_pos_emb"),
+    ],
+)
+def test_decode_rejects_what_the_cache_cannot_do(kw, match):
+    x = jnp.ones((2, SEQ, HIDDEN))
+    enc = x if kw.get("layer_type") is DEC else None
+    with pytest.raises(ValueError, match=match):
+        _layer(**kw).init(jax.random.key(0), x, enc, deterministic=True, decode=True)
+
+
+def test_decode_max_length_and_step_errors():
+    """``max_decode_length`` must be the cache's length (at init: the input's); a step takes
+    one token (MultiHeadAttention's check)."""
+    layer = _layer()
+    x = jnp.ones((2, SEQ, HIDDEN))
+    with pytest.raises(ValueError, match="max_decode_length"):
+        layer.init(jax.random.key(0), x, deterministic=True, decode=True,
+                   max_decode_length=SEQ + 1)  # fmt: skip
+    v = layer.init(jax.random.key(0), x, deterministic=True, decode=True, max_decode_length=SEQ)
+    with pytest.raises(ValueError, match="max_decode_length"):
+        layer.apply(v, x[:, :1], deterministic=True, decode=True, max_decode_length=2 * SEQ,
+                    mutable=["cache"])  # fmt: skip
+    with pytest.raises(ValueError, match="one token"):
+        layer.apply(v, x, deterministic=True, decode=True, mutable=["cache"])
 
 
 def _mlp_twin(p, x):
