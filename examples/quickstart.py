@@ -125,7 +125,7 @@ def linen_trainer(recipe: DelayedScaling, x: jax.Array):
 def nnx_trainer(recipe: DelayedScaling, x: jax.Array):
     """The same with an NNX model (``x`` unused), nnx.Optimizer and an nnx.jit step that updates
     the model and the optimizer in place."""
-    with fp8jax.autocast(enabled=True, recipe=recipe):  # creates the FP8 state (Fp8Meta)
+    with fp8jax.autocast(enabled=True, recipe=recipe):  # creates the FP8 state (Fp8MetaVariable)
         model = fp8jax.nnx.DenseGeneral(HIDDEN, HIDDEN, rngs=nnx.Rngs(2))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)  # never sees FP8 state
 
@@ -135,7 +135,7 @@ def nnx_trainer(recipe: DelayedScaling, x: jax.Array):
             loss, grads = nnx.value_and_grad(
                 lambda model: sq_error(model(x), y), argnums=fp8jax.nnx.diff_state()
             )(model)  # params and probes: the probe gradients are the observed amaxes
-        # Fp8Meta from the observations, then Adam on the params; a NaN/inf batch changes nothing
+        # FP8 state from the observations, then Adam on the params; a NaN/inf batch changes nothing
         fp8jax.nnx.apply_gradients(model, optimizer, grads, skip_if_nonfinite=True)
         return loss
 

@@ -277,7 +277,7 @@ def probe_error(where: str) -> ValueError:
         "update_fp8_variables; for the functional layers: probe=jnp.zeros(n_roles) and "
         "fp8jax.update_fp8_meta). Under nn.scan, give fp8_probe a variable axis. Flax NNX: "
         "nnx.value_and_grad(..., argnums=fp8jax.nnx.diff_state()), then "
-        "fp8jax.nnx.update_fp8_state or apply_gradients. A gradient that must not update the "
+        "fp8jax.nnx.update_fp8_variables or apply_gradients. A gradient that must not update the "
         "state: differentiate the probe too and ignore its gradient."
     )
 

@@ -48,6 +48,7 @@ __all__ = [
     "DotProductAttention",
     "MultiHeadAttention",
     "RelativePositionBiases",
+    "decode_step",
     "default_mha_kernel_init",
 ]
 
@@ -267,24 +268,6 @@ class MultiHeadAttention(nn.Module):
                 f"{inputs_kv.shape} (transpose_batch_sequence={self.transpose_batch_sequence})"
             )
         d = int(self.head_dim)
-        q_width, kv_width = heads * d, groups * d
-        kernel_init = self.kernel_init or default_mha_kernel_init
-        depth = math.sqrt(d) if self.scaled_query_init else 1.0
-
-        def query_init(rng: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32):
-            return kernel_init(rng, shape, dtype) / jnp.asarray(depth, dtype)
-
-        ln_kwargs = dict(
-            enable_layernorm=self.input_layernorm, layernorm_type=self.layernorm_type,
-            epsilon=self.layernorm_epsilon, zero_centered_gamma=self.zero_centered_gamma,
-            scale_axes=self.scale_axes, ln_bias_axes=self.ln_bias_axes, use_bias=self.use_bias,
-            bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
-            layernorm_input_axes=self.layernorm_input_axes,
-        )  # fmt: skip
-        dense_kwargs = dict(use_bias=self.use_bias, bias_init=self.bias_init, dtype=self.dtype,
-                            param_dtype=self.param_dtype)  # fmt: skip
-        kax, bax = tuple(self.qkv_kernel_axes), tuple(self.qkv_bias_axes)
-
         packed = self.fuse_qkv_params and groups == heads
         if packed and not is_self and "qkv" in self.variables.get("params", {}):
             raise ValueError(
@@ -301,33 +284,19 @@ class MultiHeadAttention(nn.Module):
                 "as self-attention. Initialise with inputs_kv=None for self-attention, or pass "
                 "the key/value input as a distinct array."
             )
-        if packed and is_self:
-            qkv_init = _concat_init([query_init, kernel_init, kernel_init])
-            qkv, ln_out = LayerNormDenseGeneral(
-                features=(3, q_width), kernel_init=qkv_init,
-                kernel_axes=_fused_axes(kax, 1), bias_axes=_fused_axes(bax, 1),
-                return_layernorm_output=self.return_layernorm_output, name="qkv", **ln_kwargs,
-            )(inputs_q)  # fmt: skip
+        configs = self.projection_configs(is_self, inputs_q.shape[-1])
+        layers = {name: cls(name=name, **kw) for name, (cls, kw) in configs.items()}
+        if "qkv" in layers:
+            qkv, ln_out = layers["qkv"](inputs_q)
             q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
         else:
-            q, ln_out = LayerNormDenseGeneral(
-                features=q_width, kernel_init=query_init, kernel_axes=kax, bias_axes=bax,
-                return_layernorm_output=self.return_layernorm_output or is_self, name="query",
-                **ln_kwargs,
-            )(inputs_q)  # fmt: skip
+            q, ln_out = layers["query"](inputs_q)
             kv_in = ln_out if is_self else inputs_kv
-            if self.fuse_qkv_params:
-                kv = DenseGeneral(
-                    features=(2, kv_width), kernel_init=_concat_init([kernel_init, kernel_init]),
-                    kernel_axes=_fused_axes(kax, 1), bias_axes=_fused_axes(bax, 1), name="kv",
-                    **dense_kwargs,
-                )(kv_in)  # fmt: skip
+            if "kv" in layers:
+                kv = layers["kv"](kv_in)
                 k, v = kv[..., 0, :], kv[..., 1, :]
             else:
-                proj = dict(features=kv_width, kernel_init=kernel_init, kernel_axes=kax,
-                            bias_axes=bax, **dense_kwargs)  # fmt: skip
-                k = DenseGeneral(name="key", **proj)(kv_in)
-                v = DenseGeneral(name="value", **proj)(kv_in)
+                k, v = layers["key"](kv_in), layers["value"](kv_in)
 
         q = q.reshape(*q.shape[:2], heads, d)
         k = k.reshape(*k.shape[:2], groups, d)
@@ -364,13 +333,65 @@ class MultiHeadAttention(nn.Module):
             transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
             implementation=self.attention_implementation, name="attention",
         )(q, k, v, mask, bias, deterministic=deterministic, segment_ids=segment_ids)  # fmt: skip
-        x = x.reshape(*x.shape[:2], q_width)
-        out = DenseGeneral(
-            features=inputs_q.shape[-1], kernel_init=kernel_init,
+        x = x.reshape(*x.shape[:2], heads * d)
+        return layers["out"](x), ln_out
+
+    def projection_configs(
+        self, is_self: bool, out_features: int
+    ) -> dict[str, tuple[type[nn.Module], dict[str, Any]]]:
+        """The FP8 projections as ``{param scope name: (Linen class, its attributes)}``:
+        ``qkv`` (self-attention with the packed kernel) or ``query`` and ``kv`` (or ``key``
+        and ``value``), and ``out`` (``out_features`` wide). Shared with
+        :class:`fp8jax.nnx.MultiHeadAttention`, which configures its layers from them."""
+        heads, groups = self._check()
+        d = int(self.head_dim)
+        q_width, kv_width = heads * d, groups * d
+        kernel_init = self.kernel_init or default_mha_kernel_init
+        depth = math.sqrt(d) if self.scaled_query_init else 1.0
+
+        def query_init(rng: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32):
+            return kernel_init(rng, shape, dtype) / jnp.asarray(depth, dtype)
+
+        ln_kwargs = dict(
+            enable_layernorm=self.input_layernorm, layernorm_type=self.layernorm_type,
+            epsilon=self.layernorm_epsilon, zero_centered_gamma=self.zero_centered_gamma,
+            scale_axes=self.scale_axes, ln_bias_axes=self.ln_bias_axes, use_bias=self.use_bias,
+            bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
+            layernorm_input_axes=self.layernorm_input_axes,
+        )  # fmt: skip
+        dense_kwargs = dict(use_bias=self.use_bias, bias_init=self.bias_init, dtype=self.dtype,
+                            param_dtype=self.param_dtype)  # fmt: skip
+        kax, bax = tuple(self.qkv_kernel_axes), tuple(self.qkv_bias_axes)
+        layers: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {}
+        if self.fuse_qkv_params and groups == heads and is_self:
+            layers["qkv"] = (LayerNormDenseGeneral, dict(
+                features=(3, q_width), kernel_init=_concat_init([query_init, kernel_init,
+                                                                 kernel_init]),
+                kernel_axes=_fused_axes(kax, 1), bias_axes=_fused_axes(bax, 1),
+                return_layernorm_output=self.return_layernorm_output, **ln_kwargs,
+            ))  # fmt: skip
+        else:
+            layers["query"] = (LayerNormDenseGeneral, dict(
+                features=q_width, kernel_init=query_init, kernel_axes=kax, bias_axes=bax,
+                return_layernorm_output=self.return_layernorm_output or is_self, **ln_kwargs,
+            ))  # fmt: skip
+            if self.fuse_qkv_params:
+                layers["kv"] = (DenseGeneral, dict(
+                    features=(2, kv_width), kernel_init=_concat_init([kernel_init, kernel_init]),
+                    kernel_axes=_fused_axes(kax, 1), bias_axes=_fused_axes(bax, 1),
+                    **dense_kwargs,
+                ))  # fmt: skip
+            else:
+                proj = dict(features=kv_width, kernel_init=kernel_init, kernel_axes=kax,
+                            bias_axes=bax, **dense_kwargs)  # fmt: skip
+                layers["key"] = (DenseGeneral, proj)
+                layers["value"] = (DenseGeneral, dict(proj))
+        layers["out"] = (DenseGeneral, dict(
+            features=out_features, kernel_init=kernel_init,
             kernel_axes=tuple(self.out_kernel_axes), bias_axes=tuple(self.out_bias_axes),
-            name="out", **dense_kwargs,
-        )(x)  # fmt: skip
-        return out, ln_out
+            **dense_kwargs,
+        ))  # fmt: skip
+        return layers
 
     def _cache(
         self, q: jax.Array, k: jax.Array, v: jax.Array, mask: Any, bias: Any
@@ -383,37 +404,62 @@ class MultiHeadAttention(nn.Module):
         query attends to the cached positions ``<= cache_index`` (the causal constraint; with
         a padding mask type also the given mask, ``(b, 1, 1, length)``), a bias is sliced at
         query row ``cache_index``, and ``cache_index`` advances."""
-        owner = "MultiHeadAttention"
         is_step = self.has_variable("cache", "cached_key")
         ck = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
         cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
         ci = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
         if not is_step:
             return k, v, mask, bias
-        seq_axis = 0 if self.transpose_batch_sequence else 1
-        length = ck.value.shape[seq_axis]
-        expect = list(ck.value.shape)
-        expect[seq_axis] = 1
-        if tuple(k.shape) != tuple(expect):
-            raise ValueError(
-                f"{owner}: a decode step takes one token: keys of shape {tuple(expect)} for the "
-                f"cache {ck.value.shape}, got {k.shape}"
-            )
         idx = ci.value
-        k = jax.lax.dynamic_update_slice_in_dim(ck.value, k.astype(ck.value.dtype), idx, seq_axis)
-        v = jax.lax.dynamic_update_slice_in_dim(cv.value, v.astype(cv.value.dtype), idx, seq_axis)
+        seq_axis = 0 if self.transpose_batch_sequence else 1
+        k, v, mask, bias = decode_step(
+            ck.value, cv.value, idx, k, v, mask, bias, seq_axis=seq_axis,
+            mask_type=self.attn_mask_type,
+        )  # fmt: skip
         ck.value, cv.value, ci.value = k, v, idx + 1
-        future = (jnp.arange(length) > idx)[None, None, None, :]
-        if mask is not None and canonical_mask_type(self.attn_mask_type) in (
-            "padding",
-            "padding_causal",
-        ):
-            mask = jnp.asarray(mask)
-            mask = (mask if mask.dtype == jnp.bool_ else mask != 0) | future
-        else:
-            mask = future
-        if bias is not None:
-            bias = jnp.asarray(bias)
-            if bias.ndim == 4 and bias.shape[2] == length:
-                bias = jax.lax.dynamic_slice_in_dim(bias, idx, 1, axis=2)
         return k, v, mask, bias
+
+
+def decode_step(
+    cached_key: jax.Array,
+    cached_value: jax.Array,
+    index: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: Any,
+    bias: Any,
+    *,
+    seq_axis: int,
+    mask_type: str,
+    owner: str = "MultiHeadAttention",
+) -> tuple[jax.Array, jax.Array, Any, Any]:
+    """One decode step on a key/value cache (no Flax: shared by the Linen and NNX attention).
+
+    Writes the token's ``k``/``v`` (one position along ``seq_axis``) into the caches at
+    ``index`` and returns ``(keys, values, mask, bias)`` for the attention: the updated caches,
+    a mask (True = masked out) of the positions after ``index`` (with a padding
+    ``mask_type``, or-ed with the given ``mask``), and ``bias`` sliced at query row ``index``
+    when it has one row per cached position. The caller stores the caches and ``index + 1``."""
+    length = cached_key.shape[seq_axis]
+    expect = list(cached_key.shape)
+    expect[seq_axis] = 1
+    if tuple(k.shape) != tuple(expect):
+        raise ValueError(
+            f"{owner}: a decode step takes one token: keys of shape {tuple(expect)} for the "
+            f"cache {cached_key.shape}, got {k.shape}"
+        )
+    k = jax.lax.dynamic_update_slice_in_dim(cached_key, k.astype(cached_key.dtype), index, seq_axis)
+    v = jax.lax.dynamic_update_slice_in_dim(
+        cached_value, v.astype(cached_value.dtype), index, seq_axis
+    )
+    future = (jnp.arange(length) > index)[None, None, None, :]
+    if mask is not None and canonical_mask_type(mask_type) in ("padding", "padding_causal"):
+        mask = jnp.asarray(mask)
+        mask = (mask if mask.dtype == jnp.bool_ else mask != 0) | future
+    else:
+        mask = future
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        if bias.ndim == 4 and bias.shape[2] == length:
+            bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=2)
+    return k, v, mask, bias

@@ -1,9 +1,12 @@
 """NNX ``DenseGeneral``, ``LayerNorm``, ``LayerNormDenseGeneral`` and ``LayerNormMLP``.
 
-Each is its Linen twin of :mod:`fp8jax.flax` (same math, params, init and names) as an
-``nnx.Module``: sizes positional, everything else keyword-only, ``rngs=`` as in ``flax.nnx``.
-Constructed inside ``fp8jax.autocast(enabled=True, recipe=DelayedScaling(...))`` a layer also
-holds its FP8 state (:class:`~fp8jax.nnx.Fp8Meta`) and probes (:class:`~fp8jax.nnx.Fp8Probe`);
+Native ``nnx.Module``s whose ``__call__`` runs fp8jax's functional layers
+(:func:`fp8jax.dense`, :func:`fp8jax.layernorm_dense`, :func:`fp8jax.layernorm_mlp`, the norm
+ops) on their variables; their params, init and names are those of the Linen twins of
+:mod:`fp8jax.flax` (the same key gives the same params). Sizes positional, everything else
+keyword-only, ``rngs=`` as in ``flax.nnx``. Constructed inside ``fp8jax.autocast(enabled=True,
+recipe=DelayedScaling(...))`` a layer also holds its FP8 state (``fp8_meta``:
+:class:`~fp8jax.nnx.Fp8MetaVariable`) and probe (``fp8_probe``: :class:`~fp8jax.nnx.Fp8Probe`);
 called inside ``autocast`` it runs its GEMMs in FP8, outside it in high precision.
 
 >>> import jax, jax.numpy as jnp, fp8jax
@@ -26,9 +29,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax import flax as fflax
-from fp8jax.nnx._linen_backed import LinenBacked
+from fp8jax._norm_layer import check_norm_args, flax_norm
+from fp8jax.autocast import is_fp8_enabled
+from fp8jax.dense import _dense
+from fp8jax.flax._params import check_names, constrain
+from fp8jax.flax._variables import check_float_array
+from fp8jax.flax.dense import _explicit_spec, _normalize_axes, _reshard_batch_dims
+from fp8jax.layernorm_dense import _layernorm_dense
+from fp8jax.layernorm_mlp import _layernorm_mlp, check_activations
+from fp8jax.nnx._base import Fp8Module, Given, linen_init, positive_int
+from fp8jax.nnx._probe import check_recipe, fp8_use
+from fp8jax.ops.norm import layernorm, rmsnorm
 
 __all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
 
@@ -44,12 +58,6 @@ def linen_config(owner: str, linen_cls: type, config: Mapping[str, Any], fixed: 
         if key not in fields or key in fixed:
             raise TypeError(f"{owner}: unexpected keyword argument {key!r}")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
-
-
-def positive_int(owner: str, name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def sizes(owner: str, name: str, value: Any) -> tuple[int, ...]:
@@ -89,7 +97,11 @@ def _dense_sample(owner: str, in_features: tuple[int, ...], axis: Any, dtype: An
     return sample(dims, dtype)
 
 
-class DenseGeneral(LinenBacked):
+def _features(linen_features: Any) -> tuple[int, ...]:
+    return (int(linen_features),) if np.ndim(linen_features) == 0 else tuple(linen_features)
+
+
+class DenseGeneral(Fp8Module):
     """FP8 dense layer (:class:`fp8jax.flax.DenseGeneral` as an ``nnx.Module``).
 
     ``kernel`` ``(*in_features, *out_features)`` and ``bias`` ``out_features``, drawn as
@@ -121,26 +133,58 @@ class DenseGeneral(LinenBacked):
         kernel_axes: tuple[str | None, ...] = (),
         bias_axes: tuple[str | None, ...] = (),
         output_axes: tuple[str | None, ...] = (),
-        rngs: nnx.Rngs,
+        rngs: nnx.Rngs | None = None,
+        _given: Given | None = None,
     ) -> None:
         owner = "DenseGeneral"
-        ins = sizes(owner, "in_features", in_features)
-        outs = sizes(owner, "out_features", out_features)
-        self.in_features, self.out_features = ins, outs
-        linen = fflax.DenseGeneral(
-            features=outs if len(outs) > 1 else outs[0], axis=axis, use_bias=use_bias,
-            dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
-            kernel_axes=tuple(kernel_axes), bias_axes=tuple(bias_axes),
-            output_axes=tuple(output_axes),
-        )  # fmt: skip
-        self._build(linen, (_dense_sample(owner, ins, axis, param_dtype),), rngs=rngs)
+        if _given is None:
+            ins = sizes(owner, "in_features", in_features)
+            outs = sizes(owner, "out_features", out_features)
+            linen = fflax.DenseGeneral(
+                features=outs if len(outs) > 1 else outs[0], axis=axis, use_bias=use_bias,
+                dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init,
+                bias_init=bias_init, kernel_axes=tuple(kernel_axes), bias_axes=tuple(bias_axes),
+                output_axes=tuple(output_axes),
+            )  # fmt: skip
+            _given = linen_init(owner, linen, (_dense_sample(owner, ins, axis, param_dtype),), rngs)
+        self._adopt(_given)
+        outs = _features(_given.linen.features)
+        self.out_features = outs
+        self.in_features = tuple(self.kernel.get_value().shape[: -len(outs)])
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """Contracts ``inputs``' ``axis`` dims with the kernel; returns the rest + features."""
-        return self._apply(inputs)
+        owner, cfg = "DenseGeneral", self._linen
+        inputs = check_float_array(owner, "inputs", inputs)
+        inputs = constrain(owner, "input_axes", inputs, cfg.input_axes or ())
+        axes = _normalize_axes(owner, "axis", cfg.axis, inputs.ndim)
+        kernel, bias = self._value("kernel"), self._value("bias")
+        dtype = cfg.dtype
+        if dtype is None:
+            dtype = jnp.result_type(*(v for v in (inputs, kernel, bias) if v is not None))
+        out_names = None
+        if cfg.output_axes:
+            out_ndim = inputs.ndim - len(axes) + len(self.out_features)
+            out_names = check_names(owner, "output_axes", cfg.output_axes, out_ndim)
+        out_spec = _explicit_spec(out_names)
+        if out_spec is not None:
+            inputs = _reshard_batch_dims(inputs, axes, out_spec)
+        fp8 = fp8_use(owner, self._recipe, getattr(self, "fp8_meta", None),
+                      getattr(self, "fp8_probe", None))  # fmt: skip
+        y, seen = _dense(
+            inputs, kernel, bias, fp8.meta, fp8.recipe, probe=fp8.probe, axis=axes, dtype=dtype,
+            enabled=fp8.enabled, where=owner,
+        )  # fmt: skip
+        if fp8.record is not None and seen is not None:
+            fp8.record(seen)
+        if out_spec is not None:
+            y = jax.sharding.reshard(y, out_spec)
+        elif out_names is not None:
+            y = nn.with_logical_constraint(y, out_names)
+        return y
 
 
-class LayerNorm(LinenBacked):
+class LayerNorm(Fp8Module):
     """LayerNorm or RMSNorm over the last axis (:class:`fp8jax.flax.LayerNorm`): params
     ``scale`` and (LayerNorm) ``ln_bias``; fp8jax's norm kernel inside ``autocast``.
 
@@ -151,20 +195,43 @@ class LayerNorm(LinenBacked):
       rngs: ``rngs.params()`` draws the init key.
     """
 
-    _HAS_GEMM = False
-
-    def __init__(self, num_features: int, *, rngs: nnx.Rngs, **config: Any) -> None:
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        rngs: nnx.Rngs | None = None,
+        _given: Given | None = None,
+        **config: Any,
+    ) -> None:
         owner = "LayerNorm"
-        self.num_features = positive_int(owner, "num_features", num_features)
-        cfg = linen_config(owner, fflax.LayerNorm, config, set())
-        x = sample((1, self.num_features), cfg.get("param_dtype"))
-        self._build(fflax.LayerNorm(**cfg), (x,), rngs=rngs)
+        if _given is None:
+            num_features = positive_int(owner, "num_features", num_features)
+            cfg = linen_config(owner, fflax.LayerNorm, config, set())
+            x = sample((1, num_features), cfg.get("param_dtype"))
+            _given = linen_init(owner, fflax.LayerNorm(**cfg), (x,), rngs)
+        self._adopt(_given)
+        self.num_features = int(self.scale.get_value().shape[0])
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self._apply(x)
+        owner, cfg = "LayerNorm", self._linen
+        check_norm_args(owner, cfg.layernorm_type, cfg.epsilon, cfg.zero_centered_gamma)
+        check_recipe(owner, None, needs_state=False)
+        x = check_float_array(owner, "x", x)
+        gamma, beta = self._value("scale"), self._value("ln_bias")
+        dtype = cfg.dtype or jnp.result_type(*(v for v in (x, gamma, beta) if v is not None))
+        if not is_fp8_enabled():
+            return flax_norm(x, gamma, beta, cfg.layernorm_type, cfg.epsilon,
+                             cfg.zero_centered_gamma, dtype)  # fmt: skip
+        x2 = x.reshape(-1, x.shape[-1])
+        kw = dict(epsilon=cfg.epsilon, zero_centered_gamma=cfg.zero_centered_gamma)
+        if cfg.layernorm_type == "layernorm":
+            y = layernorm(x2, gamma, beta, **kw)
+        else:
+            y = rmsnorm(x2, gamma, **kw)
+        return y.reshape(x.shape).astype(dtype)
 
 
-class LayerNormDenseGeneral(LinenBacked):
+class LayerNormDenseGeneral(Fp8Module):
     """A norm fused into an FP8 dense layer (:class:`fp8jax.flax.LayerNormDenseGeneral`).
 
     Returns ``(out, ln_output)`` as the Linen twin.
@@ -182,23 +249,52 @@ class LayerNormDenseGeneral(LinenBacked):
         in_features: int,
         out_features: int | Sequence[int],
         *,
-        rngs: nnx.Rngs,
+        rngs: nnx.Rngs | None = None,
+        _given: Given | None = None,
         **config: Any,
     ) -> None:
         owner = "LayerNormDenseGeneral"
-        self.in_features = positive_int(owner, "in_features", in_features)
-        outs = sizes(owner, "out_features", out_features)
-        self.out_features = outs
-        cfg = linen_config(owner, fflax.LayerNormDenseGeneral, config, {"features", "axis"})
-        linen = fflax.LayerNormDenseGeneral(features=outs if len(outs) > 1 else outs[0], **cfg)
-        x = sample((1, self.in_features), cfg.get("param_dtype"))
-        self._build(linen, (x,), rngs=rngs)
+        if _given is None:
+            in_features = positive_int(owner, "in_features", in_features)
+            outs = sizes(owner, "out_features", out_features)
+            cfg = linen_config(owner, fflax.LayerNormDenseGeneral, config, {"features", "axis"})
+            linen = fflax.LayerNormDenseGeneral(features=outs if len(outs) > 1 else outs[0], **cfg)
+            x = sample((1, in_features), cfg.get("param_dtype"))
+            _given = linen_init(owner, linen, (x,), rngs)
+        self._adopt(_given)
+        self.in_features = int(self.kernel.get_value().shape[0])
+        self.out_features = _features(_given.linen.features)
 
     def __call__(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        return self._apply(inputs)
+        owner, cfg = "LayerNormDenseGeneral", self._linen
+        inputs = check_float_array(owner, "inputs", inputs)
+        if cfg.enable_layernorm:
+            check_norm_args(owner, cfg.layernorm_type, cfg.epsilon, cfg.zero_centered_gamma)
+        x = constrain(owner, "layernorm_input_axes", inputs, cfg.layernorm_input_axes or ())
+        if not cfg.enable_layernorm:
+            x = constrain(owner, "dot_input_axes", x, cfg.dot_input_axes or ())
+        gamma, beta = self._value("scale"), self._value("ln_bias")
+        kernel, bias = self._value("kernel"), self._value("bias")
+        dtype = cfg.dtype or jnp.result_type(
+            *(v for v in (inputs, kernel, bias, gamma, beta) if v is not None)
+        )
+        fp8 = fp8_use(owner, self._recipe, getattr(self, "fp8_meta", None),
+                      getattr(self, "fp8_probe", None))  # fmt: skip
+        y, ln, seen = _layernorm_dense(
+            x, gamma, beta, kernel, bias, fp8.meta, fp8.recipe, probe=fp8.probe,
+            layernorm_type=cfg.layernorm_type if cfg.enable_layernorm else None,
+            epsilon=cfg.epsilon, zero_centered_gamma=cfg.zero_centered_gamma,
+            return_layernorm_output=cfg.return_layernorm_output, dtype=dtype,
+            enabled=fp8.enabled, where=owner,
+        )  # fmt: skip
+        if fp8.record is not None and seen is not None:
+            fp8.record(seen)
+        if cfg.depth_scaling is not None:
+            y = y / jnp.asarray(cfg.depth_scaling, y.dtype)
+        return y, ln
 
 
-class LayerNormMLP(LinenBacked):
+class LayerNormMLP(Fp8Module):
     """An FP8 Transformer MLP block (:class:`fp8jax.flax.LayerNormMLP`): norm, FC1,
     activation, dropout, FC2; returns ``(out, ln_output)``.
 
@@ -218,26 +314,59 @@ class LayerNormMLP(LinenBacked):
         *,
         intermediate_dim: int = 2048,
         deterministic: bool = False,
-        rngs: nnx.Rngs,
+        rngs: nnx.Rngs | None = None,
+        _given: Given | None = None,
         **config: Any,
     ) -> None:
         owner = "LayerNormMLP"
-        self.in_features = positive_int(owner, "in_features", in_features)
-        cfg = linen_config(owner, fflax.LayerNormMLP, config, {"intermediate_dim", "axis"})
-        linen = fflax.LayerNormMLP(intermediate_dim=intermediate_dim, **cfg)
-        x = sample((1, self.in_features), cfg.get("param_dtype"))
-        self._build(
-            linen, (x,), rngs=rngs, init_kwargs={"deterministic": True},
-            dropout_rng_name=linen.intermediate_dropout_rng_name, deterministic=deterministic,
-        )  # fmt: skip
+        if _given is None:
+            in_features = positive_int(owner, "in_features", in_features)
+            cfg = linen_config(owner, fflax.LayerNormMLP, config, {"intermediate_dim", "axis"})
+            linen = fflax.LayerNormMLP(intermediate_dim=intermediate_dim, **cfg)
+            x = sample((1, in_features), cfg.get("param_dtype"))
+            _given = linen_init(owner, linen, (x,), rngs, {"deterministic": True})
+        self._adopt(_given)
+        self.in_features = int(self.wi_kernel.get_value().shape[0])
+        self._dropout_stream(rngs, _given.linen.intermediate_dropout_rng_name, deterministic)
 
     def __call__(
         self,
         inputs: jax.Array,
         *,
         deterministic: bool | None = None,
-        rngs: nnx.Rngs | jax.Array | None = None,
+        rngs: nnx.Rngs | nnx.RngStream | jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """The block on ``inputs`` ``[..., in_features]``; ``deterministic`` (default: the
         attribute) turns dropout off; ``rngs`` overrides the kept dropout stream."""
-        return self._apply(inputs, deterministic=deterministic, rngs=rngs)
+        owner, cfg = "LayerNormMLP", self._linen
+        inputs = check_float_array(owner, "inputs", inputs)
+        acts = check_activations(owner, cfg.activations)
+        deterministic = self._deterministic(deterministic)
+        x = constrain(owner, "layernorm_input_axes", inputs, cfg.layernorm_input_axes or ())
+        gamma, beta = self._value("scale"), self._value("ln_bias")
+        wi, wo = self._value("wi_kernel"), self._value("wo_kernel")
+        bi, bo = self._value("wi_bias"), self._value("wo_bias")
+        dtype = cfg.dtype or jnp.result_type(
+            *(v for v in (inputs, wi, wo, bi, bo, gamma, beta) if v is not None)
+        )
+        mask = None
+        rate = float(cfg.intermediate_dropout_rate)
+        if not deterministic and rate > 0.0:
+            shape = [*inputs.shape[:-1], wi.shape[-1]]
+            for d in cfg.intermediate_hidden_dropout_dims:
+                shape[d] = 1
+            keep = jax.random.bernoulli(self._dropout_key(rngs), 1.0 - rate, tuple(shape))
+            mask = jnp.where(keep, jnp.asarray(1.0 / (1.0 - rate), dtype), jnp.zeros((), dtype))
+        fp8 = fp8_use(owner, self._recipe, getattr(self, "fp8_meta", None),
+                      getattr(self, "fp8_probe", None))  # fmt: skip
+        y, ln, seen = _layernorm_mlp(
+            x, gamma, beta, wi, wo, bi, bo, fp8.meta, fp8.recipe, probe=fp8.probe,
+            layernorm_type=cfg.layernorm_type if cfg.enable_layernorm else None,
+            epsilon=cfg.epsilon, zero_centered_gamma=cfg.zero_centered_gamma,
+            activations=acts, dropout_mask=mask,
+            return_layernorm_output=cfg.return_layernorm_output, dtype=dtype,
+            enabled=fp8.enabled, where=owner,
+        )  # fmt: skip
+        if fp8.record is not None and seen is not None:
+            fp8.record(seen)
+        return checkpoint_name(y, cfg.ffn2_ckpt_name), ln

@@ -2,9 +2,9 @@
 
 The loss is differentiated with respect to the params *and* the :class:`~fp8jax.nnx.Fp8Probe`
 variables (:func:`diff_state`); the probe gradients are what each FP8 call observed.
-:func:`update_fp8_state` folds them into the model's :class:`~fp8jax.nnx.Fp8Meta` (max over
-calls, never the sum; one kernel launch for the whole model) and returns the gradients the
-optimizer should see::
+:func:`update_fp8_variables` folds them into the model's
+:class:`~fp8jax.nnx.Fp8MetaVariable` variables (max over calls, never the sum; one kernel
+launch for the whole model) and returns the gradients the optimizer should see::
 
     import jax.numpy as jnp, optax, fp8jax
     from flax import nnx
@@ -21,7 +21,7 @@ optimizer should see::
 
         with fp8jax.autocast(enabled=True, recipe=recipe):
             loss, grads = nnx.value_and_grad(loss_fn, argnums=fp8jax.nnx.diff_state())(model)
-        optimizer.update(model, fp8jax.nnx.update_fp8_state(model, grads))
+        optimizer.update(model, fp8jax.nnx.update_fp8_variables(model, grads))
         return loss
 
 Stacked layers made by ``nnx.vmap`` and applied by ``nnx.scan`` keep one state row per layer.
@@ -43,13 +43,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp8jax._train_math import all_finite, micro_batch_count, update_fp8_variables
+from fp8jax._train_math import all_finite, micro_batch_count
+from fp8jax._train_math import update_fp8_variables as _update_tree
 from fp8jax.autocast import autocast
-from fp8jax.nnx._linen_backed import LinenBacked, calibrating
+from fp8jax.nnx._base import Fp8Module
+from fp8jax.nnx._probe import calibrating
 from fp8jax.nnx.variables import (
     FP8_META,
     FP8_PROBE,
-    Fp8Meta,
+    Fp8MetaVariable,
     Fp8Probe,
     assign,
     pure,
@@ -64,7 +66,7 @@ __all__ = [
     "calibrate",
     "diff_state",
     "model_recipe",
-    "update_fp8_state",
+    "update_fp8_variables",
 ]
 
 
@@ -80,7 +82,7 @@ def model_recipe(model: Any) -> DelayedScaling | None:
     recipes = {
         node.recipe
         for _, node in nnx.iter_graph(model)
-        if isinstance(node, LinenBacked) and node.recipe is not None
+        if isinstance(node, Fp8Module) and node.recipe is not None
     }
     if len(recipes) > 1:
         raise ValueError(
@@ -91,12 +93,12 @@ def model_recipe(model: Any) -> DelayedScaling | None:
 
 
 def _fold(model: Any, observed: Any, owner: str, check_uses: bool = False) -> None:
-    """Updates every Fp8Meta of ``model`` from ``observed`` (a pure dict of probe values or
+    """Updates every Fp8MetaVariable of ``model`` from ``observed`` (a pure dict of probe values or
     gradients, NNX-shaped) in one launch. With ``check_uses`` (``observed`` are gradients), a
     module whose probe was observed but never used visibly (its use counts, the probe values,
     still zero: broadcast over ``nnx.scan``, so the observation is a sum) gets a NaN scale, and
     every probe is reset to zero."""
-    current = pure(model, Fp8Meta)
+    current = pure(model, Fp8MetaVariable)
     meta = to_linen(current, FP8_META)
     if not meta:
         return
@@ -107,13 +109,13 @@ def _fold(model: Any, observed: Any, owner: str, check_uses: bool = False) -> No
             f"{owner}: the model has FP8 state but the gradients have no Fp8Probe entries; "
             "differentiate with argnums=fp8jax.nnx.diff_state() (params and probes)"
         )
-    new = update_fp8_variables(meta, probes, recipe)
+    new = _update_tree(meta, probes, recipe)
     if check_uses:
         counts = pure(model, Fp8Probe)
         summed = to_linen(_summed(observed, counts), FP8_PROBE)
         new = _poisoned(new, summed)
         assign(model, Fp8Probe, jax.tree.map(jnp.zeros_like, counts))
-    assign(model, Fp8Meta, write_back(current, new, FP8_META))
+    assign(model, Fp8MetaVariable, write_back(current, new, FP8_META))
 
 
 def _summed(observed: Any, counts: Any) -> Any:
@@ -137,13 +139,13 @@ def _poisoned(meta: Any, summed: Any) -> Any:
     return out
 
 
-def update_fp8_state(model: Any, grads: nnx.State) -> nnx.State:
+def update_fp8_variables(model: Any, grads: nnx.State) -> nnx.State:
     """Folds this step's observations into the FP8 state of ``model``; returns the rest of
     ``grads``.
 
     Args:
-      model: the model that was differentiated (its :class:`Fp8Meta` variables are updated in
-        place, as NNX updates state: under ``nnx.jit`` functionally).
+      model: the model that was differentiated (its :class:`Fp8MetaVariable` variables are
+        updated in place, as NNX updates state: under ``nnx.jit`` functionally).
       grads: what ``nnx.value_and_grad(..., argnums=diff_state())`` returned for ``model``.
 
     Returns:
@@ -162,18 +164,18 @@ def update_fp8_state(model: Any, grads: nnx.State) -> nnx.State:
     """
     if not isinstance(grads, nnx.State):
         raise TypeError(
-            f"update_fp8_state: grads must be the nnx.State that nnx.grad returned, got "
+            f"update_fp8_variables: grads must be the nnx.State that nnx.grad returned, got "
             f"{type(grads).__name__}"
         )
     probes = nnx.filter_state(grads, Fp8Probe)
-    _fold(model, nnx.to_pure_dict(probes), "update_fp8_state", check_uses=True)
+    _fold(model, nnx.to_pure_dict(probes), "update_fp8_variables", check_uses=True)
     return nnx.filter_state(grads, nnx.Not(Fp8Probe))
 
 
 def apply_gradients(
     model: Any, optimizer: nnx.Optimizer, grads: nnx.State, *, skip_if_nonfinite: bool = False
 ) -> None:
-    """:func:`update_fp8_state`, then ``optimizer.update(model, param_grads)``.
+    """:func:`update_fp8_variables`, then ``optimizer.update(model, param_grads)``.
 
     With ``skip_if_nonfinite=True``, a step whose gradients (params or observations) hold a NaN
     or inf changes nothing: params, optimizer state and step, and FP8 state stay as they were
@@ -184,10 +186,10 @@ def apply_gradients(
         raise TypeError(
             f"apply_gradients: skip_if_nonfinite must be a bool, got {skip_if_nonfinite!r}"
         )
-    kept = nnx.Any(nnx.Param, Fp8Meta)
+    kept = nnx.Any(nnx.Param, Fp8MetaVariable)
     if skip_if_nonfinite:
         old_model, old_opt = pure(model, kept), pure(optimizer)
-    param_grads = update_fp8_state(model, grads)
+    param_grads = update_fp8_variables(model, grads)
     optimizer.update(model, param_grads)
     if not skip_if_nonfinite:
         return

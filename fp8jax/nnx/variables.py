@@ -1,21 +1,22 @@
 """The FP8 variables of fp8jax's NNX modules, and how they map onto the Linen collections.
 
-An NNX module of fp8jax holds, beside its :class:`flax.nnx.Param` attributes:
+An FP8 layer of fp8jax.nnx holds, beside its :class:`flax.nnx.Param` attributes:
 
-- :class:`Fp8Meta`: the delayed-scaling state, in an ``fp8_meta`` sub-node with ``amax_history``
-  float32[R, L] and ``scale`` float32[R] (R = 3 per FP8 GEMM: input, kernel, output-grad);
-- :class:`Fp8Probe`: zeros, in an ``fp8_probe`` sub-node (``call_0``, ...: one per call of the
-  FP8 GEMM inside one forward of the module). The gradient of the loss with respect to a probe
-  is what that call observed (its amax per role), max-merged over the module's calls.
+- ``fp8_meta`` (:class:`Fp8State`): :class:`Fp8MetaVariable` ``amax_history`` float32[R, L]
+  and ``scale`` float32[R], the delayed-scaling state (R = 3 per FP8 GEMM: input, kernel,
+  output-grad);
+- ``fp8_probe`` (:class:`Fp8Probes`): :class:`Fp8Probe` ``call_0``, zeros float32[R]. The
+  gradient of the loss with respect to it is what the layer observed (its amax per role),
+  max-merged over the layer's calls (:mod:`fp8jax.nnx._probe`).
 
-Both are created when a module is constructed inside ``fp8jax.autocast(enabled=True,
+Both are created when a layer is constructed inside ``fp8jax.autocast(enabled=True,
 recipe=DelayedScaling(...))``. Being their own :class:`flax.nnx.Variable` types, they are never
-seen by ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, ``nnx.state(model, Fp8Meta)`` selects the
-state, and they are saved with the rest of ``nnx.state(model)`` by orbax.
+seen by ``nnx.Optimizer(model, tx, wrt=nnx.Param)``, ``nnx.state(model, Fp8MetaVariable)``
+selects the state, and they are saved with the rest of ``nnx.state(model)`` by orbax.
 
-The attribute tree of a module mirrors the variables of its Linen twin (``fp8jax.flax``), with
-each Linen scope's ``fp8_meta``/``fp8_probe`` entries one level down (``fp8_meta``/``fp8_probe``
-nodes), so a parameter named ``scale`` and the FP8 ``scale`` never collide.
+The attribute tree of a model mirrors the variables of its Linen twin (``fp8jax.flax``), with
+each Linen scope's ``fp8_meta``/``fp8_probe`` entries one level down, so a parameter named
+``scale`` and the FP8 ``scale`` never collide; :func:`to_linen` and :func:`from_linen` convert.
 """
 
 from __future__ import annotations
@@ -24,33 +25,48 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["FP8_META", "FP8_PROBE", "Fp8Meta", "Fp8Probe"]
+__all__ = ["FP8_META", "FP8_PROBE", "Fp8MetaVariable", "Fp8Probe", "Fp8Probes", "Fp8State"]
 
-#: Name of the node that holds a scope's :class:`Fp8Meta` (and of the Linen collection).
+#: Name of the attribute that holds a layer's :class:`Fp8State` (and of the Linen collection).
 FP8_META = "fp8_meta"
-#: Name of the node that holds a scope's :class:`Fp8Probe` (and of the Linen collection).
+#: Name of the attribute that holds a layer's :class:`Fp8Probes` (and of the Linen collection).
 FP8_PROBE = "fp8_probe"
 
 _META_KEYS = frozenset({"amax_history", "scale"})
 _CALL_RE = re.compile(r"call_\d+")
 
 
-class Fp8Meta(nnx.Variable):
-    """Delayed-scaling state of an FP8 module: ``amax_history`` float32[R, L] or ``scale``
-    float32[R]. Updated by :func:`fp8jax.nnx.update_fp8_state`, never by an optimizer."""
+class Fp8MetaVariable(nnx.Variable):
+    """Delayed-scaling state of an FP8 layer: ``amax_history`` float32[R, L] or ``scale``
+    float32[R]. Updated by :func:`fp8jax.nnx.update_fp8_variables`, never by an optimizer.
+    (The arrays of :class:`fp8jax.Fp8Meta`, as NNX variables.)"""
 
 
 class Fp8Probe(nnx.Variable):
-    """A zero float32[R] whose gradient is what the module observed (one amax per role).
+    """A zero float32[R] whose gradient is what the layer observed (one amax per role).
 
     Differentiate with respect to it (:func:`fp8jax.nnx.diff_state`) and pass the gradients to
-    :func:`fp8jax.nnx.update_fp8_state`."""
+    :func:`fp8jax.nnx.update_fp8_variables`."""
 
 
-class Node(nnx.Module):
-    """A scope of a Linen-defined layer: its variables (and sub-scopes) as attributes."""
+class Fp8State(nnx.Module):
+    """The ``fp8_meta`` node of an FP8 layer: ``amax_history`` and ``scale``."""
+
+    def __init__(self, amax_history: jax.Array, scale: jax.Array) -> None:
+        self.amax_history = Fp8MetaVariable(jnp.asarray(amax_history, jnp.float32))
+        self.scale = Fp8MetaVariable(jnp.asarray(scale, jnp.float32))
+
+
+class Fp8Probes(nnx.Module):
+    """The ``fp8_probe`` node of an FP8 layer: ``call_0`` (one probe per layer; its calls are
+    merged by the fork of :mod:`fp8jax.nnx._probe`)."""
+
+    def __init__(self, call_0: jax.Array) -> None:
+        self.call_0 = Fp8Probe(jnp.asarray(call_0, jnp.float32))
 
 
 def is_meta_key(key: Any) -> bool:

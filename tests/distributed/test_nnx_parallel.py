@@ -15,9 +15,10 @@ The params are placed by ``nnx.get_partition_spec`` of the model's state under
 ``out_sharding``; the FP8 state has none: replicated), the batch split over ``data``, the step
 traced under ``DEFAULT_RULES``.
 Losses and params agree with one device within float32 reduction order, the FP8 state
-(``nnx.state(model, Fp8Meta)``) within ``1e-6`` and is the same on every device, as in the Linen
-tests (test_parallel_train.py, test_transformer_parallel.py); the column-parallel kernels are
-split over ``model`` before and after training, so the comparison is not of two replicated runs.
+(``nnx.state(model, Fp8MetaVariable)``) within ``1e-6`` and is the same on every device, as in
+the Linen tests (test_parallel_train.py, test_transformer_parallel.py); the column-parallel
+kernels are split over ``model`` before and after training, so the comparison is not of two
+replicated runs.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def _result(model, losses):
     """``(state, losses)`` in the form ``assert_like_reference`` reads."""
     state = SimpleNamespace(
         params=nnx.to_pure_dict(nnx.state(model, nnx.Param)),
-        fp8_meta=nnx.to_pure_dict(nnx.state(model, fp8jax.nnx.Fp8Meta)),
+        fp8_meta=nnx.to_pure_dict(nnx.state(model, fp8jax.nnx.Fp8MetaVariable)),
     )
     return state, losses
 

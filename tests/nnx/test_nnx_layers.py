@@ -61,7 +61,7 @@ def test_same_params_and_outputs_as_the_linen_twin(name, make, linen, shape, kwa
     assert_trees_equal(model.linen_variables()["params"], nn.unbox(variables["params"]))
     assert_trees_equal(got, want)
     has_state = fp8 and name != "layernorm"
-    assert bool(pure(model, fnnx.Fp8Meta)) == has_state
+    assert bool(pure(model, fnnx.Fp8MetaVariable)) == has_state
     assert model.recipe == (RECIPE if has_state else None)
     if has_state:
         assert_trees_equal(model.linen_variables()["fp8_meta"], variables["fp8_meta"])
@@ -88,7 +88,7 @@ def test_layernorm_is_nnx_layernorm_with_fp8_off():
 def test_fp8_state_layout_and_filters():
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         model = fnnx.LayerNormMLP(8, intermediate_dim=16, rngs=nnx.Rngs(0))
-    meta = pure(model, fnnx.Fp8Meta)
+    meta = pure(model, fnnx.Fp8MetaVariable)
     assert jax.tree.map(jnp.shape, meta) == {"fp8_meta": {"amax_history": (6, 4), "scale": (6,)}}
     probes = pure(model, fnnx.Fp8Probe)
     assert jax.tree.map(jnp.shape, probes) == {"fp8_probe": {"call_0": (6,)}}
@@ -102,7 +102,7 @@ def test_current_scaling_needs_no_state():
         model = fnnx.DenseGeneral(8, 4, rngs=nnx.Rngs(0))
         y = model(rand((4, 8), 3))
     assert y.shape == (4, 4) and model.recipe is None
-    assert not pure(model, nnx.Any(fnnx.Fp8Meta, fnnx.Fp8Probe))
+    assert not pure(model, nnx.Any(fnnx.Fp8MetaVariable, fnnx.Fp8Probe))
 
 
 def test_logical_axes_become_nnx_sharding_metadata():

@@ -141,7 +141,7 @@ def test_module_called_twice_merges_by_max_as_linen():
         first_out = jnp.max(jnp.abs(model.layer(x) * 4.0))  # the second call's input
     np.testing.assert_array_equal(observed[0], jnp.maximum(jnp.max(jnp.abs(x)), first_out))
     np.testing.assert_array_equal(observed[1], kernel_amax)  # not 2 * kernel_amax
-    fnnx.update_fp8_state(model, grads)
+    fnnx.update_fp8_variables(model, grads)
 
     state = fflax.Fp8TrainState.from_variables(
         apply_fn=LinenTwice().apply,
@@ -196,7 +196,7 @@ def test_stacked_layers_keep_one_state_row_per_layer():
         (_, inputs), grads = nnx.value_and_grad(loss, argnums=fnnx.diff_state(), has_aux=True)(
             model
         )
-    fnnx.update_fp8_state(model, grads)
+    fnnx.update_fp8_variables(model, grads)
     hist = model.layers.fp8_meta.amax_history[...]
     per_layer_input = jnp.max(jnp.abs(inputs), axis=(1, 2))
     per_layer_kernel = jnp.max(jnp.abs(model.layers.kernel[...]), axis=(1, 2))
@@ -214,7 +214,7 @@ def test_one_module_at_every_scan_step_carries_its_probes():
     x = rand((4, 8), 23)
 
     def step(axes):
-        """(probe gradient, scale after update_fp8_state) of one train step."""
+        """(probe gradient, scale after update_fp8_variables) of one train step."""
         layer = _build(lambda: fnnx.DenseGeneral(8, 8, rngs=nnx.Rngs(0)))
 
         def loss(m):
@@ -230,7 +230,7 @@ def test_one_module_at_every_scan_step_carries_its_probes():
         with fp8jax.autocast(enabled=True, recipe=RECIPE):
             grads = nnx.grad(loss, argnums=fnnx.diff_state())(layer)
         observed = np.asarray(grads["fp8_probe"]["call_0"][...])
-        fnnx.update_fp8_state(layer, grads)
+        fnnx.update_fp8_variables(layer, grads)
         assert not np.any(np.asarray(layer.fp8_probe.call_0[...]))  # counts reset
         return observed, np.asarray(layer.fp8_meta.scale[...])
 
@@ -332,7 +332,7 @@ def test_nonfinite_step_is_skipped_whole():
 def test_eval_step_changes_nothing():
     model = _build(lambda: fnnx.TransformerLayer(**TRANSFORMER, rngs=nnx.Rngs(0)))
     model.eval()
-    arrays = nnx.Any(nnx.Param, fnnx.Fp8Meta, fnnx.Fp8Probe)  # (not the RNG keys)
+    arrays = nnx.Any(nnx.Param, fnnx.Fp8MetaVariable, fnnx.Fp8Probe)  # (not the RNG keys)
     before = pure(model, arrays)
 
     @nnx.jit
@@ -376,9 +376,9 @@ def test_errors():
     grads = nnx.grad(lambda m: _mse(m, x, y))(model)  # FP32, params only: fine
     assert set(nnx.to_pure_dict(grads)) == {"kernel", "bias"}
     with pytest.raises(TypeError, match=r"must be the nnx\.State"):
-        fnnx.update_fp8_state(model, {"kernel": 1})
+        fnnx.update_fp8_variables(model, {"kernel": 1})
     with pytest.raises(ValueError, match="no Fp8Probe entries"):
-        fnnx.update_fp8_state(model, nnx.State({}))
+        fnnx.update_fp8_variables(model, nnx.State({}))
     with fp8jax.autocast(enabled=True, recipe=DelayedScaling(amax_history_len=8)):
         other = fnnx.DenseGeneral(16, 8, rngs=nnx.Rngs(0))
 
@@ -398,12 +398,12 @@ def test_errors():
 
 def test_differentiating_fp8_meta_is_refused():
     """TE's convention (the state's gradient as the next state) is Linen's only: in NNX each
-    call is its own apply, so differentiating Fp8Meta is an error that says what to do."""
+    call is its own apply, so differentiating Fp8MetaVariable is an error that says what to do."""
     layer = _build(lambda: fnnx.DenseGeneral(8, 4, rngs=nnx.Rngs(0)))
     x = rand((4, 8), 24)
-    everything = nnx.DiffState(0, nnx.Any(nnx.Param, fnnx.Fp8Probe, fnnx.Fp8Meta))
+    everything = nnx.DiffState(0, nnx.Any(nnx.Param, fnnx.Fp8Probe, fnnx.Fp8MetaVariable))
     with (
         fp8jax.autocast(enabled=True, recipe=RECIPE),
-        pytest.raises(ValueError, match=r"Fp8Meta variables.*diff_state\(\)"),
+        pytest.raises(ValueError, match=r"Fp8MetaVariable variables.*diff_state\(\)"),
     ):
         nnx.grad(lambda m: jnp.sum(m(x)), argnums=everything)(layer)
