@@ -323,18 +323,30 @@ class MultiHeadAttention(nn.Module):
             k, v, mask, bias = self._cache(q, k, v, mask, bias)
             if step:
                 mask_type = "padding"
-        dtype = jnp.result_type(q, k, v)
         x = DotProductAttention(
-            head_dim=d, num_attention_heads=heads, num_gqa_groups=groups,
-            attention_dropout=self.attention_dropout, attn_mask_type=mask_type,
-            attn_bias_type=self.attn_bias_type, dtype=dtype,
+            **self.core_config(mask_type, jnp.result_type(q, k, v)),
             dropout_rng_name=self.dropout_rng_name, float32_logits=self.float32_logits,
-            scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
-            transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
-            implementation=self.attention_implementation, name="attention",
+            name="attention",
         )(q, k, v, mask, bias, deterministic=deterministic, segment_ids=segment_ids)  # fmt: skip
         x = x.reshape(*x.shape[:2], heads * d)
         return layers["out"](x), ln_out
+
+    def core_config(self, attn_mask_type: str, dtype: Any) -> dict[str, Any]:
+        """The attention core's settings (the attributes of
+        :class:`~fp8jax.flax.DotProductAttention` and arguments of
+        :func:`~fp8jax.flax.dot_product_attention.attention_core`) for inputs of ``dtype``;
+        ``attn_mask_type``: the call's (``"padding"`` on a decode step). Shared with
+        :class:`fp8jax.nnx.MultiHeadAttention`."""
+        heads, groups = self._check()
+        d = int(self.head_dim)
+        return dict(
+            head_dim=d, num_attention_heads=heads, num_gqa_groups=groups,
+            attention_dropout=self.attention_dropout, attn_mask_type=attn_mask_type,
+            attn_bias_type=self.attn_bias_type, dtype=dtype,
+            scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
+            transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
+            implementation=self.attention_implementation,
+        )  # fmt: skip
 
     def projection_configs(
         self, is_self: bool, out_features: int

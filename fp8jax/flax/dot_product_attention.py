@@ -22,6 +22,7 @@ follow TE's convention: ``True`` means *masked out* (the opposite of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -36,6 +37,7 @@ __all__ = [
     "ATTN_BIAS_TYPES",
     "ATTN_MASK_TYPES",
     "DotProductAttention",
+    "attention_core",
     "attention_with_dropout",
     "segment_mask",
 ]
@@ -210,6 +212,213 @@ def attention_with_dropout(
     return out.reshape(b, sq, h, d)
 
 
+def _check_config(
+    head_dim: Any,
+    num_attention_heads: Any,
+    num_gqa_groups: Any,
+    attention_dropout: Any,
+    attn_mask_type: Any,
+    qkv_layout: Any,
+    window_size: Any,
+    implementation: Any,
+) -> tuple[int, int, str, tuple[int, int] | None, str]:
+    """``(heads, groups, mask type, window, layout)`` of :func:`attention_core`, validated."""
+    owner = "DotProductAttention"
+    heads, groups = check_heads(owner, num_attention_heads, num_gqa_groups)
+    if not isinstance(head_dim, (int, np.integer)) or head_dim < 1:
+        raise ValueError(f"{owner}: head_dim must be a positive int, got {head_dim!r}")
+    mask_type = canonical_mask_type(attn_mask_type)
+    window = check_window(owner, window_size)
+    if not 0.0 <= float(attention_dropout) < 1.0:
+        raise ValueError(f"{owner}: attention_dropout must be in [0, 1), got {attention_dropout!r}")
+    layout = str(qkv_layout).lower()
+    if layout not in _QKV_LAYOUTS:
+        raise ValueError(
+            f"{owner}: qkv_layout must be one of {_QKV_LAYOUTS} (the THD layouts are not "
+            f"supported; use segment_ids for packed sequences), got {qkv_layout!r}"
+        )
+    if implementation not in (None, "xla", "cudnn"):
+        raise ValueError(
+            f"{owner}: implementation must be None, 'xla' or 'cudnn', got {implementation!r}"
+        )
+    return heads, groups, mask_type, window, layout
+
+
+def _unpack(layout: str, query: Any, key: Any, value: Any) -> tuple[jax.Array, ...]:
+    """``(q, k, v)`` from the inputs of ``qkv_layout`` ``layout``."""
+    owner = "DotProductAttention"
+    query = jnp.asarray(query)
+    if layout == "bs3hd":
+        if query.ndim != 5 or query.shape[2] != 3:
+            raise ValueError(
+                f"{owner}: with qkv_layout='bs3hd' query must be [b, s, 3, h, d], got {query.shape}"
+            )
+        return query[:, :, 0], query[:, :, 1], query[:, :, 2]
+    key = jnp.asarray(key)
+    if layout == "bshd_bs2hd":
+        if key.ndim != 5 or key.shape[2] != 2:
+            raise ValueError(
+                f"{owner}: with qkv_layout='bshd_bs2hd' key must be [b, s, 2, g, d], got "
+                f"{key.shape}"
+            )
+        return query, key[:, :, 0], key[:, :, 1]
+    if value is None:
+        raise ValueError(f"{owner}: value is required with qkv_layout='bshd_bshd_bshd'")
+    return query, key, jnp.asarray(value)
+
+
+def _keep_mask(
+    mask_type: str,
+    attn_mask_type: Any,
+    sequence_descriptor: Any,
+    segment_ids: Any,
+    shape: tuple[int, int, int, int],
+) -> jax.Array | None:
+    """The padding mask in JAX's convention (True = attend), or None: nothing is padded."""
+    owner = "DotProductAttention"
+    b, _, sq, skv = shape
+    if mask_type not in ("padding", "padding_causal"):
+        if segment_ids is not None:
+            raise ValueError(
+                f"{owner}: segment_ids need attn_mask_type 'padding' or 'padding_causal', got "
+                f"{attn_mask_type!r}"
+            )
+        return None
+    masked = None
+    if sequence_descriptor is not None:
+        masked = _bool_mask(owner, "mask", sequence_descriptor, shape)
+    if segment_ids is not None:
+        seg = _segment_ids(owner, segment_ids, b, sq, skv)
+        masked = seg if masked is None else masked | seg
+    return None if masked is None else ~masked
+
+
+def _checked_bias(
+    bias: Any, attn_bias_type: Any, scale: float, shape: tuple[int, int, int, int]
+) -> jax.Array | None:
+    """``bias`` checked against ``attn_bias_type`` and ``shape``; pre-scaled for
+    ``"pre_scale_bias"``."""
+    owner = "DotProductAttention"
+    bias_type = attn_bias_type
+    if bias_type is None:
+        bias_type = "no_bias" if bias is None else "post_scale_bias"
+    if bias_type not in ATTN_BIAS_TYPES:
+        raise ValueError(f"{owner}: attn_bias_type must be None or one of {ATTN_BIAS_TYPES}, "
+                         f"got {attn_bias_type!r}")  # fmt: skip
+    if (bias is None) != (bias_type == "no_bias"):
+        raise ValueError(
+            f"{owner}: attn_bias_type={bias_type!r} "
+            + ("takes no bias" if bias is not None else "needs a bias")
+        )
+    if bias is None:
+        return None
+    bias = jnp.asarray(bias)
+    if (
+        bias.ndim != 4
+        or any(bias.shape[i] not in (1, shape[i]) for i in range(4))
+        or not jnp.issubdtype(bias.dtype, jnp.floating)
+    ):
+        raise ValueError(
+            f"{owner}: bias must be a float array broadcastable to (b, h, sq, skv) = "
+            f"{shape}, got {bias.shape} {bias.dtype}"
+        )
+    if bias_type == "pre_scale_bias":
+        bias = bias * jnp.asarray(scale, bias.dtype)
+    return bias
+
+
+def attention_core(
+    query: jax.Array,
+    key: jax.Array | None,
+    value: jax.Array | None,
+    sequence_descriptor: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    *,
+    head_dim: int,
+    num_attention_heads: int,
+    num_gqa_groups: int | None = None,
+    attention_dropout: float = 0.0,
+    attn_mask_type: str = "causal",
+    attn_bias_type: str | None = None,
+    dtype: Any = None,
+    qkv_layout: str = "bshd_bshd_bshd",
+    scale_factor: float | None = None,
+    transpose_batch_sequence: bool = False,
+    window_size: tuple[int, int] | None = None,
+    context_checkpoint_name: str = "context",
+    implementation: str | None = None,
+    segment_ids: Any = None,
+    dropout_rng: jax.Array | Callable[[], jax.Array] | None = None,
+) -> jax.Array:
+    """The attention of :class:`DotProductAttention` as a function (no Flax): the arguments
+    are its attributes and its call's, except ``dropout_rng``: the dropout key, or a function
+    drawing it (called only when the dropout is active); ``None``: no dropout (deterministic).
+
+    >>> import jax.numpy as jnp
+    >>> q = jnp.ones((2, 5, 4, 8))
+    >>> attention_core(q, q, q, head_dim=8, num_attention_heads=4).shape
+    (2, 5, 4, 8)
+    """
+    owner = "DotProductAttention"
+    heads, groups, mask_type, window, layout = _check_config(
+        head_dim, num_attention_heads, num_gqa_groups, attention_dropout, attn_mask_type,
+        qkv_layout, window_size, implementation,
+    )  # fmt: skip
+    q, k, v = _unpack(layout, query, key, value)
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.ndim != 4 or not jnp.issubdtype(t.dtype, jnp.floating):
+            raise ValueError(
+                f"{owner}: {name} must be a rank-4 float array [b, s, heads, head_dim], got "
+                f"shape {t.shape} dtype {t.dtype}"
+            )
+    if transpose_batch_sequence:
+        q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
+    b, sq = q.shape[:2]
+    skv = k.shape[1]
+    if q.shape[2] != heads or q.shape[3] != head_dim:
+        raise ValueError(
+            f"{owner}: query must have {heads} heads of width head_dim={head_dim} "
+            f"(num_attention_heads), got {q.shape[2:]}"
+        )
+    if k.shape[2:] != (groups, head_dim) or v.shape != k.shape:
+        raise ValueError(
+            f"{owner}: key and value must have {groups} heads (num_gqa_groups) of width "
+            f"{head_dim} and equal shapes, got key {k.shape} value {v.shape}"
+        )
+    if k.shape[0] != b:
+        raise ValueError(f"{owner}: query and key batch sizes differ: {b} vs {k.shape[0]}")
+    dtype = dtype or jnp.result_type(q, k, v)
+    q, k, v = (t.astype(dtype) for t in (q, k, v))
+
+    shape = (b, heads, sq, skv)
+    keep = _keep_mask(mask_type, attn_mask_type, sequence_descriptor, segment_ids, shape)
+    is_causal = mask_type in ("causal", "padding_causal")
+    scale = 1.0 / math.sqrt(head_dim) if scale_factor is None else scale_factor
+    bias = _checked_bias(bias, attn_bias_type, scale, shape)
+
+    jax_window = None
+    if window is not None:
+        big = max(sq, skv)
+        left, right = (big if w < 0 else w for w in window)
+        if left < big or right < big:
+            jax_window = (left, right)
+
+    if dropout_rng is not None and attention_dropout > 0.0:
+        rng = dropout_rng() if callable(dropout_rng) else dropout_rng
+        out = attention_with_dropout(
+            q, k, v, bias, keep, is_causal=is_causal, window=jax_window, scale=scale,
+            rate=float(attention_dropout), rng=rng,
+        )  # fmt: skip
+    else:
+        out = jax.nn.dot_product_attention(
+            q, k, v, bias, keep, scale=scale, is_causal=is_causal,
+            local_window_size=jax_window, implementation=implementation,
+        )  # fmt: skip
+    if transpose_batch_sequence:
+        out = jnp.swapaxes(out, 0, 1)
+    return checkpoint_name(out, context_checkpoint_name)
+
+
 # TE arguments accepted only at their defaults.
 _TE_OFF = (
     "max_segments_per_seq", "context_parallel_causal_load_balanced", "context_parallel_axis",
@@ -227,7 +436,8 @@ class DotProductAttention(nn.Module):
     where cuDNN's constraints do not hold). With an active attention dropout (``rate > 0`` and
     not ``deterministic``), which that function lacks, the same formula runs in XLA with the
     dropout applied to the probabilities (:func:`attention_with_dropout`), using the
-    ``dropout_rng_name`` RNG stream.
+    ``dropout_rng_name`` RNG stream. The module has no variables: it calls
+    :func:`attention_core` (which :class:`fp8jax.nnx.MultiHeadAttention` calls too).
 
     Call: ``attn(query, key, value, sequence_descriptor=None, bias=None, *,
     deterministic=False, mask=None, segment_ids=None)``; returns the attention output with
@@ -308,53 +518,6 @@ class DotProductAttention(nn.Module):
     score_mod_bprop: Any = None
     implementation: str | None = None
 
-    def _config(self) -> tuple[int, int, str, tuple[int, int] | None, str]:
-        owner = "DotProductAttention"
-        check_off(owner, self, *_TE_OFF)
-        heads, groups = check_heads(owner, self.num_attention_heads, self.num_gqa_groups)
-        if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1:
-            raise ValueError(f"{owner}: head_dim must be a positive int, got {self.head_dim!r}")
-        mask_type = canonical_mask_type(self.attn_mask_type)
-        window = check_window(owner, self.window_size)
-        if not 0.0 <= float(self.attention_dropout) < 1.0:
-            raise ValueError(
-                f"{owner}: attention_dropout must be in [0, 1), got {self.attention_dropout!r}"
-            )
-        layout = str(self.qkv_layout).lower()
-        if layout not in _QKV_LAYOUTS:
-            raise ValueError(
-                f"{owner}: qkv_layout must be one of {_QKV_LAYOUTS} (the THD layouts are not "
-                f"supported; use segment_ids for packed sequences), got {self.qkv_layout!r}"
-            )
-        if self.implementation not in (None, "xla", "cudnn"):
-            raise ValueError(
-                f"{owner}: implementation must be None, 'xla' or 'cudnn', got "
-                f"{self.implementation!r}"
-            )
-        return heads, groups, mask_type, window, layout
-
-    def _unpack(self, layout: str, query: Any, key: Any, value: Any) -> tuple[jax.Array, ...]:
-        owner = "DotProductAttention"
-        query = jnp.asarray(query)
-        if layout == "bs3hd":
-            if query.ndim != 5 or query.shape[2] != 3:
-                raise ValueError(
-                    f"{owner}: with qkv_layout='bs3hd' query must be [b, s, 3, h, d], got "
-                    f"{query.shape}"
-                )
-            return query[:, :, 0], query[:, :, 1], query[:, :, 2]
-        key = jnp.asarray(key)
-        if layout == "bshd_bs2hd":
-            if key.ndim != 5 or key.shape[2] != 2:
-                raise ValueError(
-                    f"{owner}: with qkv_layout='bshd_bs2hd' key must be [b, s, 2, g, d], got "
-                    f"{key.shape}"
-                )
-            return query, key[:, :, 0], key[:, :, 1]
-        if value is None:
-            raise ValueError(f"{owner}: value is required with qkv_layout='bshd_bshd_bshd'")
-        return query, key, jnp.asarray(value)
-
     @nn.compact
     def __call__(
         self,
@@ -371,98 +534,19 @@ class DotProductAttention(nn.Module):
         score_mod_bprop_tensors: Any = None,
     ) -> jax.Array:
         owner = "DotProductAttention"
-        heads, groups, mask_type, window, layout = self._config()
+        check_off(owner, self, *_TE_OFF)
         check_no_score_mod(owner, score_mod_tensors, score_mod_bprop_tensors)
         if mask is not None:
             if sequence_descriptor is not None:
                 raise ValueError(f"{owner}: pass sequence_descriptor or mask, not both")
             sequence_descriptor = mask
-        q, k, v = self._unpack(layout, query, key, value)
-        for name, t in (("query", q), ("key", k), ("value", v)):
-            if t.ndim != 4 or not jnp.issubdtype(t.dtype, jnp.floating):
-                raise ValueError(
-                    f"{owner}: {name} must be a rank-4 float array [b, s, heads, head_dim], got "
-                    f"shape {t.shape} dtype {t.dtype}"
-                )
-        if self.transpose_batch_sequence:
-            q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
-        b, sq = q.shape[:2]
-        skv = k.shape[1]
-        if q.shape[2] != heads or q.shape[3] != self.head_dim:
-            raise ValueError(
-                f"{owner}: query must have {heads} heads of width head_dim={self.head_dim} "
-                f"(num_attention_heads), got {q.shape[2:]}"
-            )
-        if k.shape[2:] != (groups, self.head_dim) or v.shape != k.shape:
-            raise ValueError(
-                f"{owner}: key and value must have {groups} heads (num_gqa_groups) of width "
-                f"{self.head_dim} and equal shapes, got key {k.shape} value {v.shape}"
-            )
-        if k.shape[0] != b:
-            raise ValueError(f"{owner}: query and key batch sizes differ: {b} vs {k.shape[0]}")
-        dtype = self.dtype or jnp.result_type(q, k, v)
-        q, k, v = (t.astype(dtype) for t in (q, k, v))
-
-        shape = (b, heads, sq, skv)
-        keep = None  # jax's convention: True = attend
-        if mask_type in ("padding", "padding_causal"):
-            masked = None
-            if sequence_descriptor is not None:
-                masked = _bool_mask(owner, "mask", sequence_descriptor, shape)
-            if segment_ids is not None:
-                seg = _segment_ids(owner, segment_ids, b, sq, skv)
-                masked = seg if masked is None else masked | seg
-            keep = None if masked is None else ~masked  # no mask: nothing is padded
-        elif segment_ids is not None:
-            raise ValueError(
-                f"{owner}: segment_ids need attn_mask_type 'padding' or 'padding_causal', got "
-                f"{self.attn_mask_type!r}"
-            )
-        is_causal = mask_type in ("causal", "padding_causal")
-
-        bias_type = self.attn_bias_type
-        if bias_type is None:
-            bias_type = "no_bias" if bias is None else "post_scale_bias"
-        if bias_type not in ATTN_BIAS_TYPES:
-            raise ValueError(f"{owner}: attn_bias_type must be None or one of {ATTN_BIAS_TYPES}, "
-                             f"got {self.attn_bias_type!r}")  # fmt: skip
-        if (bias is None) != (bias_type == "no_bias"):
-            raise ValueError(
-                f"{owner}: attn_bias_type={bias_type!r} "
-                + ("takes no bias" if bias is not None else "needs a bias")
-            )
-        scale = 1.0 / math.sqrt(self.head_dim) if self.scale_factor is None else self.scale_factor
-        if bias is not None:
-            bias = jnp.asarray(bias)
-            if (
-                bias.ndim != 4
-                or any(bias.shape[i] not in (1, shape[i]) for i in range(4))
-                or not jnp.issubdtype(bias.dtype, jnp.floating)
-            ):
-                raise ValueError(
-                    f"{owner}: bias must be a float array broadcastable to (b, h, sq, skv) = "
-                    f"{shape}, got {bias.shape} {bias.dtype}"
-                )
-            if bias_type == "pre_scale_bias":
-                bias = bias * jnp.asarray(scale, bias.dtype)
-
-        jax_window = None
-        if window is not None:
-            big = max(sq, skv)
-            left, right = (big if w < 0 else w for w in window)
-            if left < big or right < big:
-                jax_window = (left, right)
-
-        if not deterministic and self.attention_dropout > 0.0:
-            out = attention_with_dropout(
-                q, k, v, bias, keep, is_causal=is_causal, window=jax_window, scale=scale,
-                rate=float(self.attention_dropout), rng=self.make_rng(self.dropout_rng_name),
-            )  # fmt: skip
-        else:
-            out = jax.nn.dot_product_attention(
-                q, k, v, bias, keep, scale=scale, is_causal=is_causal,
-                local_window_size=jax_window, implementation=self.implementation,
-            )  # fmt: skip
-        if self.transpose_batch_sequence:
-            out = jnp.swapaxes(out, 0, 1)
-        return checkpoint_name(out, self.context_checkpoint_name)
+        return attention_core(
+            query, key, value, sequence_descriptor, bias, head_dim=self.head_dim,
+            num_attention_heads=self.num_attention_heads, num_gqa_groups=self.num_gqa_groups,
+            attention_dropout=self.attention_dropout, attn_mask_type=self.attn_mask_type,
+            attn_bias_type=self.attn_bias_type, dtype=self.dtype, qkv_layout=self.qkv_layout,
+            scale_factor=self.scale_factor, transpose_batch_sequence=self.transpose_batch_sequence,
+            window_size=self.window_size, context_checkpoint_name=self.context_checkpoint_name,
+            implementation=self.implementation, segment_ids=segment_ids,
+            dropout_rng=None if deterministic else lambda: self.make_rng(self.dropout_rng_name),
+        )  # fmt: skip

@@ -33,7 +33,11 @@ from flax.typing import Initializer
 
 from fp8jax.flax._te_args import check_no_score_mod, check_off
 from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.attention import MultiHeadAttention, RelativePositionBiases
+from fp8jax.flax.attention import (
+    MultiHeadAttention,
+    RelativePositionBiases,
+    default_mha_kernel_init,
+)
 from fp8jax.flax.dot_product_attention import canonical_mask_type
 from fp8jax.flax.layernorm import LayerNorm
 from fp8jax.flax.mlp import LayerNormMLP
@@ -264,44 +268,76 @@ class TransformerLayer(nn.Module):
             )
         return cache_len
 
-    def _attention(self, name: str, **overrides: Any) -> MultiHeadAttention:
-        kw = dict(
+    def submodule_configs(self) -> dict[str, tuple[type[nn.Module], dict[str, Any]]]:
+        """The layer's children as ``{submodule name: (Linen class, its attributes)}``: the
+        self-attention (``attention``, or ``self_attention`` in a decoder), a decoder's
+        ``encoder_decoder_attention``, ``relpos_bias`` (with ``enable_relative_embedding`` and
+        no ``relative_embedding`` of your own), ``mlp`` and ``output_layernorm`` (with
+        ``output_layernorm``). Shared with :class:`fp8jax.nnx.TransformerLayer`, which builds
+        its children from them."""
+        decoder = self.layer_type is TransformerLayerType.DECODER
+        post = self.apply_residual_connection_post_layernorm
+        common = dict(
+            layernorm_type=self.layernorm_type, zero_centered_gamma=self.zero_centered_gamma,
+            use_bias=self.use_bias, bias_init=self.bias_init, dtype=self.dtype,
+            param_dtype=self.param_dtype, layernorm_input_axes=self._input_axes(),
+        )  # fmt: skip
+        attention = dict(
             head_dim=self.hidden_size // self.num_attention_heads,
-            num_attention_heads=self.num_attention_heads,
-            num_gqa_groups=self.num_gqa_groups,
-            attention_dropout=self.attention_dropout,
-            dropout_rng_name=self.dropout_rng_name,
+            num_attention_heads=self.num_attention_heads, num_gqa_groups=self.num_gqa_groups,
+            attention_dropout=self.attention_dropout, dropout_rng_name=self.dropout_rng_name,
             float32_logits=self.float32_attention_logits,
-            scale_attn_logits=self.scale_attn_logits,
-            scaled_query_init=self.scaled_query_init,
-            layernorm_type=self.layernorm_type,
-            layernorm_epsilon=self.layernorm_epsilon,
-            zero_centered_gamma=self.zero_centered_gamma,
-            return_layernorm_output=self.apply_residual_connection_post_layernorm,
-            input_layernorm=not self.output_layernorm,
-            attn_mask_type=self.self_attn_mask_type,
+            scale_attn_logits=self.scale_attn_logits, scaled_query_init=self.scaled_query_init,
+            layernorm_epsilon=self.layernorm_epsilon, return_layernorm_output=post,
+            input_layernorm=not self.output_layernorm, attn_mask_type=self.self_attn_mask_type,
             attn_bias_type=self.self_attn_bias_type,
             enable_rotary_pos_emb=self.enable_rotary_pos_emb,
             rotary_pos_emb_windows=self.rotary_pos_emb_windows,
             rotary_pos_emb_group_method=self.rotary_pos_emb_group_method,
             fuse_qkv_params=self.fuse_qkv_params,
-            kernel_init=self.mha_kernel_init
-            or nn.initializers.variance_scaling(1.0, "fan_in", "normal"),
-            use_bias=self.use_bias,
-            bias_init=self.bias_init,
-            transpose_batch_sequence=self.transpose_batch_sequence,
-            window_size=self.window_size,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            layernorm_input_axes=self._input_axes(),
+            kernel_init=self.mha_kernel_init or default_mha_kernel_init,
+            transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
+            **common,
             **self._axes(
                 scale_axes=("embed",), ln_bias_axes=("embed",), qkv_kernel_axes=("embed", "heads"),
                 qkv_bias_axes=("heads",), out_kernel_axes=("heads", "embed"),
                 out_bias_axes=("embed",),
             ),
         )  # fmt: skip
-        kw.update(overrides)
-        return MultiHeadAttention(name=name, **kw)
+        out: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
+            "self_attention" if decoder else "attention": (MultiHeadAttention, attention)
+        }
+        if decoder:
+            cross = dict(attention, input_layernorm=True, attn_mask_type="padding",
+                         attn_bias_type="no_bias")  # fmt: skip
+            out["encoder_decoder_attention"] = (MultiHeadAttention, cross)
+        if self.enable_relative_embedding and self.relative_embedding is None:
+            out["relpos_bias"] = (RelativePositionBiases, dict(
+                num_buckets=32, max_distance=128, num_attention_heads=self.num_attention_heads,
+                embedding_init=nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                **self._axes(embedding_axes=("heads", "relpos_buckets")),
+            ))  # fmt: skip
+        out["mlp"] = (LayerNormMLP, dict(
+            intermediate_dim=self.mlp_hidden_size, epsilon=self.layernorm_epsilon,
+            return_layernorm_output=post, activations=tuple(self.mlp_activations),
+            intermediate_dropout_rng_name=self.dropout_rng_name,
+            intermediate_dropout_rate=self.intermediate_dropout,
+            intermediate_hidden_dropout_dims=tuple(self.intermediate_dropout_dims),
+            kernel_init=self.mlp_kernel_init, **common,
+            **self._axes(
+                scale_axes=("embed",), ln_bias_axes=("embed",),
+                kernel_axes_1=("embed", "act", "mlp"), kernel_axes_2=("mlp", "embed"),
+                bias_axes_1=("act", "mlp"), bias_axes_2=("embed",),
+            ),
+        ))  # fmt: skip
+        if self.output_layernorm:
+            out["output_layernorm"] = (LayerNorm, dict(
+                epsilon=self.layernorm_epsilon, layernorm_type=self.layernorm_type,
+                zero_centered_gamma=self.zero_centered_gamma, dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                **self._axes(scale_axes=("embed",), bias_axes=("embed",)),
+            ))  # fmt: skip
+        return out
 
     def _dropout(self, x: jax.Array, rate: float, dims: Sequence[int], deterministic: bool):
         drop = nn.Dropout(
@@ -343,18 +379,20 @@ class TransformerLayer(nn.Module):
         length = inputs.shape[seq_dim]
         if decode:
             length = self._decode_length(attn_name, length, max_decode_length)
+        configs = self.submodule_configs()
+
+        def child(name: str) -> nn.Module:
+            cls, kwargs = configs[name]
+            return cls(name=name, **kwargs)
+
         bias = None
         if self.enable_relative_embedding:
             rel = self.relative_embedding
             if rel is None:
-                rel = RelativePositionBiases(
-                    num_buckets=32, max_distance=128, num_attention_heads=self.num_attention_heads,
-                    embedding_init=nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                    **self._axes(embedding_axes=("heads", "relpos_buckets")), name="relpos_bias",
-                )  # fmt: skip
+                rel = child("relpos_bias")
             bias = rel(length, length, not decoder)
 
-        x, ln = self._attention(attn_name)(
+        x, ln = child(attn_name)(
             inputs, None, attention_mask, bias, decode=decode, deterministic=deterministic
         )
         x = self._dropout(x, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
@@ -363,45 +401,17 @@ class TransformerLayer(nn.Module):
         x = x + residual
         mlp_input = x
         if decoder:
-            y, ln = self._attention(
-                "encoder_decoder_attention", input_layernorm=True, attn_mask_type="padding",
-                attn_bias_type="no_bias",
-            )(x, encoded, encoder_decoder_mask, deterministic=deterministic)  # fmt: skip
+            y, ln = child("encoder_decoder_attention")(
+                x, encoded, encoder_decoder_mask, deterministic=deterministic
+            )
             y = self._dropout(y, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
             residual = ln if self.apply_residual_connection_post_layernorm else x
             mlp_input = y + residual
-        z, ln = LayerNormMLP(
-            intermediate_dim=self.mlp_hidden_size,
-            layernorm_type=self.layernorm_type,
-            epsilon=self.layernorm_epsilon,
-            zero_centered_gamma=self.zero_centered_gamma,
-            return_layernorm_output=self.apply_residual_connection_post_layernorm,
-            activations=tuple(self.mlp_activations),
-            intermediate_dropout_rng_name=self.dropout_rng_name,
-            intermediate_dropout_rate=self.intermediate_dropout,
-            intermediate_hidden_dropout_dims=tuple(self.intermediate_dropout_dims),
-            kernel_init=self.mlp_kernel_init,
-            use_bias=self.use_bias,
-            bias_init=self.bias_init,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            layernorm_input_axes=self._input_axes(),
-            **self._axes(
-                scale_axes=("embed",), ln_bias_axes=("embed",),
-                kernel_axes_1=("embed", "act", "mlp"), kernel_axes_2=("mlp", "embed"),
-                bias_axes_1=("act", "mlp"), bias_axes_2=("embed",),
-            ),
-            name="mlp",
-        )(mlp_input, deterministic=deterministic)  # fmt: skip
+        z, ln = child("mlp")(mlp_input, deterministic=deterministic)
         residual = ln if self.apply_residual_connection_post_layernorm else mlp_input
         z = self._dropout(z, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
         z = self._drop_path(z, deterministic)
         z = z + residual
         if self.output_layernorm:
-            z = LayerNorm(
-                epsilon=self.layernorm_epsilon, layernorm_type=self.layernorm_type,
-                zero_centered_gamma=self.zero_centered_gamma, dtype=self.dtype,
-                param_dtype=self.param_dtype, name="output_layernorm",
-                **self._axes(scale_axes=("embed",), bias_axes=("embed",)),
-            )(z)  # fmt: skip
+            z = child("output_layernorm")(z)
         return z.astype(inputs.dtype)

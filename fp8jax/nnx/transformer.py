@@ -19,7 +19,7 @@ LoRA wrapper around ``layer.mlp``); the composite only calls it.
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import Any
 
 import jax
@@ -29,7 +29,8 @@ from flax import nnx
 
 from fp8jax import flax as fflax
 from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.attention import decode_step, default_mha_kernel_init
+from fp8jax.flax.attention import decode_step
+from fp8jax.flax.dot_product_attention import attention_core
 from fp8jax.flax.relative_position import t5_relative_buckets
 from fp8jax.nnx._base import (
     Fp8Module,
@@ -236,20 +237,10 @@ class MultiHeadAttention(Fp8Module):
             self.cached_value.set_value(v)
             self.cache_index.set_value(index + 1)
             mask_type = "padding"
-        core = fflax.DotProductAttention(
-            head_dim=d, num_attention_heads=heads, num_gqa_groups=groups,
-            attention_dropout=cfg.attention_dropout, attn_mask_type=mask_type,
-            attn_bias_type=cfg.attn_bias_type, dtype=jnp.result_type(q, k, v),
-            dropout_rng_name=cfg.dropout_rng_name, float32_logits=cfg.float32_logits,
-            scale_factor=1.0 / math.sqrt(d) if cfg.scale_attn_logits else 1.0,
-            transpose_batch_sequence=cfg.transpose_batch_sequence, window_size=cfg.window_size,
-            implementation=cfg.attention_implementation,
-        )  # fmt: skip
-        dropout_on = not deterministic and cfg.attention_dropout > 0.0
-        # the core has no variables: its apply is a pure function of its inputs
-        x = core.apply(
-            {}, q, k, v, mask, bias, deterministic=deterministic, segment_ids=segment_ids,
-            rngs={cfg.dropout_rng_name: self._dropout_key(rngs)} if dropout_on else None,
+        x = attention_core(
+            q, k, v, mask, bias, **cfg.core_config(mask_type, jnp.result_type(q, k, v)),
+            segment_ids=segment_ids,
+            dropout_rng=None if deterministic else functools.partial(self._dropout_key, rngs),
         )  # fmt: skip
         x = x.reshape(*x.shape[:2], heads * d)
         return self.out(x), ln_out
@@ -292,58 +283,6 @@ class RelativePositionBiases(Fp8Module):
         table = self.rel_embedding.get_value()
         values = jnp.take(table, jnp.asarray(buckets), axis=1)
         return values[None].astype(cfg.dtype or table.dtype)
-
-
-def _attention_config(linen: fflax.TransformerLayer, **overrides: Any) -> Any:
-    """A ``MultiHeadAttention`` of the Linen layer, as its ``_attention`` configures it."""
-    kw = dict(
-        head_dim=linen.hidden_size // linen.num_attention_heads,
-        num_attention_heads=linen.num_attention_heads, num_gqa_groups=linen.num_gqa_groups,
-        attention_dropout=linen.attention_dropout, dropout_rng_name=linen.dropout_rng_name,
-        float32_logits=linen.float32_attention_logits,
-        scale_attn_logits=linen.scale_attn_logits, scaled_query_init=linen.scaled_query_init,
-        layernorm_type=linen.layernorm_type, layernorm_epsilon=linen.layernorm_epsilon,
-        zero_centered_gamma=linen.zero_centered_gamma,
-        return_layernorm_output=linen.apply_residual_connection_post_layernorm,
-        input_layernorm=not linen.output_layernorm, attn_mask_type=linen.self_attn_mask_type,
-        attn_bias_type=linen.self_attn_bias_type,
-        enable_rotary_pos_emb=linen.enable_rotary_pos_emb,
-        rotary_pos_emb_windows=linen.rotary_pos_emb_windows,
-        rotary_pos_emb_group_method=linen.rotary_pos_emb_group_method,
-        fuse_qkv_params=linen.fuse_qkv_params,
-        kernel_init=linen.mha_kernel_init or default_mha_kernel_init,
-        use_bias=linen.use_bias, bias_init=linen.bias_init,
-        transpose_batch_sequence=linen.transpose_batch_sequence,
-        window_size=linen.window_size, dtype=linen.dtype, param_dtype=linen.param_dtype,
-        layernorm_input_axes=linen._input_axes(),
-        **linen._axes(
-            scale_axes=("embed",), ln_bias_axes=("embed",), qkv_kernel_axes=("embed", "heads"),
-            qkv_bias_axes=("heads",), out_kernel_axes=("heads", "embed"),
-            out_bias_axes=("embed",),
-        ),
-    )  # fmt: skip
-    kw.update(overrides)
-    return fflax.MultiHeadAttention(**kw)
-
-
-def _mlp_config(linen: fflax.TransformerLayer) -> fflax.LayerNormMLP:
-    """The ``mlp`` of the Linen layer, as its ``__call__`` configures it."""
-    axes = dict(
-        scale_axes=("embed",), ln_bias_axes=("embed",), kernel_axes_1=("embed", "act", "mlp"),
-        kernel_axes_2=("mlp", "embed"), bias_axes_1=("act", "mlp"), bias_axes_2=("embed",),
-    )  # fmt: skip
-    return fflax.LayerNormMLP(
-        intermediate_dim=linen.mlp_hidden_size, layernorm_type=linen.layernorm_type,
-        epsilon=linen.layernorm_epsilon, zero_centered_gamma=linen.zero_centered_gamma,
-        return_layernorm_output=linen.apply_residual_connection_post_layernorm,
-        activations=tuple(linen.mlp_activations),
-        intermediate_dropout_rng_name=linen.dropout_rng_name,
-        intermediate_dropout_rate=linen.intermediate_dropout,
-        intermediate_hidden_dropout_dims=tuple(linen.intermediate_dropout_dims),
-        kernel_init=linen.mlp_kernel_init, use_bias=linen.use_bias, bias_init=linen.bias_init,
-        dtype=linen.dtype, param_dtype=linen.param_dtype,
-        layernorm_input_axes=linen._input_axes(), **linen._axes(**axes),
-    )  # fmt: skip
 
 
 class TransformerLayer(Fp8Module):
@@ -394,34 +333,18 @@ class TransformerLayer(Fp8Module):
         self.hidden_size = hidden
         self._linen, self._recipe = linen, given.recipe
         self._self_attention = "self_attention" if decoder else "attention"
-        attentions = [(self._self_attention, _attention_config(linen), None)]
-        if decoder:
-            cross = _attention_config(linen, input_layernorm=True, attn_mask_type="padding",
-                                      attn_bias_type="no_bias")  # fmt: skip
-            attentions.append(("encoder_decoder_attention", cross, hidden))
-        for name, config_, kv_features in attentions:
-            mha = MultiHeadAttention(
-                hidden, kv_features=kv_features, deterministic=deterministic, rngs=rngs,
-                _given=child(given, name, config_),
-            )  # fmt: skip
-            setattr(self, name, mha)
-        self.mlp = _layer(given, "mlp", _mlp_config(linen), rngs, deterministic)
-        if linen.enable_relative_embedding:
-            rel = fflax.RelativePositionBiases(
-                num_buckets=32, max_distance=128, num_attention_heads=linen.num_attention_heads,
-                **linen._axes(embedding_axes=("heads", "relpos_buckets")),
-            )  # fmt: skip
-            self.relpos_bias = RelativePositionBiases(
-                0, 0, 0, _given=child(given, "relpos_bias", rel)
-            )
-        if linen.output_layernorm:
-            norm = fflax.LayerNorm(
-                epsilon=linen.layernorm_epsilon, layernorm_type=linen.layernorm_type,
-                zero_centered_gamma=linen.zero_centered_gamma, dtype=linen.dtype,
-                param_dtype=linen.param_dtype,
-                **linen._axes(scale_axes=("embed",), bias_axes=("embed",)),
-            )  # fmt: skip
-            self.output_layernorm = _layer(given, "output_layernorm", norm, rngs, deterministic)
+        for name, (cls, kwargs) in linen.submodule_configs().items():
+            sub = child(given, name, cls(**kwargs))
+            if cls is fflax.MultiHeadAttention:
+                layer = MultiHeadAttention(
+                    hidden, kv_features=None if name == self._self_attention else hidden,
+                    deterministic=deterministic, rngs=rngs, _given=sub,
+                )  # fmt: skip
+            elif cls is fflax.RelativePositionBiases:
+                layer = RelativePositionBiases(0, 0, 0, _given=sub)
+            else:
+                layer = _layer(given, name, sub.linen, rngs, deterministic)
+            setattr(self, name, layer)
         self._dropout_stream(rngs, linen.dropout_rng_name, deterministic)
 
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = None) -> None:

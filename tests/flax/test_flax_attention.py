@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _common import rand
 
 import fp8jax
 from fp8jax import rotary
@@ -19,26 +20,22 @@ from fp8jax.flax import DotProductAttention, RelativePositionBiases
 from fp8jax.flax import attention as mha_mod
 from fp8jax.flax import dot_product_attention as dpa_mod
 from fp8jax.flax import relative_position as rpb_mod
-from fp8jax.flax.dot_product_attention import attention_with_dropout, segment_mask
+from fp8jax.flax.dot_product_attention import (
+    attention_core,
+    attention_with_dropout,
+    segment_mask,
+)
+
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
 B, SQ, SKV, H, D = 2, 6, 5, 4, 8
 
 
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _qkv(groups=H, sq=SQ, skv=SKV, seed=0):
     return (
-        _rand((B, sq, H, D), seed),
-        _rand((B, skv, groups, D), seed + 1),
-        _rand((B, skv, groups, D), seed + 2),
+        rand((B, sq, H, D), seed),
+        rand((B, skv, groups, D), seed + 1),
+        rand((B, skv, groups, D), seed + 2),
     )
 
 
@@ -102,7 +99,7 @@ def test_every_mask_type_matches_jax_and_the_oracle(mask_type, groups):
     attn = _dpa(num_gqa_groups=groups, attn_mask_type=mask_type)
     padded = mask_type in ("padding", "padding_causal")
     causal = "causal" in mask_type
-    c = _rand((B, SQ, H, D), 9)
+    c = rand((B, SQ, H, D), 9)
 
     def ours(q, k, v):
         return jnp.sum(attn.apply({}, q, k, v, mask) * c)
@@ -208,7 +205,7 @@ def test_negative_window_is_unbounded():
 def test_segment_ids_pack_sequences():
     """Two packed sequences and padding in one row attend as if they were separate rows."""
     s = 6
-    q, k, v = (_rand((1, s, H, D), i) for i in range(3))
+    q, k, v = (rand((1, s, H, D), i) for i in range(3))
     ids = jnp.asarray([[1, 1, 1, 2, 2, 0]])
     attn = _dpa(attn_mask_type="padding_causal")
     got = attn.apply({}, q, k, v, segment_ids=ids)
@@ -228,7 +225,7 @@ def test_segment_ids_pack_sequences():
 
 def test_post_and_pre_scale_bias_and_scale_factor():
     q, k, v = _qkv(2)
-    bias = _rand((1, H, SQ, SKV), 5)
+    bias = rand((1, H, SQ, SKV), 5)
     post = _dpa(num_gqa_groups=2).apply({}, q, k, v, None, bias)  # default: post_scale_bias
     np.testing.assert_allclose(np.asarray(post), _oracle(q, k, v, bias=bias), atol=2e-6)
     pre = _dpa(num_gqa_groups=2, attn_bias_type="pre_scale_bias", scale_factor=0.5)
@@ -266,6 +263,33 @@ def test_dropout_uses_its_rng_stream_and_is_off_when_deterministic():
     assert not np.allclose(a, c) and not np.allclose(a, base)
     with pytest.raises(Exception, match="attn_drop"):
         attn.apply({}, q, k, v)  # no RNG for the stream
+
+
+def test_attention_core_is_the_module_as_a_function():
+    """attention_core (what fp8jax.nnx calls) gives the module's result bit for bit; with a
+    key, the dropout of attention_with_dropout with that key; a key function is called only
+    when the dropout is on."""
+    q, k, v = _qkv(2)
+    kw = dict(num_gqa_groups=2, attn_mask_type="padding_causal", scale_factor=0.3)
+    mask, bias = _padding_mask(), rand((1, H, SQ, SKV), 9)
+    want = _dpa(**kw).apply({}, q, k, v, mask, bias)
+    got = attention_core(q, k, v, mask, bias, head_dim=D, num_attention_heads=H, **kw)
+    np.testing.assert_array_equal(got, want)
+
+    def no_key():
+        raise AssertionError("drew a key with the dropout off")
+
+    drop = dict(kw, attention_dropout=0.5, head_dim=D, num_attention_heads=H)
+    off = attention_core(q, k, v, mask, bias, **dict(drop, attention_dropout=0.0),
+                         dropout_rng=no_key)  # fmt: skip
+    np.testing.assert_array_equal(off, want)
+    np.testing.assert_array_equal(attention_core(q, k, v, mask, bias, **drop), want)
+    rng = jax.random.key(4)
+    on = attention_core(q, k, v, mask, bias, **drop, dropout_rng=lambda: rng)
+    ref = attention_with_dropout(q, k, v, bias, ~mask, is_causal=True, window=None, scale=0.3,
+                                 rate=0.5, rng=rng)  # fmt: skip
+    np.testing.assert_array_equal(on, ref)
+    np.testing.assert_array_equal(attention_core(q, k, v, mask, bias, **drop, dropout_rng=rng), ref)
 
 
 def test_dropout_formula_and_expectation():
@@ -440,7 +464,7 @@ def _rope_oracle(x, windows, method, seq_dim=1):
 @pytest.mark.parametrize("method", ["consecutive", "alternate"])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_rotary_matches_the_direct_formula(method, transpose):
-    x = _rand((2, 7, 3, 8), 4)
+    x = rand((2, 7, 3, 8), 4)
     if transpose:
         x = jnp.swapaxes(x, 0, 1)
     got = rotary.rotary_pos_emb(x, (1, 10000), transpose, method)
@@ -452,7 +476,7 @@ def test_rotary_matches_the_direct_formula(method, transpose):
 
 
 def test_rotary_positions_dtype_and_errors():
-    x = _rand((2, 5, 3, 4), 1)
+    x = rand((2, 5, 3, 4), 1)
     shifted = rotary.rotary_pos_emb(x, (1, 100), False, "alternate", positions=jnp.arange(5) + 3)
     whole = rotary.rotary_pos_emb(jnp.concatenate([x[:, :3], x], 1), (1, 100), False, "alternate")
     np.testing.assert_allclose(np.asarray(shifted), np.asarray(whole[:, 3:]), atol=1e-6)

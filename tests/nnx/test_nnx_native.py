@@ -128,6 +128,19 @@ def test_mha_decode_matches_linen_decode():
             assert_trees_equal(got, want)
 
 
+def test_mha_attention_dropout_takes_the_call_key_or_the_kept_stream():
+    """The attention core gets the dropout key explicitly: the same call key gives the same
+    result, the kept stream a new mask per call, deterministic none."""
+    mha = fnnx.MultiHeadAttention(16, head_dim=8, num_attention_heads=2, attention_dropout=0.5,
+                                  rngs=nnx.Rngs(0, dropout=1))  # fmt: skip
+    x = rand((2, 5, 16), 6)
+    a = mha(x, rngs=jax.random.key(3))[0]
+    np.testing.assert_array_equal(a, mha(x, rngs=jax.random.key(3))[0])
+    assert not np.allclose(a, mha(x, rngs=jax.random.key(4))[0])
+    off = mha(x, deterministic=True)[0]
+    assert not np.allclose(a, off) and not np.allclose(mha(x)[0], mha(x)[0])
+
+
 def test_decode_errors():
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         mha = fnnx.MultiHeadAttention(16, head_dim=8, num_attention_heads=2, rngs=nnx.Rngs(0))
