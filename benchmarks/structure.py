@@ -65,7 +65,7 @@ BATCH, SEQ, HIDDEN, FFN, HEADS = 4, 16, 64, 128, 4
 # Values the code has today where they differ from the ideal; --check fails above them.
 KNOWN = {
     # the fused QKV kernel's transposed copy is a transpose of its codes by XLA (the grouped
-    # GEMM path, fp8jax/_grouped_gemm.py; once per step, weight-sized)
+    # GEMM path, fp8jax/ops/_grouped_gemm.py; once per step, weight-sized)
     ("transformer_layer", "fp8_xla_transposes"): 1,
 }
 

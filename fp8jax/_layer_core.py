@@ -28,10 +28,16 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import _current_state
+from fp8jax.ops import _grouped_gemm
 from fp8jax.ops._implementation import get_implementation
 from fp8jax.ops._partition import explicit_mesh
-from fp8jax.ops.cast_transpose import cast_transpose, cast_transpose_dbias
+from fp8jax.ops.cast_transpose import (
+    cast_transpose,
+    cast_transpose_dbias,
+    grouped_cast_transpose_dbias,
+)
 from fp8jax.ops.gemm import gemm_codes
+from fp8jax.ops.quantize import quantize
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -354,3 +360,57 @@ def layer_vjp(forward: Callable[..., Any], backward: Callable[..., Any], name: s
         return fn(_Wiring(cfg, primal_shardings(params)), tuple(params), scale, probe, tuple(extra))
 
     return call
+
+
+# ------------------------------------------------------------ grouped GEMMs, (hidden, g, N) kernels
+
+
+def grouped_forward(s: Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
+    """A layer's grouped GEMM ``y [M, g, N]`` from its input's FP8 codes ``x_q [M, hidden]``
+    and the high-precision kernel ``w (hidden, g, N)``, cast here (one quantize; its transposed
+    copy ``(g, N, hidden)`` a transpose of the codes) -> ``(y, w's amax, residuals)`` as
+    :func:`gemm_forward`'s."""
+    fwd = s.fwd_dtype
+    q, sinv, amax = quantize(
+        w, scale_for(s, w, scale, fwd), fwd, amax_reduction="mesh",
+        implementation=s.implementation("cast"),
+    )  # fmt: skip
+    w_q = named(codes(q), 1)
+    w_t = named(jnp.transpose(w_q, (1, 2, 0)), 3)
+    sinv, amax = named(sinv, 4), named(amax, 5)
+    y = _grouped_gemm.gemm_n(x_q, w_t, x_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=bias,
+               accumulate="fast")  # fmt: skip
+    return y, amax, GemmResiduals(w_q, w_t, sinv)
+
+
+def grouped_cast_grad(s: Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
+    """The output gradient ``dy [M, g, N]`` cast to the backward format -> ``(codes [M, g, N],
+    transposed codes [g, N, M], scale_inv, amax, dbias [g, N] (float32) or None)``: one fused
+    kernel (:func:`~fp8jax.ops.cast_transpose.grouped_cast_transpose_dbias`), or under
+    explicit sharding (where its global view is not allowed) a quantize, an XLA transpose of
+    the codes and a float32 column sum."""
+    bwd, impl = s.bwd_dtype, s.implementation("cast")
+    scale = scale_for(s, dy, scale, bwd)
+    if not explicit_mesh():
+        q, q_t, sinv, amax, dbias = grouped_cast_transpose_dbias(
+            dy, scale, bwd, amax_reduction="mesh", implementation=impl
+        )
+        return codes(q), codes(q_t), sinv, amax, (dbias if with_bias else None)
+    q, sinv, amax = quantize(dy, scale, bwd, amax_reduction="mesh", implementation=impl)
+    q = codes(q)
+    dbias = jnp.sum(dy.astype(jnp.float32), axis=0) if with_bias else None
+    return q, jnp.transpose(q, (1, 2, 0)), sinv, amax, dbias
+
+
+def grouped_backward(s: Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt):
+    """dgrad ``[M, hidden]`` and wgrad ``(hidden, g, N)`` of :func:`grouped_forward` from the output
+    gradient's codes ``g_q [M, g, N]`` and ``g_t [g, N, M]``."""
+    fwd, bwd = s.fwd_dtype, s.bwd_dtype
+    dx = _grouped_gemm.gemm_k(
+        g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), out_dtype=x_dt,
+        reuse=(res.w_t, x_t),
+    )  # fmt: skip
+    dw = _grouped_gemm.gemm_n(
+        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dt, accumulate="split"
+    )
+    return dx, dw

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _grouped_gemm
 from fp8jax import _layer_core as core
 from fp8jax._norm_layer import (
     check_norm_args,
@@ -25,6 +24,7 @@ from fp8jax._norm_layer import (
     input_backward,
     input_forward,
 )
+from fp8jax.ops import _grouped_gemm
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -38,7 +38,7 @@ class _Config(NamedTuple):
     norm: tuple[str, float, bool] | None  # None: no norm
     has_bias: bool
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
-    grouped: bool  # kernel (hidden, g, N) kept 3-D (fp8jax._grouped_gemm), e.g. fused QKV
+    grouped: bool  # kernel (hidden, g, N) kept 3-D (fp8jax.ops._grouped_gemm), e.g. fused QKV
     dtype: Any
     dtypes: tuple[Any, ...]  # x, gamma, beta, kernel, bias
 
@@ -48,7 +48,7 @@ def _forward(cfg: _Config, x, gamma, beta, w, b, scale):
     ln_q, ln_t, ln_sinv, ln_amax, ln, norm_res = input_forward(
         s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
-    gemm = _grouped_gemm.forward if cfg.grouped else core.gemm_forward
+    gemm = core.grouped_forward if cfg.grouped else core.gemm_forward
     y, w_amax, r = gemm(s, ln_q, ln_sinv, w, scale[1], b, cfg.dtype)
     seen = jnp.stack([ln_amax, w_amax, jnp.float32(jnp.nan)]).reshape(_N)
     res = (norm_res, ln_t, ln_sinv, r, scale[2], ln_amax, w_amax)
@@ -61,8 +61,8 @@ def _backward(cfg: _Config, res, cts):
     x_dt, gamma_dt, beta_dt, w_dt, b_dt = cfg.dtypes
     dy = core.zeros_if_symbolic(cts[0])
     if cfg.grouped:
-        g_q, g_t, g_sinv, g_amax, db = _grouped_gemm.cast_grad(s, dy, g_scale, cfg.has_bias)
-        dln, dw = _grouped_gemm.backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
+        g_q, g_t, g_sinv, g_amax, db = core.grouped_cast_grad(s, dy, g_scale, cfg.has_bias)
+        dln, dw = core.grouped_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
     else:
         g_q, g_t, g_sinv, g_amax, db = core.cast_dbias(s, dy, g_scale, cfg.has_bias)
         g_q, g_t = core.codes(g_q), core.codes(g_t)

@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _grouped_gemm
 from fp8jax import _layer_core as core
 from fp8jax._norm_layer import (
     check_norm_args,
@@ -33,6 +32,7 @@ from fp8jax._norm_layer import (
     input_backward,
     input_forward,
 )
+from fp8jax.ops import _grouped_gemm
 from fp8jax.ops.activation import (
     activation,
     activation_cast_transpose,
@@ -55,7 +55,7 @@ class _Config(NamedTuple):
     activations: tuple[str, ...]
     has_bias: tuple[bool, bool]
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
-    # GEMM1 with the gated pair as its own dim (fp8jax._grouped_gemm): kernel_1 (hidden, 2, I),
+    # GEMM1 with the gated pair as its own dim (fp8jax.ops._grouped_gemm): kernel_1 (hidden, 2, I),
     # bias_1 (2, I); else the 2-D view (hidden, k I), (k I,)
     grouped: bool
     dtype: Any  # dtype of the GEMMs' outputs (the activation's input and the result)
@@ -103,7 +103,7 @@ def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
         s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
     if cfg.grouped:
-        h, w1_amax, r1 = _grouped_gemm.forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
+        h, w1_amax, r1 = core.grouped_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
     else:
         h, w1_amax, r1 = core.gemm_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
         h = h.reshape(ln_q.shape[0], len(cfg.activations), -1)
@@ -129,7 +129,7 @@ def _backward(cfg: _Config, res, cts):
     dh_q, dh_t, dh_sinv, dh_amax, db1 = _dactivation_fp8(cfg, da, h, scale[2])
     dh_q, dh_t = core.codes(dh_q), core.codes(dh_t)
     if cfg.grouped:
-        dln, dw1 = _grouped_gemm.backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
+        dln, dw1 = core.grouped_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     else:
         dln, dw1 = core.gemm_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     dx, dgamma, dbeta = input_backward(s, cfg.norm, norm_res, dln, cts[1] if cfg.keep_ln else None)
@@ -289,7 +289,7 @@ def _layernorm_mlp(
     m = int(np.prod(lead, dtype=np.int64))
     w1 = kernel_1 if jnp.dtype(kernel_1.dtype) in core.WIDE else kernel_1.astype(dtype)
     w2 = kernel_2 if jnp.dtype(kernel_2.dtype) in core.WIDE else kernel_2.astype(dtype)
-    # the gated pair kept as a dim of its own (see fp8jax._grouped_gemm), except with current
+    # the gated pair kept as a dim of its own (see fp8jax.ops._grouped_gemm), except with current
     # scaling (whose casts of the activation gradient are 2-D)
     grouped = (
         len(acts) == 2

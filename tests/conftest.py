@@ -10,7 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # makes tests/ops/_values.py importable
+# Makes the shared helpers importable from every test directory: tests/_shared.py, _hlo.py, ...
+# and tests/ops/_values.py, _samples.py, ... (the distributed conformance suite reads these).
+sys.path.insert(0, str(Path(__file__).parent / "ops"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+import _shared
 
 jax.config.update("jax_enable_x64", False)
 
@@ -70,3 +75,17 @@ def gspmd():
         yield
     finally:
         jax.config.update("jax_use_shardy_partitioner", old)
+
+
+@pytest.fixture
+def float32_matmuls():
+    """Full float32 matmuls, on a GPU too (no TF32), for high-precision references; a module
+    applies it to every test with ``pytestmark = pytest.mark.usefixtures("float32_matmuls")``."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
+
+@pytest.fixture
+def rand():
+    """:func:`_shared.rand` (``rand(shape, seed=0, scale=1.0)``); module-level code imports it."""
+    return _shared.rand

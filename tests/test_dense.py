@@ -10,9 +10,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _accuracy import EPS32, Bound, assert_within, gemm, tensor_cores
+from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, Format, ops
+
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 # Unit roundoff of each format: a quantized value is within u * |x| of x (normal range).
@@ -21,21 +24,9 @@ U_E5M2 = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).eps) / 2  # 2**-3
 RECIPE = DelayedScaling(amax_history_len=4)
 
 
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    """Full float32 matmuls on a GPU too (no TF32): in the references, and in the FP8-off layer,
-    which runs a plain ``jnp.dot`` at the default precision, as ``flax.linen.Dense`` would."""
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
 def _tensor_cores() -> bool:
     """Whether the FP8 GEMMs run on tensor cores here (see tests/_accuracy.py)."""
     return tensor_cores(ops.get_implementation("gemm"))
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 def _ref(x, w, b=None):
@@ -60,7 +51,7 @@ def _grad(loss, argnums):
 
 
 def test_disabled_is_plain_dense():
-    x, w, b = _rand((5, 7, 16), 0), _rand((16, 12), 1), _rand((12,), 2)
+    x, w, b = rand((5, 7, 16), 0), rand((16, 12), 1), rand((12,), 2)
     y = fp8jax.dense(x, w, b, enabled=False)
     if jax.default_backend() == "cpu":
         np.testing.assert_allclose(np.asarray(y), np.asarray(_ref(x, w, b)), rtol=1e-6, atol=1e-6)
@@ -74,8 +65,8 @@ def test_disabled_is_plain_dense():
 
 
 def test_representable_inputs_forward_is_exact_to_accumulation_order():
-    x = fp8jax.cast_to_representable(_rand((64, 48), 3, 4.0), E4M3)
-    w = fp8jax.cast_to_representable(_rand((48, 32), 4, 0.5), E4M3)
+    x = fp8jax.cast_to_representable(rand((64, 48), 3, 4.0), E4M3)
+    w = fp8jax.cast_to_representable(rand((48, 32), 4, 0.5), E4M3)
     y = _fp8(x, w)
     ref = _ref(x, w)
     if not _tensor_cores():
@@ -91,10 +82,10 @@ def test_representable_inputs_forward_is_exact_to_accumulation_order():
 
 
 def test_representable_gradients_are_tight():
-    x = fp8jax.cast_to_representable(_rand((32, 48), 5, 2.0), E4M3)
-    w = fp8jax.cast_to_representable(_rand((48, 16), 6, 0.5), E4M3)
-    b = _rand((16,), 7)
-    c = fp8jax.cast_to_representable(_rand((32, 16), 8), E5M2)  # dL/dy = c, E5M2-exact
+    x = fp8jax.cast_to_representable(rand((32, 48), 5, 2.0), E4M3)
+    w = fp8jax.cast_to_representable(rand((48, 16), 6, 0.5), E4M3)
+    b = rand((16,), 7)
+    c = fp8jax.cast_to_representable(rand((32, 16), 8), E5M2)  # dL/dy = c, E5M2-exact
 
     g = _grad(lambda x, w, b, p: jnp.sum(_fp8(x, w, b, probe=p) * c), (0, 1, 2))(x, w, b)
     gr = jax.grad(lambda x, w, b: jnp.sum(_ref(x, w, b) * c), argnums=(0, 1, 2))(x, w, b)
@@ -122,11 +113,11 @@ def _normwise_bound(x, w, u):
 
 
 def test_random_inputs_within_fp8_tolerance_forward_and_grads():
-    x, w = _rand((128, 64), 9, 3.0), _rand((64, 96), 10, 0.2)
+    x, w = rand((128, 64), 9, 3.0), rand((64, 96), 10, 0.2)
     y = _fp8(x, w)
     err = float(jnp.linalg.norm(y - _ref(x, w)))
     assert err <= _normwise_bound(x, w, U_E4M3)
-    c = _rand((128, 96), 11)
+    c = rand((128, 96), 11)
     dx, dw = _grad(lambda x, w, p: jnp.sum(_fp8(x, w, probe=p) * c), (0, 1))(x, w)
     # dgrad = fl5(c) fl4(w)^T, wgrad = fl4(x)^T fl5(c): one E4M3 and one E5M2 rounding each.
     u = U_E4M3 + U_E5M2
@@ -135,8 +126,8 @@ def test_random_inputs_within_fp8_tolerance_forward_and_grads():
 
 
 def test_probe_cotangent_is_the_observed_amax():
-    x, w = _rand((16, 8), 12, 5.0), _rand((8, 4), 13)
-    c = _rand((16, 4), 14, 3.0)
+    x, w = rand((16, 8), 12, 5.0), rand((8, 4), 13)
+    c = rand((16, 4), 14, 3.0)
     meta = fp8jax.init_fp8_meta(RECIPE)
 
     def loss(x, w, probe):
@@ -151,11 +142,11 @@ def test_probe_cotangent_is_the_observed_amax():
 def test_three_step_functional_loop_matches_hand_computation():
     r = DelayedScaling(amax_history_len=2, fp8_format=Format.HYBRID)
     meta = fp8jax.init_fp8_meta(r)
-    w = _rand((8, 4), 15)
+    w = rand((8, 4), 15)
     hist = np.zeros((3, 2), np.float32)
     for step in range(3):
-        x = _rand((16, 8), 20 + step, 1.0 + step)
-        c = _rand((16, 4), 30 + step, 0.1 * (step + 1))
+        x = rand((16, 8), 20 + step, 1.0 + step)
+        c = rand((16, 4), 30 + step, 0.1 * (step + 1))
 
         def loss(x, w, probe, meta=meta, c=c):
             return jnp.sum(fp8jax.dense(x, w, None, meta, r, probe=probe, enabled=True) * c)
@@ -170,7 +161,7 @@ def test_three_step_functional_loop_matches_hand_computation():
 
 
 def test_current_scaling_needs_no_state():
-    x, w = _rand((32, 16), 16, 100.0), _rand((16, 8), 17, 0.01)
+    x, w = rand((32, 16), 16, 100.0), rand((16, 8), 17, 0.01)
     y = fp8jax.dense(x, w, None, None, Float8CurrentScaling(), enabled=True)
     assert float(jnp.linalg.norm(y - _ref(x, w))) <= _normwise_bound(x, w, U_E4M3)
     dx = jax.grad(
@@ -184,8 +175,8 @@ def test_current_scaling_needs_no_state():
     [((2, 3, 8), -1, (8, 5)), ((2, 3, 8), (1, 2), (3, 8, 4, 2)), ((4, 6, 3), 1, (6, 7))],
 )
 def test_dense_general_axes_match_einsum(x_shape, axis, k_shape):
-    x = fp8jax.cast_to_representable(_rand(x_shape, 18), E4M3)
-    k = fp8jax.cast_to_representable(_rand(k_shape, 19, 0.5), E4M3)
+    x = fp8jax.cast_to_representable(rand(x_shape, 18), E4M3)
+    k = fp8jax.cast_to_representable(rand(k_shape, 19, 0.5), E4M3)
     y = _fp8(x, k, axis=axis)
     axes = (axis,) if isinstance(axis, int) else axis
     axes = [a % x.ndim for a in axes]
@@ -201,7 +192,7 @@ def test_dense_general_axes_match_einsum(x_shape, axis, k_shape):
 
 
 def test_bf16_compute_dtype_and_jit():
-    x, w, b = _rand((64, 32), 21).astype(jnp.bfloat16), _rand((32, 16), 22), _rand((16,), 23)
+    x, w, b = rand((64, 32), 21).astype(jnp.bfloat16), rand((32, 16), 22), rand((16,), 23)
     f = jax.jit(lambda x, w, b: _fp8(x, w, b, dtype=jnp.bfloat16))
     y = f(x, w, b)
     assert y.dtype == jnp.bfloat16
@@ -213,7 +204,7 @@ def test_bias_gradient_reads_g_once():
     """With a bias, the compiled backward takes dbias from the cast of g: one fp8jax cast custom
     call on g (cast_transpose_dbias, none plain) and no separate column reduction of g."""
     m, k, n = 64, 32, 48
-    x, w, b = _rand((m, k), 40), _rand((k, n), 41), _rand((n,), 42)
+    x, w, b = rand((m, k), 40), rand((k, n), 41), rand((n,), 42)
     loss = lambda x, w, b, p: jnp.sum(_fp8(x, w, b, probe=p) ** 2)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
     hlo = grad.lower(x, w, b, jnp.zeros(3)).compile().as_text()
@@ -229,7 +220,7 @@ def test_bias_gradient_reads_g_once():
 
 
 def test_checkpoint_names_reach_the_jaxpr():
-    x, w = _rand((8, 8), 24), _rand((8, 8), 25)
+    x, w = rand((8, 8), 24), rand((8, 8), 25)
     loss = lambda x, p: jnp.sum(_fp8(x, w, probe=p) ** 2)
     jaxpr = str(jax.make_jaxpr(_grad(loss, (0,)))(x))
     for name in fp8jax.CHECKPOINT_NAMES:
@@ -240,10 +231,10 @@ def test_checkpoint_names_reach_the_jaxpr():
 
 
 def test_bad_input():
-    x, w = _rand((4, 8), 26), _rand((8, 3), 27)
+    x, w = rand((4, 8), 26), rand((8, 3), 27)
     meta = fp8jax.init_fp8_meta(RECIPE)
     with pytest.raises(ValueError, match="kernel shape"):
-        fp8jax.dense(x, _rand((7, 3), 0), None, meta, RECIPE, enabled=True)
+        fp8jax.dense(x, rand((7, 3), 0), None, meta, RECIPE, enabled=True)
     with pytest.raises(TypeError, match="x must be a floating-point"):
         fp8jax.dense(jnp.ones((4, 8), jnp.int32), w, None, meta, RECIPE, enabled=True)
     with pytest.raises(ValueError, match="axis 5 is out of range"):
@@ -263,8 +254,8 @@ def test_casts_read_float32_params_directly():
     (no convert pass over the weight to bfloat16 first) and wgrad comes out in float32 (no
     convert back); dgrad comes out in the input's dtype."""
     k, n = 48, 80
-    x = _rand((32, k), 30).astype(jnp.bfloat16)
-    w = _rand((k, n), 31)
+    x = rand((32, k), 30).astype(jnp.bfloat16)
+    w = rand((k, n), 31)
 
     def loss(x, w, p):
         y = fp8jax.dense(x, w, None, fp8jax.init_fp8_meta(RECIPE), RECIPE, probe=p,

@@ -1,4 +1,4 @@
-"""fp8jax._grouped_gemm: the gated LayerNormMLP's GEMM1 with the activation pair as its own dim.
+"""fp8jax.ops._grouped_gemm: the gated LayerNormMLP's GEMM1 with the activation pair as its own dim.
 
 On one device it runs the very 2-D GEMMs the layer's 2-D form runs (each device reshapes its
 block), so the gated block's outputs and every gradient are the same bits either way; under
@@ -13,10 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import rand
 
 import fp8jax
-from fp8jax import DelayedScaling, Float8CurrentScaling, _grouped_gemm, ops
+from fp8jax import DelayedScaling, Float8CurrentScaling, ops
 from fp8jax.layernorm_mlp import _layernorm_mlp
+from fp8jax.ops import _grouped_gemm
 
 H, INTER, ROWS = 16, 32, 24
 RECIPE = DelayedScaling(amax_history_len=4)
@@ -28,16 +30,12 @@ def _kernel_gemm():
         yield
 
 
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _args(bias=True):
-    x = _rand((2, ROWS // 2, H), 0, 2.0)
-    gamma, beta = 1.0 + _rand((H,), 1, 0.1), _rand((H,), 2, 0.1)
-    w1, w2 = _rand((H, 2, INTER), 3, H**-0.5), _rand((INTER, H), 4, INTER**-0.5)
-    b1 = _rand((2, INTER), 5, 0.1) if bias else None
-    b2 = _rand((H,), 6, 0.1) if bias else None
+    x = rand((2, ROWS // 2, H), 0, 2.0)
+    gamma, beta = 1.0 + rand((H,), 1, 0.1), rand((H,), 2, 0.1)
+    w1, w2 = rand((H, 2, INTER), 3, H**-0.5), rand((INTER, H), 4, INTER**-0.5)
+    b1 = rand((2, INTER), 5, 0.1) if bias else None
+    b2 = rand((H,), 6, 0.1) if bias else None
     return x, gamma, beta, w1, w2, b1, b2
 
 

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("fp8jax.state", "fp8jax._train_math", "fp8jax.autocast", "fp8jax.sharding"),
     ),
     # what every FP8 layer is built from: setup, casts, GEMM forward/backward, custom_vjp wiring
-    ("layer core", ("fp8jax._layer_core", "fp8jax._norm_layer", "fp8jax._grouped_gemm")),
+    ("layer core", ("fp8jax._layer_core", "fp8jax._norm_layer")),
     (
         "functional layers",
         ("fp8jax.dense", "fp8jax.layernorm_dense", "fp8jax.layernorm_mlp", "fp8jax.rotary"),

@@ -22,10 +22,13 @@ from _accuracy import (
     gemm,
     tensor_cores,
 )
+from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, ops
 from fp8jax.layernorm_mlp import _layernorm_mlp
+
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
 RECIPE = DelayedScaling(amax_history_len=4)
 CURRENT = Float8CurrentScaling()
@@ -38,25 +41,15 @@ def implementation(request):
         yield request.param
 
 
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _mlp_args(acts=("gelu",), bias=True, norm="layernorm", lead=(3, 5), seed=0):
     k = len(acts)
-    x = _rand((*lead, H), seed, 2.0) + 0.5
-    gamma = 1.0 + _rand((H,), seed + 1, 0.1) if norm else None
-    beta = _rand((H,), seed + 2, 0.1) if norm == "layernorm" else None
-    w1 = _rand((H, k, INTER), seed + 3, H**-0.5)
-    w2 = _rand((INTER, H), seed + 4, INTER**-0.5)
-    b1 = _rand((k, INTER), seed + 5, 0.1) if bias else None
-    b2 = _rand((H,), seed + 6, 0.1) if bias else None
+    x = rand((*lead, H), seed, 2.0) + 0.5
+    gamma = 1.0 + rand((H,), seed + 1, 0.1) if norm else None
+    beta = rand((H,), seed + 2, 0.1) if norm == "layernorm" else None
+    w1 = rand((H, k, INTER), seed + 3, H**-0.5)
+    w2 = rand((INTER, H), seed + 4, INTER**-0.5)
+    b1 = rand((k, INTER), seed + 5, 0.1) if bias else None
+    b2 = rand((H,), seed + 6, 0.1) if bias else None
     return x, gamma, beta, w1, w2, b1, b2
 
 
@@ -102,12 +95,12 @@ def test_mlp_forward_and_gradients_within_fp8_bounds(acts, norm):
     fp8 = _mlp(CURRENT, activations=acts, layernorm_type=norm)
     ref = _mlp(CURRENT, activations=acts, layernorm_type=norm, enabled=False)
     assert _rel(fp8(*args), ref(*args)) < 0.1
-    g8, _ = _grads(fp8, args, 6)
+    grads_fp8, _ = _grads(fp8, args, 6)
     gr, _ = _grads(lambda *a: ref(*a[:-1]), args, 6)
-    for got, want in zip(g8, gr, strict=True):
+    for got, want in zip(grads_fp8, gr, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert _rel(got, want) < 0.2
-    np.testing.assert_allclose(np.asarray(g8[-1]), np.asarray(gr[-1]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(grads_fp8[-1]), np.asarray(gr[-1]), rtol=1e-5, atol=1e-5)
 
 
 def _qdq(v, scale, dtype):
@@ -153,7 +146,7 @@ def test_mlp_forward_is_an_emulation_of_its_casts(acts, implementation):
 def test_mlp_delayed_scaling_observations_are_the_tensors_amaxes():
     x, gamma, beta, w1, w2, b1, b2 = args = _mlp_args(("gelu",))
     f = _mlp(RECIPE, activations=("gelu",))
-    c = _rand((3, 5, H), 9)
+    c = rand((3, 5, H), 9)
 
     def loss(x, probe):
         return jnp.sum(f(x, gamma, beta, w1, w2, b1, b2, probe) * c)
@@ -203,7 +196,7 @@ def test_mlp_without_norm_equals_two_dense_layers_with_relu():
 
     args = (x, w1, w2, b1, b2, jnp.zeros(6))
     np.testing.assert_array_equal(np.asarray(block(*args)), np.asarray(chain(*args)))
-    c = _rand((3, 5, H), 11)
+    c = rand((3, 5, H), 11)
     gb = jax.grad(lambda *a: jnp.sum(block(*a) * c), argnums=tuple(range(6)))(*args)
     gc = jax.grad(lambda *a: jnp.sum(chain(*a) * c), argnums=tuple(range(6)))(*args)
     for got, want in zip(gb, gc, strict=True):
@@ -213,12 +206,12 @@ def test_mlp_without_norm_equals_two_dense_layers_with_relu():
 
 
 def test_layernorm_dense_without_norm_is_dense():
-    x, w, b = _rand((4, 6, H), 1), _rand((H, 8), 2, 0.2), _rand((8,), 3)
+    x, w, b = rand((4, 6, H), 1), rand((H, 8), 2, 0.2), rand((8,), 3)
     meta = fp8jax.init_fp8_meta(RECIPE)._replace(scale=jnp.array([4.0, 16.0, 2048.0]))
     p = jnp.zeros(3)
     y = fp8jax.layernorm_dense(x, None, None, w, b, meta, RECIPE, probe=p, layernorm_type=None)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(fp8jax.dense(x, w, b, meta, RECIPE)))
-    c = _rand((4, 6, 8), 4)
+    c = rand((4, 6, 8), 4)
 
     def lnd(x, w, b, p):
         return jnp.sum(fp8jax.layernorm_dense(x, None, None, w, b, meta, RECIPE, probe=p,
@@ -236,20 +229,20 @@ def test_layernorm_dense_without_norm_is_dense():
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("zero_centered", [False, True])
 def test_layernorm_dense_within_fp8_bounds_and_returns_the_norm(norm, zero_centered):
-    x = _rand((4, 6, H), 1, 3.0) - 1.0
-    gamma = _rand((H,), 2, 0.1) + (0.0 if zero_centered else 1.0)
-    beta = _rand((H,), 3, 0.1) if norm == "layernorm" else None
-    w, b = _rand((H, 2, 8), 4, 0.2), _rand((2, 8), 5)
+    x = rand((4, 6, H), 1, 3.0) - 1.0
+    gamma = rand((H,), 2, 0.1) + (0.0 if zero_centered else 1.0)
+    beta = rand((H,), 3, 0.1) if norm == "layernorm" else None
+    w, b = rand((H, 2, 8), 4, 0.2), rand((2, 8), 5)
     kw = dict(layernorm_type=norm, zero_centered_gamma=zero_centered, epsilon=1e-5,
               return_layernorm_output=True)  # fmt: skip
-    c, d = _rand((4, 6, 2, 8), 6), _rand((4, 6, H), 7)
+    c, d = rand((4, 6, 2, 8), 6), rand((4, 6, H), 7)
 
     def loss(x, gamma, w, b, enabled):
         y, ln = fp8jax.layernorm_dense(x, gamma, beta, w, b, recipe=CURRENT, enabled=enabled,
                                        **kw)  # fmt: skip
         return jnp.sum(y * c) + jnp.sum(ln * d), (y, ln)
 
-    (_, (y8, ln8)), g8 = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
+    (_, (y8, ln8)), grads_fp8 = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
         x, gamma, w, b, True
     )
     (_, (yr, lnr)), gr = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(
@@ -257,7 +250,7 @@ def test_layernorm_dense_within_fp8_bounds_and_returns_the_norm(norm, zero_cente
     )
     np.testing.assert_allclose(np.asarray(ln8), np.asarray(lnr), rtol=1e-5, atol=1e-5)
     assert _rel(y8, yr) < 0.06
-    for got, want in zip(g8, gr, strict=True):
+    for got, want in zip(grads_fp8, gr, strict=True):
         assert _rel(got, want) < 0.15
 
 
@@ -284,9 +277,9 @@ def test_dropout_mask():
     masked = _mlp(CURRENT, activations=("gelu",), dropout_mask=keep)
     plain = _mlp(CURRENT, activations=("gelu",), dropout_mask=keep, enabled=False)
     assert _rel(masked(*args), plain(*args)) < 0.1
-    g8, _ = _grads(masked, args, 6)
+    grads_fp8, _ = _grads(masked, args, 6)
     gr, _ = _grads(lambda *a: plain(*a[:-1]), args, 6)
-    for got, want in zip(g8, gr, strict=True):
+    for got, want in zip(grads_fp8, gr, strict=True):
         assert _rel(got, want) < 0.2
 
 
@@ -357,7 +350,7 @@ def test_mlp_gradients_are_an_emulation_of_their_casts(acts, norm, implementatio
     mlp = _mlp(CURRENT, activations=acts, layernorm_type=norm)
     gpu = tensor_cores(implementation)
     with ops.implementation(gemm="xla") if gpu else contextlib.nullcontext():
-        (g8, _) = _grads(mlp, args, 6)
+        (grads_fp8, _) = _grads(mlp, args, 6)
     c = jnp.cos(jnp.arange(x.size, dtype=jnp.float32)).reshape(-1, H)
     x2 = x.reshape(-1, H)
     ln, mu, rsigma = fp8jax.ops.norm_forward(x2, gamma, beta, norm_type=norm, epsilon=1e-6)
@@ -374,11 +367,11 @@ def test_mlp_gradients_are_an_emulation_of_their_casts(acts, norm, implementatio
     dx, dgamma, dbeta = fp8jax.ops.norm_backward(dln, x2, mu, rsigma, gamma, norm_type=norm)
     want = [dx.reshape(x.shape), dgamma] + ([dbeta] if beta is not None else [])
     want += [dw1.reshape(w1.shape), dw2, jnp.sum(dh, 0).reshape(b1.shape), jnp.sum(c, 0)]
-    for got, w in zip(g8, want, strict=True):
+    for got, w in zip(grads_fp8, want, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-4, atol=1e-4)
     if not gpu:
         return
-    (g8, _) = _grads(mlp, args, 6)
+    (grads_fp8, _) = _grads(mlp, args, 6)
     k = len(acts)
     lnq_b, w1q_b, w2q_b, dyq_b = (Bound.exact(v) for v in (lnq, w1q, w2q, dyq))
     h_b = gemm(lnq_b, w1q_b, h.reshape(-1, k * INTER), bias=b1.reshape(-1))
@@ -394,7 +387,7 @@ def test_mlp_gradients_are_an_emulation_of_their_casts(acts, norm, implementatio
               dh_b.sum_rows(jnp.sum(dh, 0)).radius, np.zeros(H)]  # fmt: skip
     names = ["dx", "dgamma", "dbeta", "dkernel_1", "dkernel_2", "dbias_1", "dbias_2"]
     names = names if beta is not None else names[:2] + names[3:]
-    for got, w, r, name in zip(g8, want, radii, names, strict=True):
+    for got, w, r, name in zip(grads_fp8, want, radii, names, strict=True):
         w = np.asarray(w, np.float64)
         assert_within(got, Bound(w, r.reshape(w.shape)), rtol=1e-4, atol=1e-4, what=name)
 

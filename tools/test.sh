@@ -3,13 +3,15 @@
 #
 # Sets itself up: creates ./.venv (with the python3 on PATH) when missing and installs fp8jax into
 # it, editable, building the CPU extension and, when nvcc is found, the CUDA one (FP8JAX_CUDA=
-# AUTO|ON|OFF, default AUTO). Then: ruff lint, ruff format check, the test suite, and the
-# multi-device tests (tests/distributed, if present) on 8 emulated CPU devices.
+# AUTO|ON|OFF, default AUTO). Then: ruff lint, ruff format check, clang-format check of cpp/,
+# the test suite, and the multi-device tests (tests/distributed, if present) on 8 emulated CPU
+# devices.
 # Extra arguments go to both pytest runs (e.g. -k quantize, -x). Exits non-zero on any failure.
 # Both runs spread the tests over FP8JAX_TEST_JOBS pytest-xdist workers (default: one per CPU
 # core, at most 4; 1 runs them in one process). FP8JAX_TEST_MARKS, when set, selects tests by
 # marker for both runs (pytest -m, e.g. "not slow"). FP8JAX_TEST_IMPLEMENTATIONS=kernel runs the
 # op tests under the kernels only (default: kernel and xla; tests/ops/_implementations.py).
+# FP8JAX_TEST_DISTRIBUTED, when set, names the files of tests/distributed to run (default: all).
 
 set -euo pipefail
 
@@ -28,6 +30,14 @@ echo "== ruff check"
 echo "== ruff format --check"
 "$FP8JAX_PY" -m ruff format --check "${lint_paths[@]}"
 
+# The C++/CUDA sources against .clang-format (clang-format comes with the test extras).
+clang_format="$(dirname "$FP8JAX_PY")/clang-format"
+if [[ -d cpp && -x "$clang_format" ]]; then
+  echo "== clang-format --dry-run --Werror (cpp/)"
+  find cpp -name '*.cc' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' | sort |
+    xargs "$clang_format" --dry-run --Werror
+fi
+
 # The multi-device tests need XLA_FLAGS set before JAX starts, so they run in their own process
 # (and are left out of the main run, which could not give them 8 devices).
 jobs="${FP8JAX_TEST_JOBS:-}"
@@ -45,7 +55,7 @@ marks=()
 if [[ -n "${FP8JAX_TEST_MARKS:-}" ]]; then
   marks=(-m "$FP8JAX_TEST_MARKS")
 fi
-main_args=(-q "${xdist[@]}" "${marks[@]}" tests)
+main_args=(-q --durations=25 "${xdist[@]}" "${marks[@]}" tests)
 if [[ -d tests/distributed ]]; then
   main_args+=(--ignore=tests/distributed)
 fi
@@ -54,11 +64,12 @@ echo "== pytest tests"
 "$FP8JAX_PY" -m pytest "${main_args[@]}" "$@"
 
 if [[ -d tests/distributed ]]; then
-  echo "== pytest tests/distributed (8 CPU devices)"
+  read -ra distributed <<<"${FP8JAX_TEST_DISTRIBUTED:-tests/distributed}"
+  echo "== pytest ${distributed[*]} (8 CPU devices)"
   rc=0
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=8" \
     JAX_PLATFORMS=cpu \
-    "$FP8JAX_PY" -m pytest -q "${xdist[@]}" "${marks[@]}" tests/distributed "$@" || rc=$?
+    "$FP8JAX_PY" -m pytest -q "${xdist[@]}" "${marks[@]}" "${distributed[@]}" "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
     echo "tests/distributed holds no tests yet (pytest exit 5); not a failure"
   elif [[ $rc -ne 0 ]]; then

@@ -16,12 +16,13 @@
 
 // The parameter types of the signatures (handlers spell their parameters with them too).
 namespace fp8jax::sig {
-using Any = ::xla::ffi::AnyBuffer;                 // a buffer of any dtype (checked by the handler)
+using Any = ::xla::ffi::AnyBuffer;                // a buffer of any dtype (checked by the handler)
 using F32 = ::xla::ffi::Buffer<::xla::ffi::F32>;  // a float32 buffer
-using AnyOut = ::xla::ffi::Result<Any>;            // a result of any dtype
-using F32Out = ::xla::ffi::Result<F32>;            // a float32 result
+using AnyOut = ::xla::ffi::Result<Any>;           // a result of any dtype
+using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
 }  // namespace fp8jax::sig
 
+// clang-format off: one builder call per line, aligned, reads as the signature
 #define FP8JAX_OPS(X)                                                         \
   X(Quantize, "fp8jax_quantize")                                              \
   X(Dequantize, "fp8jax_dequantize")                                          \
@@ -188,6 +189,8 @@ using F32Out = ::xla::ffi::Result<F32>;            // a float32 result
   .Ret<fp8jax::sig::F32>()              \
   .Ret<fp8jax::sig::F32>()              \
   .Ret<fp8jax::sig::F32>()
+// clang-format on
+
 // `extern "C"` declarations of every op's handler, Fp8jax<Stem>Cpu or Fp8jax<Stem>Cuda.
 #define FP8JAX_DECLARE_CPU_HANDLER_(Stem, target) XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Stem##Cpu);
 #define FP8JAX_DECLARE_CUDA_HANDLER_(Stem, target) \

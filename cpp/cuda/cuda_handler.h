@@ -17,9 +17,11 @@ inline constexpr ::xla::ffi::Traits kCudaHandlerTraits = ::xla::ffi::Traits::kCm
 
 }  // namespace fp8jax
 
+// clang-format off: the builder chain one call per line
 #define FP8JAX_CUDA_HANDLER(Stem, impl)                                               \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                      \
       Fp8jax##Stem##Cuda, impl,                                                       \
       ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()         \
           FP8JAX_SIGNATURE_##Stem,                                                    \
       {fp8jax::kCudaHandlerTraits})
+// clang-format on

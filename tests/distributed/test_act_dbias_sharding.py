@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
+from _shared import make_mesh
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fp8jax import ops
@@ -33,10 +34,6 @@ SPLITS = [
     (("data", "model"), None),
     (None, None),
 ]
-
-
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
 
 
 def _size(mesh, axes) -> int:
@@ -86,7 +83,7 @@ def _data(shape, dtype, seed):
 @pytest.mark.parametrize("split", SPLITS, ids=str)
 @pytest.mark.parametrize("implementation", ["kernel", "xla"])
 def test_cast_transpose_dbias_sharded(split, implementation):
-    mesh, (rows, cols) = _mesh(), split
+    mesh, (rows, cols) = make_mesh(), split
     g = _data((32, 64), jnp.bfloat16, 1)
     scale = jnp.float32(2.0)
     with ops.implementation(implementation):
@@ -111,7 +108,7 @@ def test_cast_transpose_dbias_sharded(split, implementation):
 @pytest.mark.parametrize("split", SPLITS, ids=str)
 @pytest.mark.parametrize("implementation", ["kernel", "xla"])
 def test_activation_cast_transpose_sharded(split, implementation):
-    mesh, (rows, cols) = _mesh(), split
+    mesh, (rows, cols) = make_mesh(), split
     acts = ("gelu", "linear")
     x = _data((32, 2, 64), jnp.bfloat16, 2)
     scale = jnp.float32(0.5)
@@ -137,7 +134,7 @@ def test_activation_cast_transpose_sharded(split, implementation):
 @pytest.mark.parametrize("split", SPLITS, ids=str)
 @pytest.mark.parametrize("implementation", ["kernel", "xla"])
 def test_dactivation_cast_transpose_dbias_sharded(split, implementation):
-    mesh, (rows, cols) = _mesh(), split
+    mesh, (rows, cols) = make_mesh(), split
     acts = ("silu", "linear")
     x = _data((32, 2, 64), jnp.float32, 3)
     g = _data((32, 64), jnp.float32, 4)
@@ -208,7 +205,7 @@ def test_grouped_cast_transpose_dbias_sharded(split, implementation):
     ``[m_local, 3 * n_local]`` view), dbias summed over the axes that split ``m``."""
     from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
 
-    mesh, (rows, cols) = _mesh(), split
+    mesh, (rows, cols) = make_mesh(), split
     g = _data((32, 3, 64), jnp.bfloat16, 3)
     scale = jnp.float32(2.0)
     f = lambda g, s: grouped_cast_transpose_dbias(g, s, E5M2, implementation=implementation)

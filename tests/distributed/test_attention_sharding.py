@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _shared import rand
 from conftest import needs_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -42,12 +43,8 @@ def _model(**kw):
                               **AXES, **kw)  # fmt: skip
 
 
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _batches():
-    return [(_rand((BATCH, LENGTH, EMBED), 10 + i, s), _rand((BATCH, LENGTH, EMBED), 20 + i))
+    return [(rand((BATCH, LENGTH, EMBED), 10 + i, s), rand((BATCH, LENGTH, EMBED), 20 + i))
             for i, s in enumerate((1.0, 3.0, 0.5))]  # fmt: skip
 
 

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
+from _shared import make_mesh
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 gemm_mod = importlib.import_module("fp8jax.ops.gemm")
@@ -42,10 +43,6 @@ LAYOUTS = {
 }
 
 
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(2, 4), ("data", "model"))
-
-
 def _operands(seed=0):
     rng = np.random.default_rng(seed)
     a = jnp.asarray(rng.standard_normal((M, K)) * 8, jnp.float8_e4m3fn)
@@ -61,7 +58,7 @@ def _operands(seed=0):
 )
 def test_partitioned_gemm(layout, out_dtype, has_bias):
     a_spec, b_spec, out_spec, reduce_groups, gathers = LAYOUTS[layout]
-    mesh = _mesh()
+    mesh = make_mesh()
     a, b = _operands()
     sa, sb = jnp.full((1,), 0.37, jnp.float32), jnp.float32(0.011)
     bias = jnp.linspace(-3, 3, N).astype(out_dtype) if has_bias else None
@@ -140,7 +137,7 @@ def test_dgrad_reuses_the_forward_gather(layout):
     all) where a plain ``gemm`` on ``w_q`` gathers the other layout again; elsewhere ``reuse``
     changes nothing. Results equal one device's (bit for bit when no K is split)."""
     x_spec, w_spec, g_spec, y_spec, dx_spec, gathers, gathers_plain, groups = DGRAD_LAYOUTS[layout]
-    mesh = _mesh()
+    mesh = make_mesh()
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal((M, K)) * 8, jnp.float8_e4m3fn)
     w_q = jnp.asarray(rng.standard_normal((K, N)) * 8, jnp.float8_e4m3fn)

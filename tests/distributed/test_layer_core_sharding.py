@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -32,10 +33,6 @@ LAYOUTS = {
 }
 
 
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _meta(recipe, n_roles):
     return (
         fp8jax.init_fp8_meta(recipe, n_roles) if isinstance(recipe, fp8jax.DelayedScaling) else None
@@ -44,7 +41,7 @@ def _meta(recipe, n_roles):
 
 def _layer(name, recipe):
     """``(loss(x, params, probe), params, n_roles)``."""
-    w, b = _rand((HIDDEN, OUT), 1, 0.3), _rand((OUT,), 2)
+    w, b = rand((HIDDEN, OUT), 1, 0.3), rand((OUT,), 2)
     gamma, beta = jnp.ones(HIDDEN), jnp.zeros(HIDDEN)
     if name == "dense":
         meta = _meta(recipe, 3)
@@ -60,7 +57,7 @@ def _layer(name, recipe):
             return fp8jax.layernorm_dense(x, *p, meta, recipe, probe=probe)
 
         return ln_dense, (gamma, beta, w, b), 3
-    w1, w2, meta = _rand((HIDDEN, 1, 40), 3, 0.3), _rand((40, OUT), 4, 0.3), _meta(recipe, 6)
+    w1, w2, meta = rand((HIDDEN, 1, 40), 3, 0.3), rand((40, OUT), 4, 0.3), _meta(recipe, 6)
 
     def mlp(x, p, probe):
         g, bt, k1, k2, b2 = p
@@ -91,7 +88,7 @@ RECIPES = {
 @pytest.mark.parametrize("name", ["dense", "layernorm_dense", "layernorm_mlp"])
 def test_explicit_sharding_gradients_have_their_primals_shardings(name, layout, recipe):
     fn, params, n_roles = _layer(name, RECIPES[recipe])
-    x = _rand((ROWS, HIDDEN), 0)
+    x = rand((ROWS, HIDDEN), 0)
 
     def grads(x, params):
         def loss(x, params, probe):

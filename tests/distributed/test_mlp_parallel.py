@@ -14,7 +14,7 @@ compared: a kernel may be gathered in its other layout, or as the 2-D view the F
 dtypes are not compared), has no other collective that the FP32 model does not have, and adds
 exactly one all-reduce per step: every amax of a split tensor is reduced over the whole mesh,
 which XLA combines into one all-reduce. The gated block's first GEMM keeps the activation pair
-as its own dim (fp8jax/_grouped_gemm.py); before, its 2-D reshape gathered ``wi_kernel``,
+as its own dim (fp8jax/ops/_grouped_gemm.py); before, its 2-D reshape gathered ``wi_kernel``,
 ``wi_bias`` and the activation gradient under TP. In SP the fused layers run the norm on the
 sequence-split input and gather its FP8 output before GEMM1 (Megatron's sequence parallelism),
 where the FP32 blocks keep the sequence split through the GEMMs and gather the kernels instead
@@ -27,7 +27,6 @@ import re
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -43,6 +42,7 @@ from _parallel import (
     state_shardings,
     train,
 )
+from _shared import rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -116,13 +116,9 @@ class LnDenseBlock(nn.Module):
         return nn.with_logical_constraint(out, ("batch", None, "mlp"))
 
 
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _batches(out_features):
     return [
-        (_rand((BATCH, LENGTH, EMBED), 10 + i, s), _rand((BATCH, LENGTH, out_features), 20 + i))
+        (rand((BATCH, LENGTH, EMBED), 10 + i, s), rand((BATCH, LENGTH, out_features), 20 + i))
         for i, s in enumerate((1.0, 3.0, 0.5))
     ]
 
@@ -140,7 +136,7 @@ def _init_state(model, x):
         if "kernel" in jax.tree_util.keystr(path):
             return v
         seed = 100 + len(jax.tree_util.keystr(path)) * 7 + v.size
-        return _rand(v.shape, seed, 0.1) + ("scale" in jax.tree_util.keystr(path))
+        return rand(v.shape, seed, 0.1) + ("scale" in jax.tree_util.keystr(path))
 
     params = jax.tree_util.tree_map_with_path(perturb, nn.unbox(boxed)["params"])
     variables = {**nn.unbox(boxed), "params": params}

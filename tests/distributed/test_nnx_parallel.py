@@ -32,6 +32,7 @@ import numpy as np
 import optax
 import pytest
 from _parallel import N_DEVICES, assert_like_reference, mesh
+from _shared import rand
 from conftest import needs_devices
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -87,12 +88,8 @@ CASES = {
 }  # fmt: skip
 
 
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _batches():
-    return [(_rand((BATCH, LENGTH, EMBED), 10 + i, s), _rand((BATCH, LENGTH, EMBED), 20 + i))
+    return [(rand((BATCH, LENGTH, EMBED), 10 + i, s), rand((BATCH, LENGTH, EMBED), 20 + i))
             for i, s in enumerate((1.0, 3.0, 0.5))]  # fmt: skip
 
 

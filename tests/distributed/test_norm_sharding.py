@@ -18,15 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
+from _shared import make_mesh
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fp8jax import ops
 
 pytestmark = needs_devices(8)
 
-MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model"))}
 CASES = [
     ("8", P("data")),
     ("8", P()),
@@ -38,11 +38,6 @@ CASES = [
 IMPLS = ["kernel", "xla"]
 EPS = 1e-5
 TOL = 64 * float(np.finfo(np.float32).eps)
-
-
-def _mesh(name):
-    shape, names = MESHES[name]
-    return Mesh(np.array(jax.devices()[: math.prod(shape)]).reshape(shape), names)
 
 
 def _ids(case):
@@ -96,7 +91,7 @@ def _no_gather(hlo):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_forward_and_fp8_sharded(case, impl):
-    mesh, spec = _mesh(case[0]), case[1]
+    mesh, spec = make_mesh(case[0]), case[1]
     x, g, b, _ = _data()
     kw = dict(norm_type="layernorm", epsilon=EPS, implementation=impl)
     scale = jnp.float32(2.0)
@@ -134,7 +129,7 @@ def test_forward_and_fp8_sharded(case, impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_backward_sharded_psums_dgamma(case, impl):
-    mesh, spec = _mesh(case[0]), case[1]
+    mesh, spec = make_mesh(case[0]), case[1]
     x, g, b, dy = _data()
     _, mu, rs = ops.norm_forward(x, g, b, norm_type="layernorm", epsilon=EPS)
     kw = dict(norm_type="layernorm", implementation=impl)
@@ -170,7 +165,7 @@ def test_backward_sharded_psums_dgamma(case, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_grad_of_layernorm_with_rows_split(impl):
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     x, g, b, dy = _data(dtype=jnp.float32)
 
     def loss(x, g, b):
@@ -193,7 +188,7 @@ def test_batch_and_sequence_split_separately_stay_split():
     its minor part); same bits as one device, amax and dgamma reduced over all 8 devices.
     (``q_t``, ``[h, rows]`` of the flattened rows, is itself such a merge: returning it gathers
     the sequence, in FP8.)"""
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     x, g, b, dy = (v.reshape(4, 8, 64) if v.ndim == 2 else v for v in _data())
     kw = dict(norm_type="layernorm", epsilon=EPS, implementation="kernel")
     scale = jnp.float32(2.0)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
+from _shared import make_mesh
 from conftest import needs_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -33,7 +34,6 @@ pytestmark = needs_devices(N_DEVICES)
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
 
-MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model"))}
 # (mesh, spec of a 2-D x): every way to split the two dims, including not at all.
 CASES_2D = [
     ("8", P("data")),
@@ -47,11 +47,6 @@ CASES_2D = [
     ("2x4", P(None, ("model", "data"))),
     ("2x4", P()),
 ]
-
-
-def _mesh(name: str) -> Mesh:
-    shape, names = MESHES[name]
-    return Mesh(np.array(jax.devices()[: math.prod(shape)]).reshape(shape), names)
 
 
 def _ids(case) -> str:
@@ -125,7 +120,7 @@ def _assert_sharded_like(a: jax.Array, sharding: NamedSharding) -> None:
     ids=["f32-e4m3-scalar", "bf16-e5m2-vec1"],
 )
 def test_quantize_sharded(case, wide, fp8, scale_shape):
-    mesh, spec = _mesh(case[0]), case[1]
+    mesh, spec = make_mesh(case[0]), case[1]
     x = _data((16, 32), wide)
     scale = jnp.full(scale_shape, 0.37, jnp.float32)
     want = ops.quantize(_one_device(x), _one_device(scale), fp8)
@@ -148,7 +143,7 @@ def test_quantize_sharded(case, wide, fp8, scale_shape):
 def test_amax_reduction_mesh(case, op):
     """``amax_reduction="mesh"``: the same amax, reduced over the whole mesh whenever x is split
     (one device group for every tensor), and not at all when x is replicated."""
-    mesh, spec = _mesh(case[0]), case[1]
+    mesh, spec = make_mesh(case[0]), case[1]
     x = _data((16, 32), jnp.bfloat16, seed=5)
     scale = jnp.float32(0.5)
     fn = getattr(ops, op)
@@ -166,7 +161,7 @@ def test_amax_reduction_mesh(case, op):
 def test_amax_reductions_of_many_tensors_combine_into_one():
     """Tensors split over different axes of a 2-D mesh: with "split" XLA needs one all-reduce
     per device group (three here); with "mesh" one for all."""
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     specs = [P("data"), P(None, "model"), P("data", "model")]
     xs = [
         jax.device_put(_data((16, 32), seed=i), NamedSharding(mesh, s)) for i, s in enumerate(specs)
@@ -188,7 +183,7 @@ def test_amax_reductions_of_many_tensors_combine_into_one():
 
 @pytest.mark.parametrize("case", CASES_2D, ids=_ids)
 def test_dequantize_sharded_is_local(case):
-    mesh, spec = _mesh(case[0]), case[1]
+    mesh, spec = make_mesh(case[0]), case[1]
     q, scale_inv, _ = ops.quantize(_data((16, 32)), jnp.float32(0.25), E4M3)
     want = ops.dequantize(_one_device(q), _one_device(scale_inv), jnp.bfloat16)
     qs = jax.device_put(q, NamedSharding(mesh, spec))
@@ -200,7 +195,7 @@ def test_dequantize_sharded_is_local(case):
 
 
 def test_quantize_then_dequantize_in_one_jit_stays_sharded():
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     x = _data((16, 32))
     xs = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
 
@@ -217,7 +212,7 @@ def test_quantize_then_dequantize_in_one_jit_stays_sharded():
 
 
 def test_eager_call_on_sharded_input_is_partitioned_too():
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     x = _data((16, 32))
     xs = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
     q, scale_inv, amax = ops.quantize(xs, jnp.float32(1.0), E4M3)  # no jit
@@ -231,7 +226,7 @@ def test_eager_call_on_sharded_input_is_partitioned_too():
 def test_unevenly_split_dims_are_not_split():
     # 12 rows over 8 devices: XLA would pad the blocks; the rule runs that dim unsplit instead,
     # so no padding reaches the amax.
-    mesh = _mesh("8")
+    mesh = make_mesh("8")
     x = _data((12, 16))
     want = ops.quantize(_one_device(x), jnp.float32(1.0), E4M3)
 
@@ -267,7 +262,7 @@ def _transposed(spec: P, ndim: int) -> P:
 
 @pytest.mark.parametrize("case", CASES_CT, ids=_ids)
 def test_cast_transpose_sharded(case):
-    mesh, spec = _mesh(case[0]), case[1]
+    mesh, spec = make_mesh(case[0]), case[1]
     x = _data((8, 16, 32), jnp.bfloat16)
     scale = jnp.float32(3.0)
     want = ops.cast_transpose(_one_device(x), scale, E4M3)
@@ -309,7 +304,7 @@ def _states(n=16, hist_len=4, seed=3):
     ids=lambda v: _ids(v) if isinstance(v, tuple) else v,
 )
 def test_update_fp8_states_sharded_over_rows(case, algo):
-    mesh, spec = _mesh(case[0]), case[1]
+    mesh, spec = make_mesh(case[0]), case[1]
     recipe = DelayedScaling(amax_history_len=4, amax_compute_algo=algo, margin=1)
     hist, scales, amaxes = _states()
     backward = [i % 3 == 0 for i in range(16)]
@@ -328,7 +323,7 @@ def test_update_fp8_states_sharded_over_rows(case, algo):
 
 
 def test_update_fp8_states_history_dim_is_never_split():
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     recipe = DelayedScaling(amax_history_len=4)
     hist, scales, amaxes = _states()
     want = ops.update_fp8_states(_one_device(hist), scales, amaxes, recipe)
@@ -357,7 +352,7 @@ def test_update_fp8_states_history_dim_is_never_split():
 )
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 def test_vmap_quantize_sharded(spec, group, jit):
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     xs = _data((4, 16, 32))
     scales = jnp.asarray([1.0, 0.5, 2.0, 0.25], jnp.float32)
     xsh = jax.device_put(xs, NamedSharding(mesh, spec))
@@ -375,7 +370,7 @@ def test_vmap_quantize_sharded(spec, group, jit):
 
 
 def test_nested_vmap_with_unbatched_scale_sharded():
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     xs = _data((2, 4, 8, 16))
     s = jnp.full((1,), 0.5, jnp.float32)
     xsh = jax.device_put(xs, NamedSharding(mesh, P("data", None, None, "model")))
@@ -392,7 +387,7 @@ def test_nested_vmap_with_unbatched_scale_sharded():
 
 
 def test_vmap_cast_transpose_dequantize_and_update_sharded():
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     xs = _data((4, 16, 32), jnp.bfloat16)
     scales = jnp.asarray([1.0, 0.5, 2.0, 0.25], jnp.float32)
     xsh = jax.device_put(xs, NamedSharding(mesh, P("data", "model")))
@@ -428,7 +423,7 @@ def test_vmap_cast_transpose_dequantize_and_update_sharded():
 
 
 def test_inside_shard_map_amax_is_local():
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     x = _data((16, 32))
     spec = P("data", "model")
 
@@ -449,7 +444,7 @@ def test_inside_shard_map_amax_is_local():
 
 def test_inside_partly_manual_shard_map():
     # Manual over 'data', automatic over 'model': the kernel runs on the 'data' block.
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     x = _data((16, 32))
 
     def body(x):
@@ -501,7 +496,7 @@ def test_sharding_rules():
 
 @pytest.mark.parametrize("spec", [P("data"), P(None, "model"), P(("data", "model"))], ids=str)
 def test_gspmd_partitioner(gspmd, spec):
-    mesh = _mesh("2x4")
+    mesh = make_mesh("2x4")
     x = _data((16, 32))
     xs = jax.device_put(x, NamedSharding(mesh, spec))
     want = ops.cast_transpose(_one_device(x), jnp.float32(1.0), E4M3)

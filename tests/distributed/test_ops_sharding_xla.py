@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
+from _shared import make_mesh
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fp8jax import DelayedScaling, ops
@@ -27,10 +28,6 @@ N_DEVICES = 8
 pytestmark = needs_devices(N_DEVICES)
 
 E4M3 = jnp.float8_e4m3fn
-
-
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(2, 4), ("data", "model"))
 
 
 def _one_device(x):
@@ -75,7 +72,7 @@ def _xla(fn, *args):
     ids=str,
 )
 def test_quantize_and_dequantize(spec, devices):
-    mesh = _mesh()
+    mesh = make_mesh()
     x = _data((16, 32), jnp.bfloat16)
     f = lambda x: ops.quantize(x, jnp.float32(0.37), E4M3)
     want = f(_one_device(x))  # the kernel, on one device
@@ -102,7 +99,7 @@ def test_quantize_and_dequantize(spec, devices):
     ids=str,
 )
 def test_cast_transpose(spec, t_spec, devices):
-    mesh = _mesh()
+    mesh = make_mesh()
     x = _data((8, 16, 32), jnp.bfloat16)
     f = lambda x: ops.cast_transpose(x, jnp.float32(3.0), E4M3)
     want = f(_one_device(x))
@@ -115,7 +112,7 @@ def test_cast_transpose(spec, t_spec, devices):
 
 
 def test_update_fp8_states_rows_stay_local():
-    mesh = _mesh()
+    mesh = make_mesh()
     recipe = DelayedScaling(amax_history_len=4, margin=1)
     rng = np.random.default_rng(3)
     hist = jnp.asarray(rng.random((16, 4)).astype(np.float32) * 10)
@@ -142,7 +139,7 @@ def test_update_fp8_states_rows_stay_local():
     ids=["dp", "tp_column", "tp_row"],
 )
 def test_gemm_is_xlas_own_dot(a_spec, b_spec, out_spec, devices):
-    mesh = _mesh()
+    mesh = make_mesh()
     rng = np.random.default_rng(1)
     a = jnp.asarray(rng.standard_normal((32, 64)) * 8, E4M3)
     b = jnp.asarray(rng.standard_normal((48, 64)) * 8, jnp.float8_e5m2)
@@ -160,7 +157,7 @@ def test_gemm_is_xlas_own_dot(a_spec, b_spec, out_spec, devices):
 
 
 def test_vmap_of_a_sharded_quantize():
-    mesh = _mesh()
+    mesh = make_mesh()
     xs = _data((4, 16, 32))
     scales = jnp.asarray([1.0, 0.5, 2.0, 0.25], jnp.float32)
     xsh = jax.device_put(xs, NamedSharding(mesh, P("data", None, "model")))

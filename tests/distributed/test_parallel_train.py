@@ -42,6 +42,7 @@ from _parallel import gathered_shapes as _gathered_shapes
 from _parallel import is_scalar_reduce as _is_scalar_reduce
 from _parallel import mesh as _mesh
 from _parallel import train as _train
+from _shared import rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -103,13 +104,9 @@ class MlpBlock(nn.Module):
         )(h)
 
 
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _batches():
     return [
-        (_rand((BATCH, LENGTH, EMBED), 10 + i, s), _rand((BATCH, LENGTH, EMBED), 20 + i))
+        (rand((BATCH, LENGTH, EMBED), 10 + i, s), rand((BATCH, LENGTH, EMBED), 20 + i))
         for i, s in enumerate((1.0, 3.0, 0.5))
     ]
 

@@ -24,7 +24,6 @@ from collections import Counter
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -40,6 +39,7 @@ from _parallel import (
     state_shardings,
     train,
 )
+from _shared import rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -83,12 +83,8 @@ class Block(nn.Module):
         return nn.with_logical_constraint(y, ("batch", "length", "embed"))
 
 
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
-
-
 def _batches():
-    return [(_rand((BATCH, LENGTH, HIDDEN), 10 + i, s), _rand((BATCH, LENGTH, HIDDEN), 20 + i))
+    return [(rand((BATCH, LENGTH, HIDDEN), 10 + i, s), rand((BATCH, LENGTH, HIDDEN), 20 + i))
             for i, s in enumerate((1.0, 3.0, 0.5))]  # fmt: skip
 
 

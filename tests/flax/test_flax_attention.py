@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _common import rand
+from _shared import rand
 
 import fp8jax
 from fp8jax import rotary

@@ -21,12 +21,15 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _shared import rand
 from conftest import requires_cuda
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling
 from fp8jax.dense import CHECKPOINT_NAMES
 from fp8jax.flax import DenseGeneral, Fp8DotGeneral, Fp8Einsum
+
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 RECIPE = DelayedScaling(amax_history_len=4)
@@ -40,17 +43,6 @@ def _finfo(dt):
 U4, H4 = _finfo(ml_dtypes.float8_e4m3fn)  # 2**-4, 2**-10
 U5, H5 = _finfo(ml_dtypes.float8_e5m2)  # 2**-3, 2**-17
 F32_EPS = float(np.finfo(np.float32).eps)
-
-
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    """Full float32 high-precision references on a GPU too (no TF32)."""
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 def _init(model, *args, recipe=RECIPE, enabled=True):
@@ -145,7 +137,7 @@ def _bilinear(twin, params, wname):
 
 
 def test_init_creates_fp8_collections_and_flax_params():
-    x = _rand((2, 3, 6, 7), 0)
+    x = rand((2, 3, 6, 7), 0)
     ours = _init(DenseGeneral(features=(4, 5), axis=(1, -1)), x)
     theirs = nn.DenseGeneral(features=(4, 5), axis=(1, -1)).init(jax.random.key(0), x)
     assert set(ours) == {"params", "fp8_meta", "fp8_probe"}
@@ -169,7 +161,7 @@ def test_init_creates_fp8_collections_and_flax_params():
     ids=["disabled", "current_scaling", "outside_autocast"],
 )
 def test_no_fp8_variables_when_not_needed(ctx):
-    x = _rand((4, 8), 1)
+    x = rand((4, 8), 1)
     model = DenseGeneral(features=3)
     if ctx is None:
         variables = model.init(jax.random.key(0), x)
@@ -180,7 +172,7 @@ def test_no_fp8_variables_when_not_needed(ctx):
 
 
 def test_checkpoint_of_flax_dense_general_loads():
-    x = _rand((4, 5, 6), 2)
+    x = rand((4, 5, 6), 2)
     flax_model = nn.DenseGeneral(features=(3, 2), axis=(-2, -1))
     ckpt = flax_model.init(jax.random.key(7), x)  # a plain-Flax checkpoint
     model = DenseGeneral(features=(3, 2), axis=(-2, -1))
@@ -202,7 +194,7 @@ def test_checkpoint_of_flax_dense_general_loads():
 @pytest.mark.parametrize("name", list(CASES))
 def test_disabled_is_identical_to_twin(name):
     fp8_model, twin, shape, _ = CASES[name]
-    x = _rand(shape, 3)
+    x = rand(shape, 3)
     params = twin.init(jax.random.key(1), x)["params"]
     for enabled in (False, None):
         if enabled is None:
@@ -222,7 +214,7 @@ def test_disabled_is_identical_to_twin(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_representable_inputs_agree_to_1e_4(name):
     fp8_model, twin, shape, wname = CASES[name]
-    x = fp8jax.cast_to_representable(_rand(shape, 4, 2.0), E4M3)
+    x = fp8jax.cast_to_representable(rand(shape, 4, 2.0), E4M3)
     variables = _init(fp8_model, x)
     params = dict(variables["params"])
     params[wname] = fp8jax.cast_to_representable(params[wname], E4M3)
@@ -240,17 +232,17 @@ def test_representable_inputs_agree_to_1e_4(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_random_inputs_within_fp8_bounds(name):
     fp8_model, twin, shape, wname = CASES[name]
-    x = _rand(shape, 5, 1.5)
+    x = rand(shape, 5, 1.5)
     variables = _init(fp8_model, x)
     params = dict(variables["params"])
-    params[wname] = _rand(params[wname].shape, 6, 0.5)
+    params[wname] = rand(params[wname].shape, 6, 0.5)
     if "bias" in params:
-        params["bias"] = _rand(params["bias"].shape, 7)
+        params["bias"] = rand(params["bias"].shape, 7)
     variables = {**variables, "params": params}
     w = params[wname]
     f = _bilinear(twin, params, wname)
     y_ref = twin.apply({"params": params}, x)
-    c = _rand(y_ref.shape, 8)  # the output gradient of loss = sum(y * c)
+    c = rand(y_ref.shape, 8)  # the output gradient of loss = sum(y * c)
 
     def loss(p, x, probes):
         with fp8jax.autocast(enabled=True, recipe=RECIPE):
@@ -285,7 +277,7 @@ def test_random_inputs_within_fp8_bounds(name):
 
 
 def test_bf16_dtype_and_param_dtype():
-    x = _rand((8, 16), 9).astype(jnp.bfloat16)
+    x = rand((8, 16), 9).astype(jnp.bfloat16)
     model = DenseGeneral(features=8, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
     variables = _init(model, x)
     assert variables["params"]["kernel"].dtype == jnp.bfloat16
@@ -358,7 +350,7 @@ class _EinsumTwice(nn.Module):
     "model_cls", [_Twice, _ParentTwice, _RematTwice, _DotGeneralTwice, _EinsumTwice]
 )
 def test_each_call_has_its_own_probe(model_cls):
-    a, b = _rand((4, 8), 10, 1.0), _rand((4, 8), 11, 5.0)
+    a, b = rand((4, 8), 10, 1.0), rand((4, 8), 11, 5.0)
     model = model_cls()
     variables = _init(model, a, b)
     probes = variables["fp8_probe"]
@@ -390,7 +382,7 @@ def test_scan_over_layers_stacks_state_and_probes():
         def __call__(self, x):
             return scanned(name="layers")(x, None)
 
-    x = _rand((4, 8), 12, 3.0)
+    x = rand((4, 8), 12, 3.0)
     model = Stack()
     variables = _init(model, x)
     shapes = jax.tree.map(jnp.shape, variables)
@@ -416,7 +408,7 @@ def test_scan_over_layers_stacks_state_and_probes():
 
 
 def test_apply_without_probes_is_inference():
-    x = _rand((4, 8), 13)
+    x = rand((4, 8), 13)
     model = DenseGeneral(features=8)
     variables = _init(model, x)
     y = _apply(model, {"params": variables["params"], "fp8_meta": variables["fp8_meta"]}, x)
@@ -424,7 +416,7 @@ def test_apply_without_probes_is_inference():
 
 
 def test_bound_compact_model_counts_calls_per_call():
-    x = _rand((4, 8), 20)
+    x = rand((4, 8), 20)
     model = DenseGeneral(features=8)
     variables = _init(model, x)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
@@ -438,7 +430,7 @@ def test_checkpoint_policy_with_names_gives_same_grads():
         def __call__(self, x):
             return DenseGeneral(features=8)(jax.nn.gelu(DenseGeneral(features=16)(x)))
 
-    x = _rand((4, 8), 14)
+    x = rand((4, 8), 14)
     model = MLP()
     variables = _init(model, x)
     policy = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)
@@ -467,7 +459,7 @@ def test_checkpoint_policy_with_names_gives_same_grads():
 
 
 def test_bad_input_dense_general():
-    x = _rand((4, 8), 15)
+    x = rand((4, 8), 15)
     with pytest.raises(ValueError, match="batch_dims must be"):
         _init(DenseGeneral(features=3, batch_dims=(0,)), x)
     with pytest.raises(ValueError, match="precision must be None"):
@@ -483,7 +475,7 @@ def test_bad_input_dense_general():
     model = DenseGeneral(features=3)
     variables = _init(model, x)
     with pytest.raises(Exception, match="kernel"):  # Flax's ScopeParamShapeError names it
-        _apply(model, variables, _rand((4, 9), 0))
+        _apply(model, variables, rand((4, 9), 0))
     # initialised outside autocast, applied with FP8 on: the state is missing
     plain = model.init(jax.random.key(0), x)
     with pytest.raises(ValueError, match=r"'fp8_meta' variables .* are missing"):
@@ -501,22 +493,22 @@ def test_more_calls_than_at_init_is_an_error():
             y = layer(x)
             return layer(y) if twice else y
 
-    x = _rand((4, 8), 16)
+    x = rand((4, 8), 16)
     variables = _init(Maybe(), x, False)
     with pytest.raises(ValueError, match=r"call number 1 .* only has probes"):
         _apply(Maybe(), variables, x, True)
 
 
 def test_bad_input_dot_general_and_einsum():
-    x = _rand((2, 4, 8), 17)
+    x = rand((2, 4, 8), 17)
     with pytest.raises(ValueError, match="batch dims are not supported"):
         _init(nn.DenseGeneral(3, batch_dims=(0,), dot_general_cls=Fp8DotGeneral), x)
-    w = _rand((8, 3), 18)
+    w = rand((8, 3), 18)
     dims = (((2,), (0,)), ((), ()))
     with pytest.raises(TypeError, match="lhs must be a floating-point"):
         Fp8DotGeneral().apply({}, x.astype(jnp.int32), w, dims)
     with pytest.raises(ValueError, match="contracted dims differ"):
-        Fp8DotGeneral().apply({}, x, _rand((7, 3), 0), dims)
+        Fp8DotGeneral().apply({}, x, rand((7, 3), 0), dims)
     bad = [  # (equation, weight shape, message)
         ("btd,dh,hk->btk", (8, 3), "exactly two operands"),
         ("btd,bdh->bth", (2, 8, 3), "in x, w and the output"),
@@ -528,9 +520,9 @@ def test_bad_input_dot_general_and_einsum():
     ]
     for eq, w_shape, msg in bad:
         with pytest.raises(ValueError, match=re.escape(msg)):
-            Fp8Einsum().apply({}, eq, x, _rand(w_shape, 0))
+            Fp8Einsum().apply({}, eq, x, rand(w_shape, 0))
     with pytest.raises(ValueError, match="is 8 in x"):
-        Fp8Einsum().apply({}, "btd,dh->bth", x, _rand((7, 3), 0))
+        Fp8Einsum().apply({}, "btd,dh->bth", x, rand((7, 3), 0))
     with pytest.raises(TypeError, match="equation must be a str"):
         Fp8Einsum().apply({}, 3, x, w)
 
@@ -540,7 +532,7 @@ def test_bad_input_dot_general_and_einsum():
 
 @requires_cuda
 def test_gpu_train_step_runs_three_fp8_gemms_and_no_wide_dot():
-    x = _rand((256, 512), 19).astype(jnp.bfloat16)
+    x = rand((256, 512), 19).astype(jnp.bfloat16)
     model = DenseGeneral(features=256, dtype=jnp.bfloat16)
     variables = _init(model, x)
 

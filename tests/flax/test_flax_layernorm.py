@@ -9,23 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling
 from fp8jax.flax import Fp8TrainState, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
 
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
+
 RECIPE = DelayedScaling(amax_history_len=4)
 H = 32
-
-
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 def _rel(a, b):
@@ -44,13 +37,13 @@ def _as_flax(p):
 
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
 def test_layernorm_fp8_off_is_bit_identical_to_flax(norm_type):
-    x = _rand((3, 5, H), 0, 3.0) + 1.0
+    x = rand((3, 5, H), 0, 3.0) + 1.0
     ours = LayerNorm(epsilon=1e-5, layernorm_type=norm_type)
     theirs = _flax_norm(norm_type, epsilon=1e-5)
     params = ours.init(jax.random.key(0), x)["params"]
-    params = jax.tree.map(lambda p: p + _rand(p.shape, 1, 0.1), params)
+    params = jax.tree.map(lambda p: p + rand(p.shape, 1, 0.1), params)
     assert set(params) == ({"scale", "ln_bias"} if norm_type == "layernorm" else {"scale"})
-    c = _rand(x.shape, 2)
+    c = rand(x.shape, 2)
 
     def f(mod, p, x):
         return jnp.sum(mod.apply({"params": p}, x) * c)
@@ -75,7 +68,7 @@ def test_layernorm_fp8_off_is_bit_identical_to_flax(norm_type):
 
 
 def test_zero_centered_gamma_starts_at_zero_and_scales_by_one_plus():
-    x = _rand((4, H), 3)
+    x = rand((4, H), 3)
     m = LayerNorm(zero_centered_gamma=True)
     v = m.init(jax.random.key(0), x)
     assert not np.asarray(v["params"]["scale"]).any()
@@ -103,13 +96,13 @@ def _twin_params(p):
 
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
 def test_layernorm_dense_fp8_off_is_bit_identical_to_the_twin(norm_type):
-    x = _rand((3, 5, H), 4, 2.0)
+    x = rand((3, 5, H), 4, 2.0)
     ours = LayerNormDenseGeneral((2, 8), layernorm_type=norm_type, use_bias=True,
                                  return_layernorm_output=True)  # fmt: skip
     twin = _Twin((2, 8), norm_type)
     params = ours.init(jax.random.key(0), x)["params"]
-    params = {**params, "bias": _rand((2, 8), 5)}
-    c, d = _rand((3, 5, 2, 8), 6), _rand((3, 5, H), 7)
+    params = {**params, "bias": rand((2, 8), 5)}
+    c, d = rand((3, 5, 2, 8), 6), rand((3, 5, H), 7)
 
     def loss(mod, p, x):
         y, ln = mod.apply({"params": p}, x)
@@ -131,7 +124,7 @@ def test_layernorm_dense_fp8_off_is_bit_identical_to_the_twin(norm_type):
 
 
 def test_params_state_and_outputs():
-    x = _rand((2, 3, H), 8)
+    x = rand((2, 3, H), 8)
     m = LayerNormDenseGeneral(16)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         v = m.init(jax.random.key(0), x)
@@ -185,7 +178,7 @@ def test_non_float_input_is_a_type_error():
 
 
 def test_mlp_dropout_uses_its_rng_and_broadcast_dims():
-    x = _rand((4, 6, H), 9)
+    x = rand((4, 6, H), 9)
     m = LayerNormMLP(intermediate_dim=16, intermediate_dropout_rate=0.5,
                      intermediate_hidden_dropout_dims=(-2,))  # fmt: skip
     v = m.init(jax.random.key(0), x, deterministic=True)
@@ -207,7 +200,7 @@ def test_mlp_dropout_uses_its_rng_and_broadcast_dims():
 
 
 def test_train_step_updates_all_six_roles_with_the_backward_format():
-    x, y = _rand((4, 8, H), 10), _rand((4, 8, H), 11)
+    x, y = rand((4, 8, H), 10), rand((4, 8, H), 11)
     model = LayerNormMLP(intermediate_dim=64, activations=("gelu",), use_bias=True,
                          intermediate_dropout_rate=0.0)  # fmt: skip
     state = Fp8TrainState.from_model(model, jax.random.key(0), x, tx=optax.sgd(0.1),
@@ -253,7 +246,7 @@ def test_scan_over_layers_and_remat_with_the_fp8_policy():
                             split_rngs={"params": True}, length=4)  # fmt: skip
             return stack(name="layers")(x, None)[0]
 
-    x, y = _rand((2, 8, H), 12), _rand((2, 8, H), 13)
+    x, y = rand((2, 8, H), 12), rand((2, 8, H), 13)
     results = []
     for remat in (False, True):
         state = Fp8TrainState.from_model(Scanned(remat), jax.random.key(0), x,
@@ -303,10 +296,10 @@ def test_layernorm_dense_five_delayed_steps_match_flax_fp8_ops():
 
     ours = LayerNormDenseGeneral((2, 8), use_bias=True)
     twin = Fp8Twin()
-    x, y = _rand((4, 6, H), 20, 2.0), _rand((4, 6, 2, 8), 21)
+    x, y = rand((4, 6, H), 20, 2.0), rand((4, 6, 2, 8), 21)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         v = ours.init(jax.random.key(0), x)
-    v = {**v, "params": {**v["params"], "bias": _rand((2, 8), 22, 0.1)}}
+    v = {**v, "params": {**v["params"], "bias": rand((2, 8), 22, 0.1)}}
     ow = fp8_ops.OVERWRITE_WITH_GRADIENT
     tv = {"params": _twin_params(v["params"]), ow: twin.init(jax.random.key(0), x)[ow]}
 

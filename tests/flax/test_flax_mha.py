@@ -14,23 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling
 from fp8jax.flax import Fp8TrainState, MultiHeadAttention, RelativePositionBiases
 from fp8jax.rotary import rotary_pos_emb
 
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
+
 B, S, SKV, HID, KV_HID, HEADS, D = 2, 6, 5, 16, 12, 4, 4
-
-
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 def _mha(**kw):
@@ -126,8 +119,8 @@ CASES = [
 
 def _inputs(cfg, cross):
     tbs = cfg.get("transpose_batch_sequence", False)
-    xq = _rand((B, S, HID), 0)
-    xkv = _rand((B, SKV, KV_HID), 1) if cross else None
+    xq = rand((B, S, HID), 0)
+    xkv = rand((B, SKV, KV_HID), 1) if cross else None
     skv = SKV if cross else S
     mask = _mask(S, skv)
     if tbs:
@@ -145,7 +138,7 @@ def test_fp8_off_is_bit_identical_to_the_flax_twin(name, cfg, cross, shapes):
     kv_arg = xkv if cross else xq
     params = model.init(jax.random.key(0), xq, kv_arg, mask)["params"]
     assert jax.tree.map(jnp.shape, params) == shapes
-    c = _rand(xq.shape, 5)
+    c = rand(xq.shape, 5)
 
     def ours(p, xq, xkv):
         out, _ = model.apply({"params": p}, xq, xkv if cross else xq, mask)
@@ -173,7 +166,7 @@ def test_relative_position_bias_and_bfloat16():
     model = _mha(**cfg)
     rpb = RelativePositionBiases(num_buckets=8, max_distance=16, num_attention_heads=HEADS)
     bias = rpb.apply(rpb.init(jax.random.key(1), S, S), S, S)
-    x = _rand((B, S, HID), 3)
+    x = rand((B, S, HID), 3)
     params = model.init(jax.random.key(0), x, x, None, bias)["params"]
     out, _ = model.apply({"params": params}, x, x, None, bias)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(twin(params, x, None, cfg, None,
@@ -187,7 +180,7 @@ def test_relative_position_bias_and_bfloat16():
 
 
 def test_layernorm_output_is_returned_as_te_does():
-    x = _rand((B, S, HID), 0)
+    x = rand((B, S, HID), 0)
     ln = nn.LayerNorm(epsilon=1e-6)
     for kw, want in ((dict(), None), (dict(return_layernorm_output=True), "ln"),
                      (dict(num_gqa_groups=2), "ln"), (dict(fuse_qkv_params=False), "ln"),
@@ -235,7 +228,7 @@ def test_fp8_on_is_within_fp8_bounds_of_the_twin(index):
     xq, xkv, mask = _inputs(cfg, cross)
     kv_arg = xkv if cross else xq
     params = model.init(jax.random.key(0), xq, kv_arg, mask)["params"]
-    c = _rand(xq.shape, 5)
+    c = rand(xq.shape, 5)
 
     def ours(p, xq):
         with fp8jax.autocast(enabled=True, recipe=Float8CurrentScaling()):
@@ -259,7 +252,7 @@ def test_delayed_scaling_train_steps_with_fp8_train_state():
     created by init, changes every step, and the loss falls."""
     recipe = DelayedScaling(amax_history_len=4)
     model = _mha(attn_mask_type="causal")
-    x, y = _rand((B, S, HID), 0), _rand((B, S, HID), 1, 0.1)
+    x, y = rand((B, S, HID), 0), rand((B, S, HID), 1, 0.1)
     with fp8jax.autocast(enabled=True, recipe=recipe):
         variables = model.init(jax.random.key(0), x, x)
     assert set(variables["fp8_meta"]) == {"qkv", "out"}
@@ -294,7 +287,7 @@ def test_delayed_scaling_train_steps_with_fp8_train_state():
 
 
 def test_dropout_and_logical_axes():
-    x = _rand((B, S, HID), 0)
+    x = rand((B, S, HID), 0)
     model = _mha(attention_dropout=0.3, qkv_kernel_axes=("embed", "heads"),
                  qkv_bias_axes=("heads",), out_kernel_axes=("heads", "embed"),
                  out_bias_axes=("embed",), use_bias=True)  # fmt: skip
@@ -326,13 +319,13 @@ def test_dropout_and_logical_axes():
 )  # fmt: skip
 def test_bad_config_names_the_argument(kw, exc, match):
     kw = {"head_dim": D, "num_attention_heads": HEADS, "transpose_batch_sequence": False, **kw}
-    x = _rand((B, S, HID), 0)
+    x = rand((B, S, HID), 0)
     with pytest.raises(exc, match=match):
         MultiHeadAttention(**kw).init(jax.random.key(0), x, x)
 
 
 def test_bad_input_names_the_argument():
-    x = _rand((B, S, HID), 0)
+    x = rand((B, S, HID), 0)
     model = _mha(attn_mask_type="padding")
     with pytest.raises(ValueError, match="inputs_q"):
         model.init(jax.random.key(0), x[0], x[0])
@@ -360,7 +353,7 @@ def test_decode_steps_equal_the_causal_forward(cfg):
     (rotary at the cached positions, the padding mask row by row)."""
     model = _mha(**cfg)
     tbs = cfg.get("transpose_batch_sequence", False)
-    x = _rand((B, S, HID), 0)
+    x = rand((B, S, HID), 0)
     mask = jnp.zeros((B, 1, S, S), bool).at[1, :, :, 1].set(True)  # batch 1 skips key 1
     xin = jnp.swapaxes(x, 0, 1) if tbs else x
     variables = model.init(jax.random.key(0), xin, xin, mask, decode=True)
@@ -397,7 +390,7 @@ class _Block(nn.Module):
 def test_remat_with_the_fp8_policy_keeps_the_numbers():
     """nn.remat(policy=fp8jax.save_fp8_operands) around a block: the same loss and gradients
     (the attention core is recomputed in the backward pass)."""
-    x = _rand((B, S, HID), 0)
+    x = rand((B, S, HID), 0)
     plain, remat = _Block(), nn.remat(_Block, policy=fp8jax.save_fp8_operands)()
     recipe = Float8CurrentScaling()
     params = jax.jit(plain.init)(jax.random.key(0), x)["params"]

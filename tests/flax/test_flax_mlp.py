@@ -11,25 +11,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import rand
 from flax.linen import fp8_ops
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling
 from fp8jax.flax import LayerNormMLP, update_fp8_variables
 
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
+
 RECIPE = DelayedScaling(amax_history_len=4)
 H, INTER = 32, 64
 ACTS = {"gelu": nn.gelu, "relu": nn.relu, "silu": nn.silu}
-
-
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 class Twin(nn.Module):
@@ -78,13 +71,13 @@ CASES = [(("gelu",), "layernorm"), (("relu",), "rmsnorm"), (("silu", "linear"), 
 @pytest.mark.parametrize(("acts", "norm"), CASES)
 def test_fp8_off_is_bit_identical_to_the_flax_twin(acts, norm):
     model, twin = _model(acts, norm), Twin(acts, norm)
-    x = _rand((4, 8, H), 0, 2.0)
+    x = rand((4, 8, H), 0, 2.0)
     params = model.init(jax.random.key(0), x)["params"]
     tparams = _twin_params(params)
     assert jax.tree.map(jnp.shape, tparams) == jax.tree.map(
         jnp.shape, twin.init(jax.random.key(0), x)["params"]
     )
-    c = _rand((4, 8, H), 1)
+    c = rand((4, 8, H), 1)
 
     def ours(p, x):
         return jnp.sum(model.apply({"params": p}, x)[0] * c)
@@ -114,9 +107,9 @@ def test_fp8_on_is_within_fp8_bounds_of_the_twin(acts, norm):
     for relu/RMSNorm here); tests/test_layernorm_mlp.py shows that all of it is FP8 rounding
     (the gradients equal an emulation of the casts)."""
     model, twin = _model(acts, norm), Twin(acts, norm)
-    x = _rand((4, 8, H), 2, 2.0)
+    x = rand((4, 8, H), 2, 2.0)
     params = model.init(jax.random.key(1), x)["params"]
-    c = _rand((4, 8, H), 3)
+    c = rand((4, 8, H), 3)
 
     def ours(p, x):
         with fp8jax.autocast(enabled=True, recipe=Float8CurrentScaling()):
@@ -149,7 +142,7 @@ def test_five_delayed_scaling_steps_match_flax_fp8_ops(acts, norm):
     # within tests/ops/test_gemm.py's whole-matrix allowance of 2**-9 of its exact value (K <= 128
     # here, either accumulation mode), so the two may differ by 2 * 2**-9 more.
     tol = 2e-3 if jax.default_backend() == "cpu" else 2e-3 + 2 * 2.0**-9
-    x, y = _rand((4, 8, H), 4, 2.0), _rand((4, 8, H), 5)
+    x, y = rand((4, 8, H), 4, 2.0), rand((4, 8, H), 5)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         v = model.init(jax.random.key(2), x)
     tv = twin.init(jax.random.key(2), x)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _shared import rand
 from flax.training import train_state
 
 import fp8jax
@@ -25,19 +26,10 @@ from fp8jax.flax import (
     zero_probes,
 )
 
+pytestmark = pytest.mark.usefixtures("float32_matmuls")
+
 RECIPE = DelayedScaling(amax_history_len=4)
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
-
-
-@pytest.fixture(autouse=True)
-def _float32_matmuls():
-    """Full float32 high-precision references on a GPU too (no TF32)."""
-    with jax.default_matmul_precision("float32"):
-        yield
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 def _init(model, *args, recipe=RECIPE):
@@ -67,7 +59,7 @@ def _the(tree):
 
 def test_fp8_state_is_outside_params_and_optimizer():
     model = DenseGeneral(features=4)
-    x, y = _rand((8, 16), 0, 0.5), _rand((8, 4), 1)
+    x, y = rand((8, 16), 0, 0.5), rand((8, 4), 1)
     variables = _init(model, x)
     assert set(variables["params"]) == {"kernel", "bias"}
     tx = optax.chain(optax.clip_by_global_norm(0.01), optax.adam(1e-2))
@@ -108,7 +100,7 @@ def test_one_state_update_launch_for_the_whole_model():
             return x
 
     model = MLP()
-    x, y = _rand((8, 16), 2), _rand((8, 8), 3)
+    x, y = rand((8, 16), 2), rand((8, 8), 3)
     variables = _init(model, x)
     state = Fp8TrainState.from_variables(
         apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1), recipe=RECIPE
@@ -136,7 +128,7 @@ def test_layer_applied_twice_merges_by_max():
             return layer(layer(x) * 4.0)  # the second call sees a different input
 
     model = Twice()
-    x, y = _rand((8, 16), 4), _rand((8, 16), 5)
+    x, y = rand((8, 16), 4), rand((8, 16), 5)
     variables = _init(model, x)
     loss = _loss_fn(model)
     probe_grads = jax.grad(loss, argnums=1)(
@@ -175,7 +167,7 @@ def test_scan_over_layers_keeps_one_state_per_layer():
             return scanned(name="layers")(x, None)
 
     model = Stack()
-    x, target = _rand((8, 16), 6), _rand((8, 16), 7)
+    x, target = rand((8, 16), 6), rand((8, 16), 7)
     variables = _init(model, x)
 
     def loss(probes):
@@ -221,7 +213,7 @@ def test_scan_with_broadcast_state_reduces_the_step_axis():
             return scanned(name="rnn")(h, None)
 
     model = Rnn()
-    h = _rand((4, 16), 8)
+    h = rand((4, 16), 8)
     variables = _init(model, h)
     assert _the(variables["fp8_probe"]).shape == (3, 3)  # one probe per step
     assert variables["fp8_meta"]["rnn"]["DenseGeneral_0"]["scale"].shape == (3,)
@@ -256,7 +248,7 @@ def test_scan_with_broadcast_probes_says_to_give_them_an_axis():
             )
             return body(self, h, None)[0]
 
-    model, h = Shared(), _rand((4, 16), 8)
+    model, h = Shared(), rand((4, 16), 8)
     variables = _init(model, h)
     with (
         fp8jax.autocast(enabled=True, recipe=RECIPE),
@@ -267,8 +259,8 @@ def test_scan_with_broadcast_probes_says_to_give_them_an_axis():
 
 def test_gradient_accumulation_merges_micro_batches_by_max():
     model = DenseGeneral(features=4)
-    xs = jnp.stack([_rand((8, 16), 9, 1.0), _rand((8, 16), 10, 7.0)])
-    ys = jnp.stack([_rand((8, 4), 11), _rand((8, 4), 12)])
+    xs = jnp.stack([rand((8, 16), 9, 1.0), rand((8, 16), 10, 7.0)])
+    ys = jnp.stack([rand((8, 4), 11), rand((8, 4), 12)])
     variables = _init(model, xs[0])
     params, probes, meta = variables["params"], variables["fp8_probe"], variables["fp8_meta"]
     loss = _loss_fn(model)
@@ -315,7 +307,7 @@ def _oracle_update(hist, scale, amax, fp8_max):
 def test_five_jitted_steps_match_a_hand_oracle():
     model = DenseGeneral(features=8)
     recipe = DelayedScaling(amax_history_len=4)
-    batches = [(_rand((16, 32), 20 + i, s), _rand((16, 8), 40 + i)) for i, s in
+    batches = [(rand((16, 32), 20 + i, s), rand((16, 8), 40 + i)) for i, s in
                enumerate((1.0, 4.0, 0.5, 2.0, 0.25))]  # fmt: skip
     variables = _init(model, batches[0][0], recipe=recipe)
     state = Fp8TrainState.from_variables(
@@ -354,7 +346,7 @@ def test_five_jitted_steps_match_a_hand_oracle():
 
 def test_jitted_step_retraces_when_the_recipe_changes():
     model = DenseGeneral(features=4)
-    x, y = _rand((8, 16), 13), _rand((8, 4), 14)
+    x, y = rand((8, 16), 13), rand((8, 4), 14)
     variables = _init(model, x)
     state = Fp8TrainState.from_variables(
         apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1), recipe=RECIPE
@@ -390,7 +382,7 @@ def test_jitted_step_retraces_when_the_recipe_changes():
 
 def test_current_scaling_has_no_state_to_update():
     model = DenseGeneral(features=4)
-    x, y = _rand((8, 16), 15), _rand((8, 4), 16)
+    x, y = rand((8, 16), 15), rand((8, 4), 16)
     recipe = Float8CurrentScaling()
     variables = _init(model, x, recipe=recipe)
     state = Fp8TrainState.from_variables(
@@ -407,7 +399,7 @@ def test_current_scaling_has_no_state_to_update():
 
 def test_helpers_and_errors():
     model = DenseGeneral(features=4)
-    x = _rand((8, 16), 17)
+    x = rand((8, 16), 17)
     variables = _init(model, x)
     probes = jax.tree.map(lambda p: p + 1.0, variables["fp8_probe"])
     zeros = zero_probes(probes)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import rand
 
 import fp8jax
 from fp8jax.flax import (
@@ -107,19 +108,15 @@ def test_defaults_are_te_v2_18(module):
         assert defaults[name] == te_default, (name, defaults[name], te_default)
 
 
-def _rand(shape, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
 # Each module with the TE arguments it accepts only at their off value, and how to run it.
-_X = _rand((2, 4, 16))
+_X = rand((2, 4, 16))
 _RUNS = {
     "DenseGeneral": (lambda **kw: DenseGeneral(features=8, **kw), (_X,)),
     "LayerNormDenseGeneral": (lambda **kw: LayerNormDenseGeneral(features=8, **kw), (_X,)),
     "LayerNormMLP": (lambda **kw: LayerNormMLP(intermediate_dim=8, **kw), (_X, True)),
     "DotProductAttention": (
         lambda **kw: DotProductAttention(head_dim=8, num_attention_heads=2, **kw),
-        (_rand((2, 4, 2, 8)),) * 3,
+        (rand((2, 4, 2, 8)),) * 3,
     ),
     "MultiHeadAttention": (
         lambda **kw: MultiHeadAttention(head_dim=8, num_attention_heads=2, **kw),
@@ -219,7 +216,7 @@ def test_checkpoint_names_ffn2_and_context():
 
 def test_attention_is_batch_major_by_default():
     """TE v2.10+: [batch, seq, hidden]; a batch of 2 never attends across examples."""
-    x = _rand((2, 5, 16))
+    x = rand((2, 5, 16))
     mha = MultiHeadAttention(head_dim=8, num_attention_heads=2, attn_mask_type="no_mask")
     v = mha.init(jax.random.key(0), x, None)
     out, _ = mha.apply(v, x, None)
@@ -236,7 +233,7 @@ def test_attention_is_batch_major_by_default():
 @pytest.mark.parametrize("gqa", [False, True])
 def test_self_attention_by_none_under_jit(gqa):
     """inputs_kv=None is self-attention, inside jit too, and equals TE's identity rule."""
-    x = _rand((2, 5, 16))
+    x = rand((2, 5, 16))
     mha = MultiHeadAttention(head_dim=8, num_attention_heads=2, num_gqa_groups=1 if gqa else None)
     with fp8jax.autocast(enabled=True, recipe=fp8jax.Float8CurrentScaling()):
         v = mha.init(jax.random.key(0), x, None)
@@ -246,7 +243,7 @@ def test_self_attention_by_none_under_jit(gqa):
 
 
 def test_self_attention_identity_lost_under_jit_is_a_clear_error():
-    x = _rand((2, 5, 16))
+    x = rand((2, 5, 16))
     mha = MultiHeadAttention(head_dim=8, num_attention_heads=2)
     v = mha.init(jax.random.key(0), x, x)
     with pytest.raises(ValueError, match=r"initialised as self-attention.*inputs_kv=None"):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _shared import rand
 from flax.training import train_state
 
 import fp8jax
@@ -22,10 +23,6 @@ from fp8jax import DelayedScaling
 from fp8jax.flax import DenseGeneral, Fp8TrainState, LayerNormMLP, TransformerLayer
 
 RECIPE = DelayedScaling(amax_history_len=4)
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 class _Net(nn.Module):
@@ -90,7 +87,7 @@ def _init(model, x):
 @pytest.mark.parametrize("model_cls", [_Net, _Scanned], ids=["net", "scanned"])
 def test_te_train_step_equals_fp8jax_train_step(model_cls):
     model = model_cls()
-    x0 = _rand((4, 5, 16), 0) if model_cls is _Net else _rand((4, 16), 0)
+    x0 = rand((4, 5, 16), 0) if model_cls is _Net else rand((4, 16), 0)
     variables = _init(model, x0)
     tx = optax.adam(1e-2)
     te_state = train_state.TrainState.create(
@@ -101,8 +98,8 @@ def test_te_train_step_equals_fp8jax_train_step(model_cls):
         apply_fn=model.apply, variables=variables, tx=tx, recipe=RECIPE
     )
     for step in range(3):
-        x = _rand(x0.shape, 10 + step, 2.0**step)
-        y = _rand((x0.shape[0], 2 if model_cls is _Net else 16), 20 + step)
+        x = rand(x0.shape, 10 + step, 2.0**step)
+        y = rand((x0.shape[0], 2 if model_cls is _Net else 16), 20 + step)
         te_state, te_loss, var_collect = _te_step(te_state, var_collect, x, y)
         ours, loss = _fp8jax_step(ours, x, y)
         assert float(te_loss) == float(loss)
@@ -116,13 +113,13 @@ def test_te_train_step_equals_fp8jax_train_step(model_cls):
 def test_te_train_step_skips_a_non_finite_observation():
     """fp8jax's rule holds on this path too: a NaN amax is never written into the history."""
     model = DenseGeneral(features=4)
-    x = _rand((8, 16), 0)
+    x = rand((8, 16), 0)
     variables = _init(model, x)
     te_state = train_state.TrainState.create(
         apply_fn=model.apply, params=variables["params"], tx=optax.sgd(0.0)
     )
     var_collect = {k: v for k, v in variables.items() if k != "params"}
-    _, _, var_collect = _te_step(te_state, var_collect, x, _rand((8, 4), 1))
+    _, _, var_collect = _te_step(te_state, var_collect, x, rand((8, 4), 1))
     before = var_collect["fp8_meta"]
     _, loss, var_collect = _te_step(te_state, var_collect, x.at[0, 0].set(jnp.nan), x[:, :4])
     assert not np.isfinite(float(loss))
@@ -147,14 +144,14 @@ def test_module_called_twice_is_refused_naming_fp8_meta():
             layer = DenseGeneral(features=16)
             return layer(layer(x))
 
-    model, x = Twice(), _rand((4, 16), 0)
+    model, x = Twice(), rand((4, 16), 0)
     variables = _init(model, x)
     with pytest.raises(ValueError, match=r"fp8_meta.*called 2 times.*Fp8TrainState"):
         _grad_all(model, variables, x)
 
 
 def test_state_without_probes_is_refused():
-    model, x = DenseGeneral(features=4), _rand((4, 16), 0)
+    model, x = DenseGeneral(features=4), rand((4, 16), 0)
     variables = _init(model, x)
     del variables["fp8_probe"]
     with pytest.raises(ValueError, match=r"fp8_meta.*no 'fp8_probe' variable"):
@@ -177,7 +174,7 @@ def test_state_broadcast_over_scan_is_refused():
             )
             return body(self, x, None)[0]
 
-    model, x = Shared(), _rand((4, 16), 0)
+    model, x = Shared(), rand((4, 16), 0)
     variables = _init(model, x)
     with pytest.raises(ValueError, match=r"fp8_meta.*broadcast"):
         _grad_all(model, variables, x)
@@ -191,10 +188,10 @@ def test_state_broadcast_over_scan_is_refused():
 
 def test_fp8jax_step_traces_no_per_module_update():
     """When fp8_meta is not differentiated the link adds nothing: one update launch per step."""
-    model, x = _Net(), _rand((4, 5, 16), 0)
+    model, x = _Net(), rand((4, 5, 16), 0)
     variables = _init(model, x)
     ours = Fp8TrainState.from_variables(
         apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1), recipe=RECIPE
     )
-    hlo = _fp8jax_step.lower(ours, x, _rand((4, 2), 1)).as_text()
+    hlo = _fp8jax_step.lower(ours, x, rand((4, 2), 1)).as_text()
     assert hlo.count("fp8jax_update_fp8_state") == 1

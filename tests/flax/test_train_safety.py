@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _shared import rand
 from flax.training import train_state
 
 import fp8jax
@@ -21,10 +22,6 @@ from fp8jax import DelayedScaling, Float8CurrentScaling, Format
 from fp8jax.flax import DenseGeneral, Fp8TrainState, all_finite, calibrate, update_fp8_variables
 
 RECIPE = DelayedScaling(amax_history_len=4)
-
-
-def _rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 class MLP(nn.Module):
@@ -37,7 +34,7 @@ class MLP(nn.Module):
 
 def _state(model=None, x=None, recipe=RECIPE, tx=None):
     model = model or MLP()
-    x = _rand((16, 8), 0) if x is None else x
+    x = rand((16, 8), 0) if x is None else x
     return Fp8TrainState.from_model(
         model, jax.random.key(0), x, tx=tx or optax.adam(1e-2), recipe=recipe
     )
@@ -72,7 +69,7 @@ def test_apply_with_mutable_fp8_meta_is_an_error():
     """Threading fp8_meta like batch_stats (mutable in apply) would leave the scales at 1."""
     state = _state()
     variables = {"params": state.params, "fp8_meta": state.fp8_meta}
-    x = _rand((16, 8), 1)
+    x = rand((16, 8), 1)
     for mutable in (["fp8_meta"], True):
         with fp8jax.autocast(enabled=True, recipe=RECIPE):
             with pytest.raises(ValueError, match=r"mutable.*output-gradient amax.*fp8_probe"):
@@ -81,7 +78,7 @@ def test_apply_with_mutable_fp8_meta_is_an_error():
 
 def test_plain_train_state_without_probe_gradients_is_an_error():
     """A plain TrainState step (grads of params only) would never update the FP8 state."""
-    model, x, y = MLP(), _rand((16, 8), 2), _rand((16, 8), 3)
+    model, x, y = MLP(), rand((16, 8), 2), rand((16, 8), 3)
     state = _state(model, x)
     plain = train_state.TrainState.create(
         apply_fn=model.apply, params=state.params, tx=optax.sgd(0.1)
@@ -106,7 +103,7 @@ def test_plain_train_state_without_probe_gradients_is_an_error():
 
 
 def test_functional_dense_gradient_without_probe_is_an_error():
-    x, w = _rand((8, 16), 4), _rand((16, 4), 5)
+    x, w = rand((8, 16), 4), rand((16, 4), 5)
     meta = fp8jax.init_fp8_meta(RECIPE)
     with pytest.raises(ValueError, match=r"fp8jax.dense: differentiated .* probe"):
         jax.grad(lambda x: jnp.sum(fp8jax.dense(x, w, None, meta, RECIPE)))(x)
@@ -138,7 +135,7 @@ def _scanned(axes):
      ({"params": 0, "fp8_meta": 0}, "fp8_probe")],
 )  # fmt: skip
 def test_scan_without_fp8_variable_axes_names_variable_axes(axes, missing):
-    x = _rand((4, 8), 6)
+    x = rand((4, 8), 6)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         match = rf"'{missing}' collection does not reach.*variable_axes"
         with pytest.raises(ValueError, match=match):
@@ -147,7 +144,7 @@ def test_scan_without_fp8_variable_axes_names_variable_axes(axes, missing):
 
 def test_scan_apply_without_fp8_variable_axes_names_variable_axes():
     """A model initialised right but applied through a scan that drops the FP8 collections."""
-    x = _rand((4, 8), 7)
+    x = rand((4, 8), 7)
     good = {"params": 0, "fp8_meta": 0, "fp8_probe": 0}
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         variables = _scanned(good).init(jax.random.key(0), x)
@@ -164,7 +161,7 @@ def test_the_state_runs_and_updates_under_its_own_recipe():
     e4m3 = DelayedScaling(fp8_format=Format.E4M3, amax_history_len=4)
     hybrid = DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=4)
     state = _state(recipe=e4m3)
-    x, y = _rand((16, 8), 8), _rand((16, 8), 9)
+    x, y = rand((16, 8), 8), rand((16, 8), 9)
     new, _ = _train_step()(state, x, y)
     # the gradient role's scale is computed for E4M3's 448, the format the backward used
     g_amax = float(new.fp8_meta["DenseGeneral_1"]["amax_history"][2, 0])
@@ -182,7 +179,7 @@ def test_the_state_runs_and_updates_under_its_own_recipe():
 
 
 def test_state_from_variables_of_another_recipe_is_an_error():
-    model, x = MLP(), _rand((16, 8), 10)
+    model, x = MLP(), rand((16, 8), 10)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         variables = model.init(jax.random.key(0), x)
     kw = dict(apply_fn=model.apply, variables=variables, tx=optax.sgd(0.1))
@@ -198,7 +195,7 @@ def test_state_from_variables_of_another_recipe_is_an_error():
 
 
 def test_explicit_recipe_turns_fp8_on_outside_autocast():
-    x, w = _rand((8, 16), 11, 3.0), _rand((16, 4), 12)
+    x, w = rand((8, 16), 11, 3.0), rand((16, 4), 12)
     meta = fp8jax.init_fp8_meta(RECIPE)
     high = fp8jax.dense(x, w)  # no recipe, no autocast: high precision
     given = fp8jax.dense(x, w, None, meta, RECIPE)  # recipe given: FP8
@@ -217,7 +214,7 @@ def test_explicit_recipe_turns_fp8_on_outside_autocast():
 def test_skipped_bad_step_leaves_no_trace(where, bad):
     """clean, bad (skipped), clean == clean, clean: params, optimizer, step and FP8 state."""
     state = _state()
-    batches = [(_rand((16, 8), 20 + i, 2.0), _rand((16, 8), 30 + i)) for i in range(3)]
+    batches = [(rand((16, 8), 20 + i, 2.0), rand((16, 8), 30 + i)) for i in range(3)]
     x_bad, y_bad = (np.array(v) for v in batches[1])
     (x_bad if where == "input" else y_bad)[3, 5] = bad
     step = _train_step(skip=True)
@@ -239,7 +236,7 @@ def test_skipped_bad_step_leaves_no_trace(where, bad):
 def test_nonfinite_observation_is_never_recorded(role, bad):
     """Without skipping, a non-finite tensor leaves its role's history and scale as they were,
     and stays non-finite through the FP8 path (its gradient or output is not finite)."""
-    x, w, c = _rand((8, 16), 40, 2.0), _rand((16, 4), 41), _rand((8, 4), 42)
+    x, w, c = rand((8, 16), 40, 2.0), rand((16, 4), 41), rand((8, 4), 42)
     x, w, c = np.array(x), np.array(w), np.array(c)
     {"input": x, "kernel": w, "grad_output": c}[role][1, 2] = bad
     meta = fp8jax.init_fp8_meta(RECIPE)
@@ -280,7 +277,7 @@ def _count_fp8_ops(model, x, y):
 
 
 def test_remat_policy_save_fp8_operands_recomputes_no_cast():
-    x, y = _rand((16, 8), 50), _rand((16, 8), 51)
+    x, y = rand((16, 8), 50), rand((16, 8), 51)
     plain = _count_fp8_ops(MLP(), x, y)
     saved = _count_fp8_ops(nn.remat(MLP, policy=fp8jax.save_fp8_operands)(), x, y)
     nothing = _count_fp8_ops(nn.remat(MLP, policy=jax.checkpoint_policies.nothing_saveable)(), x, y)
@@ -300,7 +297,7 @@ def test_remat_policy_save_fp8_operands_recomputes_no_cast():
 def test_remat_does_not_change_the_numbers_of_a_calibrated_step():
     """Saved FP8 residuals are exact under every policy, also for E4M3 codes >= 256 and
     subnormals (jax.checkpoint's reduce_precision on float residuals would break both)."""
-    model, x, y = MLP(), _rand((16, 8), 52, 3.0), _rand((16, 8), 53)
+    model, x, y = MLP(), rand((16, 8), 52, 3.0), rand((16, 8), 53)
     ref_state = _state(model, x)
     step = _train_step()
     ref_state, _ = step(ref_state, x, y)  # scales now map each amax to 448
@@ -344,7 +341,7 @@ def test_calibration_brings_large_inputs_into_range():
 
 
 def test_calibration_of_a_scanned_model_and_errors():
-    model, x = _scanned({"params": 0, "fp8_meta": 0, "fp8_probe": 0}), _rand((4, 8), 70, 50.0)
+    model, x = _scanned({"params": 0, "fp8_meta": 0, "fp8_probe": 0}), rand((4, 8), 70, 50.0)
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         variables = model.init(jax.random.key(0), x)
     variables_without_probes = {"params": variables["params"], "fp8_meta": variables["fp8_meta"]}

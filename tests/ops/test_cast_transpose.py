@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -46,8 +45,10 @@ def _check(x: np.ndarray, scale: float, fp8, implementation: str) -> None:
 @pytest.mark.parametrize(
     "wide", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["f32", "bf16", "f16"]
 )
-@pytest.mark.parametrize("fp8", FP8_TYPES, ids=lambda t: t.__name__)
-def test_cast_transpose_shapes(shape, wide, fp8, implementation):
+def test_cast_transpose_shapes(shape, wide, implementation):
+    # Every tile path and dtype; the FP8 format alternates (test_cast_transpose_special_values
+    # covers both exhaustively, test_conformance.py both on plain inputs).
+    fp8 = FP8_TYPES[(SHAPES.index(shape) + WIDE.index(wide)) % 2]
     rng = np.random.default_rng(sum(shape))
     x = (rng.standard_normal(shape) * 300).astype(wide)
     _check(np.asarray(x), 0.9, fp8, implementation)
@@ -68,39 +69,11 @@ def test_cast_transpose_every_bf16_input(implementation):
         _check(x, 1.0, ml_dtypes.float8_e4m3fn, implementation)
 
 
-def test_cast_transpose_jit_vmap_and_hlo(implementation):
-    rng = np.random.default_rng(5)
-    xs = jnp.asarray(rng.standard_normal((3, 2, 16, 24)).astype(np.float32))
-    scales = jnp.asarray([1.0, 8.0, 0.5], jnp.float32)
-    f = jax.jit(jax.vmap(lambda x, s: ops.cast_transpose(x, s, jnp.float8_e4m3fn)))
-    q, qt, s_inv, amax = f(xs, scales)
-    assert qt.shape == (3, 2, 24, 16) and amax.shape == (3,)
-    for i in range(3):
-        wq, wqt, ws, wa = ops.cast_transpose(xs[i], scales[i], jnp.float8_e4m3fn)
-        assert_fp8_equal(q[i], wq)
-        assert_fp8_equal(qt[i], wqt)
-        assert s_inv[i] == ws and amax[i] == wa
-    hlo = f.lower(xs, scales).as_text()
-    assert ("fp8jax_cast_transpose" in hlo) == (implementation == "kernel")
-
-
 def test_cast_transpose_bad_input():
     with pytest.raises(ValueError, match="rank >= 2"):
         ops.cast_transpose(jnp.ones(8), jnp.float32(1), jnp.float8_e4m3fn)
-    with pytest.raises(TypeError, match="x must be"):
-        ops.cast_transpose(jnp.ones((2, 2), jnp.int8), jnp.float32(1), jnp.float8_e4m3fn)
-    with pytest.raises(TypeError, match="fp8_dtype"):
-        ops.cast_transpose(jnp.ones((2, 2)), jnp.float32(1), jnp.float16)
     with pytest.raises(ValueError, match="scale must hold"):
         ops.cast_transpose(jnp.ones((2, 2)), jnp.ones(3, jnp.float32), jnp.float8_e4m3fn)
-
-
-@pytest.mark.parametrize("value", ["tensor", None, 1])
-def test_bad_amax_reduction(value):
-    x, s = jnp.ones((2, 2)), jnp.float32(1)
-    for op in (ops.cast_transpose, ops.quantize):
-        with pytest.raises(ValueError, match=f"{op.__name__}: amax_reduction must be"):
-            op(x, s, jnp.float8_e4m3fn, amax_reduction=value)
 
 
 def test_amax_reduction_mesh_on_one_device_is_the_same():

@@ -1,12 +1,12 @@
 """The kernel/XLA switch: its API, that it is part of jit's cache key, and what it compiles to.
 
 The numerics of both implementations are checked by the other op test files, which run every
-test under each (tests/ops/_implementations.py); here: the switch itself.
+test under each (tests/ops/_implementations.py); per op (lowering, the ``implementation=``
+argument, bad values, kernel vs reference) by test_conformance.py; here: the switch itself.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import _implementations
@@ -14,9 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _implementations import DIV_ULPS, reference_bits_promised
+from _implementations import reference_bits_promised
 from _values import assert_matches
-from conftest import has_cuda
 
 import fp8jax
 from fp8jax import DelayedScaling, ops
@@ -30,61 +29,9 @@ S = jnp.float32(0.5)
 GEMM_REL = 2 * (2.0**-9 + float(np.finfo(np.float32).eps))
 
 
-def _calls():
-    """Per op: (family, FFI target, function of (arrays, impl), arrays)."""
-    q = jnp.ones((16, 24), E4M3)
-    hist, rows = jnp.ones((5, 4), jnp.float32), jnp.arange(5, dtype=jnp.float32)
-    a, b = jnp.ones((32, 64), E4M3), jnp.ones((48, 64), E4M3)
-    return {
-        "quantize": (
-            "cast",
-            "fp8jax_quantize",
-            lambda x, s, impl=None: ops.quantize(x, s, E4M3, implementation=impl),
-            (X, S),
-        ),
-        "dequantize": (
-            "cast",
-            "fp8jax_dequantize",
-            lambda q, s, impl=None: ops.dequantize(q, s, implementation=impl),
-            (q, S),
-        ),
-        "cast_transpose": (
-            "cast",
-            "fp8jax_cast_transpose",
-            lambda x, s, impl=None: ops.cast_transpose(x, s, E4M3, implementation=impl),
-            (X, S),
-        ),
-        "update_fp8_states": (
-            "scaling",
-            "fp8jax_update_fp8_state",
-            lambda h, s, a, impl=None: ops.update_fp8_states(h, s, a, RECIPE, implementation=impl),
-            (hist, rows, rows),
-        ),
-        "gemm": (
-            "gemm",
-            "fp8jax_gemm",
-            lambda a, b, s, impl=None: ops.gemm(a, b, s, s, implementation=impl),
-            (a, b, S),
-        ),
-    }
-
-
-CALLS = list(_calls())
-
-
 def _in_hlo(target: str, hlo: str) -> bool:
     """Whether compiled HLO text calls ``target``."""
     return f'custom_call_target="{target}"' in hlo
-
-
-def _cuda_module(fn, args, target) -> str:
-    """The StableHLO ``fn`` lowers to for CUDA (lowering needs no GPU)."""
-    exported = jax.export.export(
-        jax.jit(fn),
-        platforms=("cuda",),
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)],
-    )(*args)
-    return exported.mlir_module()
 
 
 # ------------------------------------------------------------------ the context manager
@@ -143,14 +90,6 @@ def test_bad_arguments(args, kwargs, match):
         ops.get_implementation("casts")
 
 
-@pytest.mark.parametrize("op", CALLS)
-@pytest.mark.parametrize("bad", ["fast", "XLA", 1])
-def test_bad_implementation_argument_names_the_op(op, bad):
-    fn, args = _calls()[op][2:]
-    with pytest.raises(ValueError, match=f"{op}: implementation must be 'kernel' or 'xla'"):
-        fn(*args, impl=bad)
-
-
 def test_update_fp8_state_validates_its_own_implementation_argument():
     one = jnp.float32(1)
     with pytest.raises(ValueError, match="update_fp8_state: implementation must be"):
@@ -158,32 +97,6 @@ def test_update_fp8_state_validates_its_own_implementation_argument():
 
 
 # ------------------------------------------------------------------ what it compiles to
-
-
-@pytest.mark.parametrize("op", CALLS)
-@pytest.mark.parametrize("impl", ["kernel", "xla"])
-def test_lowering_calls_the_kernel_only_under_kernel(op, impl):
-    family, target, fn, args = _calls()[op]
-    with ops.implementation(**{family: impl}):
-        cuda = _cuda_module(fn, args, target)
-        compiled = jax.jit(fn).lower(*args).compile().as_text()  # for the default backend
-    assert (f"@{target}(" in cuda) == (impl == "kernel")
-    # Every op calls its kernel; the GEMM only on CUDA (cuBLASLt), elsewhere it is XLA's dot.
-    on_cuda = jax.default_backend() == "gpu" and has_cuda()
-    assert _in_hlo(target, compiled) == (impl == "kernel" and (op != "gemm" or on_cuda))
-    if impl == "xla":
-        assert "@fp8jax_" not in cuda and 'custom_call_target="fp8jax_' not in compiled
-
-
-@pytest.mark.parametrize("op", CALLS)
-def test_implementation_argument_overrides_the_context(op):
-    family, target, fn, args = _calls()[op]
-    with ops.implementation("kernel"):
-        assert f"@{target}(" not in _cuda_module(functools.partial(fn, impl="xla"), args, target)
-    with ops.implementation("xla"):
-        assert f"@{target}(" in _cuda_module(functools.partial(fn, impl="kernel"), args, target)
-    with ops.implementation(**{family: "xla"}):
-        assert f"@{target}(" not in _cuda_module(fn, args, target)
 
 
 def test_switching_retraces_and_the_same_choice_hits_the_cache():
@@ -206,26 +119,6 @@ def test_switching_retraces_and_the_same_choice_hits_the_cache():
     assert traces == ["kernel", "xla", "xla"]
     for g, w in zip(got, want, strict=True):
         assert np.asarray(g).tobytes() == np.asarray(w).tobytes()
-
-
-@pytest.mark.parametrize("op", CALLS)
-def test_both_implementations_agree_bit_for_bit_with_vmap(op):
-    # On CPU each kernel equals its reference bit for bit, and the GEMM is the same dot. On a GPU
-    # XLA divides within DIV_ULPS (the state update's scales, its second output); the GEMM of ones
-    # is exact in any order.
-    fn, args = _calls()[op][2:]
-    batched = tuple(jnp.stack([a, a]) for a in args)
-    outs = {}
-    for impl in ("kernel", "xla"):
-        f = functools.partial(fn, impl=impl)
-        outs[impl] = (jax.jit(f)(*args), jax.vmap(f)(*batched))
-    exact = reference_bits_promised("xla")
-    for form in range(2):  # jit, vmap
-        kernel, xla = (jax.tree.leaves(outs[impl][form]) for impl in ("kernel", "xla"))
-        for i, (k, x) in enumerate(zip(kernel, xla, strict=True)):
-            assert k.dtype == x.dtype and k.shape == x.shape
-            ulps = DIV_ULPS if (op, i) == ("update_fp8_states", 1) else 0
-            assert_matches(k, x, exact, ulps=ulps)
 
 
 def test_dense_layer_follows_the_switch_forward_and_backward():

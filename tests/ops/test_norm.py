@@ -74,9 +74,9 @@ def _fwd_ref(x, gamma, beta, **kw):
 
 @pytest.mark.parametrize("h", HIDDEN)
 @pytest.mark.parametrize("dtype", WIDE, ids=WIDE_IDS)
-@pytest.mark.parametrize("zero_centered_gamma", [False, True], ids=["gamma", "zc"])
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
-def test_norm_forward(norm_type, zero_centered_gamma, dtype, h):
+def test_norm_forward(norm_type, dtype, h):
+    zero_centered_gamma = (HIDDEN.index(h) + WIDE.index(dtype)) % 2 == 1  # both, alternating
     kw = dict(norm_type=norm_type, epsilon=EPS, zero_centered_gamma=zero_centered_gamma)
     for m in ROWS:
         x, gamma, beta = _inputs(m, h, dtype, norm_type)
@@ -95,9 +95,9 @@ def test_norm_forward(norm_type, zero_centered_gamma, dtype, h):
 
 @pytest.mark.parametrize("h", HIDDEN)
 @pytest.mark.parametrize("dtype", WIDE, ids=WIDE_IDS)
-@pytest.mark.parametrize("fp8", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
-def test_norm_forward_fp8_is_quantize_of_forward(norm_type, fp8, dtype, h, implementation):
+def test_norm_forward_fp8_is_quantize_of_forward(norm_type, dtype, h, implementation):
+    fp8 = (jnp.float8_e4m3fn, jnp.float8_e5m2)[(HIDDEN.index(h) + WIDE.index(dtype)) % 2]
     exact = reference_bits_promised(implementation)
     for m, zcg in ((1, False), (3, True), (37, False)):
         x, gamma, beta = _inputs(m, h, dtype, norm_type, seed=1)
@@ -237,64 +237,6 @@ def test_rank3_flattens_rows(implementation):
     assert_same(dg, dg2, exact)
 
 
-def test_vmap(implementation):
-    exact = reference_bits_promised(implementation)
-    rng = np.random.default_rng(8)
-    xs = jnp.asarray(rng.standard_normal((3, 5, 48)), jnp.bfloat16)
-    gs = jnp.asarray(1 + 0.1 * rng.standard_normal((3, 48)), jnp.float32)
-    bs = jnp.asarray(0.1 * rng.standard_normal((3, 48)), jnp.float32)
-    scales = jnp.asarray([1.0, 30.0, 0.25], jnp.float32)
-    kw = dict(norm_type="layernorm", epsilon=EPS)
-
-    f = jax.jit(
-        jax.vmap(lambda x, g, b, s: ops.norm_forward_fp8(x, g, b, s, jnp.float8_e5m2, **kw))
-    )
-    out = f(xs, gs, bs, scales)
-    fwd = jax.jit(
-        jax.vmap(lambda x, g: ops.norm_forward(x, g, None, norm_type="rmsnorm", epsilon=EPS))
-    )(xs, gs)
-    bwd = jax.jit(
-        jax.vmap(lambda dy, x, m, r: ops.norm_backward(dy, x, m, r, gs[0], norm_type="layernorm"))
-    )
-    _, mus, rss = jax.vmap(lambda x, g, b: ops.norm_forward(x, g, b, **kw))(xs, gs, bs)
-    back = bwd(xs, xs, mus, rss)
-    for i in range(3):
-        want = ops.norm_forward_fp8(xs[i], gs[i], bs[i], scales[i], jnp.float8_e5m2, **kw)
-        for got, w in zip(out, want, strict=True):
-            assert_same(got[i], w, exact, jnp.bfloat16)
-        wy = ops.norm_forward(xs[i], gs[i], None, norm_type="rmsnorm", epsilon=EPS)
-        assert_same(fwd[0][i], wy[0], exact, jnp.bfloat16)
-        wb = ops.norm_backward(xs[i], xs[i], mus[i], rss[i], gs[0], norm_type="layernorm")
-        for got, w in zip(back, wb, strict=True):
-            assert_close(got[i], w, got.dtype if got.dtype != jnp.float32 else None)
-    hlo = f.lower(xs, gs, bs, scales).as_text()
-    assert ("fp8jax_layernorm_forward_fp8" in hlo) == (implementation == "kernel")
-
-
-def test_vmap_of_rank3(implementation):
-    """vmap over ``[batch, seq, h]`` inputs (rows in two dims, kept unflattened by the ops):
-    each element as its own call, ``q_t`` ``[h, batch * seq]``."""
-    exact = reference_bits_promised(implementation)
-    rng = np.random.default_rng(10)
-    xs = jnp.asarray(rng.standard_normal((2, 3, 5, 24)), jnp.float32)
-    gs = jnp.asarray(1 + 0.1 * rng.standard_normal((2, 24)), jnp.float32)
-    scales = jnp.asarray([2.0, 0.5], jnp.float32)
-    kw = dict(norm_type="rmsnorm", epsilon=EPS, implementation=implementation)
-
-    def step(x, g, s):
-        q, q_t, _, amax, mu, rs = ops.norm_forward_fp8(x, g, None, s, jnp.float8_e4m3fn, **kw)
-        dx, dg, _ = ops.norm_backward(
-            x, x, mu, rs, g, norm_type="rmsnorm", implementation=implementation
-        )
-        return q, q_t, amax, rs, dx, dg
-
-    got = jax.jit(jax.vmap(step))(xs, gs, scales)
-    assert got[1].shape == (2, 24, 15)
-    for i in range(2):
-        for a, w in zip(got, step(xs[i], gs[i], scales[i]), strict=True):
-            assert_same(a[i], w, exact)
-
-
 def test_grad_of_vmap_and_vmap_of_grad():
     rng = np.random.default_rng(9)
     xs = jnp.asarray(rng.standard_normal((2, 4, 16)), jnp.float32)
@@ -324,10 +266,6 @@ def test_bad_input():
         ops.norm_forward(x, jnp.ones(7), b, norm_type="layernorm", epsilon=EPS)
     with pytest.raises(ValueError, match="rank >= 2"):
         ops.norm_forward(jnp.ones(8), g, b, norm_type="layernorm", epsilon=EPS)
-    with pytest.raises(TypeError, match="x must be"):
-        ops.norm_forward(x.astype(jnp.int32), g, b, norm_type="layernorm", epsilon=EPS)
-    with pytest.raises(TypeError, match="fp8_dtype"):
-        ops.norm_forward_fp8(x, g, b, jnp.float32(1), jnp.int8, norm_type="layernorm", epsilon=EPS)
     with pytest.raises(ValueError, match="dy must have"):
         ops.norm_backward(jnp.ones((3, 8)), x, jnp.ones(2), jnp.ones(2), g, norm_type="layernorm")
     with pytest.raises(ValueError, match="rsigma must be"):

@@ -14,8 +14,6 @@ the 2-D kernel, which is therefore run exactly as on one device:
   (``b`` the kernel's transposed FP8 copy) and the wgrad (``a`` the norm output's transposed
   copy ``[hidden, M]``, ``b`` the activation gradient's ``[g, inter, M]``);
 * :func:`gemm_k` ``out[M, N] = a[M, g, K] . b[N, g, K]^T``, contracting ``(g, K)``: the dgrad;
-* :func:`forward`, :func:`cast_grad` and :func:`backward`: a layer's GEMM on them (kernel cast,
-  output-gradient cast with its bias gradient, dgrad and wgrad).
 
 Splits are decided as :mod:`fp8jax.ops._gemm_partition` decides them for the 2-D GEMM (M as the
 activations' rows, N column parallel, K split: float32 partial products summed with one psum,
@@ -23,7 +21,9 @@ then the bias), with ``g`` never split; the dgrad reuses the forward's gathered 
 FSDP, as the 2-D dgrad does. Under explicit sharding (``AxisType.Explicit``) the results are
 typed with the plan's split (there the 2-D form's reshape is not even allowed). Under ``vmap``
 they batch as the 2-D form; with the ``"xla"`` GEMM implementation the layer keeps its 2-D
-GEMMs (:func:`usable`), which XLA partitions itself.
+GEMMs (:func:`usable`), which XLA partitions itself. A layer's GEMM on them (kernel cast,
+output-gradient cast with its bias gradient, dgrad and wgrad) is in :mod:`fp8jax._layer_core`
+(``grouped_forward``, ``grouped_cast_grad``, ``grouped_backward``).
 """
 
 from __future__ import annotations
@@ -34,14 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _layer_core as core
 from fp8jax.ops import _partition
 from fp8jax.ops._gemm_partition import _dims, _plan_mnk
-from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
 from fp8jax.ops.gemm import _local, gemm_codes
-from fp8jax.ops.quantize import quantize
 
-__all__ = ["backward", "cast_grad", "forward", "gemm_k", "gemm_n", "usable"]
+__all__ = ["gemm_k", "gemm_n", "usable"]
 
 
 def usable(implementation: str) -> bool:
@@ -235,52 +232,3 @@ def gemm_k(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, reuse, accumulate="split"
         m = _axes(a, 0)
         call = _typed(call, (m, tuple(x for x in _axes(b, 0) if x not in m)))
     return call(a, b, a_sinv, b_sinv, *reuse)
-
-
-def forward(s: core.Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
-    """A layer's grouped GEMM ``y [M, g, N]`` from its input's FP8 codes ``x_q [M, hidden]``
-    and the high-precision kernel ``w (hidden, g, N)``, cast here (one quantize; its transposed
-    copy ``(g, N, hidden)`` a transpose of the codes) -> ``(y, w's amax, residuals)`` as
-    :func:`fp8jax._layer_core.gemm_forward`'s."""
-    fwd = s.fwd_dtype
-    q, sinv, amax = quantize(
-        w, core.scale_for(s, w, scale, fwd), fwd, amax_reduction="mesh",
-        implementation=s.implementation("cast"),
-    )  # fmt: skip
-    w_q = core.named(core.codes(q), 1)
-    w_t = core.named(jnp.transpose(w_q, (1, 2, 0)), 3)
-    sinv, amax = core.named(sinv, 4), core.named(amax, 5)
-    y = gemm_n(x_q, w_t, x_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=bias,
-               accumulate="fast")  # fmt: skip
-    return y, amax, core.GemmResiduals(w_q, w_t, sinv)
-
-
-def cast_grad(s: core.Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
-    """The output gradient ``dy [M, g, N]`` cast to the backward format -> ``(codes [M, g, N],
-    transposed codes [g, N, M], scale_inv, amax, dbias [g, N] (float32) or None)``: one fused
-    kernel (:func:`~fp8jax.ops.cast_transpose.grouped_cast_transpose_dbias`), or under
-    explicit sharding (where its global view is not allowed) a quantize, an XLA transpose of
-    the codes and a float32 column sum."""
-    bwd, impl = s.bwd_dtype, s.implementation("cast")
-    scale = core.scale_for(s, dy, scale, bwd)
-    if not _partition.explicit_mesh():
-        q, q_t, sinv, amax, dbias = grouped_cast_transpose_dbias(
-            dy, scale, bwd, amax_reduction="mesh", implementation=impl
-        )
-        return core.codes(q), core.codes(q_t), sinv, amax, (dbias if with_bias else None)
-    q, sinv, amax = quantize(dy, scale, bwd, amax_reduction="mesh", implementation=impl)
-    q = core.codes(q)
-    dbias = jnp.sum(dy.astype(jnp.float32), axis=0) if with_bias else None
-    return q, jnp.transpose(q, (1, 2, 0)), sinv, amax, dbias
-
-
-def backward(s: core.Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt):
-    """dgrad ``[M, hidden]`` and wgrad ``(hidden, g, N)`` of :func:`forward` from the output
-    gradient's codes ``g_q [M, g, N]`` and ``g_t [g, N, M]``."""
-    fwd, bwd = s.fwd_dtype, s.bwd_dtype
-    dx = gemm_k(
-        g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), out_dtype=x_dt,
-        reuse=(res.w_t, x_t),
-    )  # fmt: skip
-    dw = gemm_n(x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dt, accumulate="split")
-    return dx, dw
