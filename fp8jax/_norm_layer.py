@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax._layer_core import Fp8Setup, cast_t, named_input
-from fp8jax.ops.norm import norm_backward, norm_forward, norm_forward_fp8
+from fp8jax.autocast import is_fp8_enabled
+from fp8jax.ops.norm import layernorm, norm_backward, norm_forward, norm_forward_fp8, rmsnorm
 
 NORM_TYPES = ("layernorm", "rmsnorm")
 
@@ -78,6 +79,29 @@ def flax_norm(
     if beta is not None:
         y = y + beta.reshape(features)
     return jnp.asarray(y, dtype)
+
+
+def norm_layer(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool,
+    dtype: Any,
+) -> jax.Array:
+    """The ``LayerNorm`` module's forward, shared by Linen and NNX: inside FP8 autocast the norm
+    op (:func:`~fp8jax.ops.layernorm`/:func:`~fp8jax.ops.rmsnorm` on the rows), otherwise
+    :func:`flax_norm`; in ``dtype``."""
+    if not is_fp8_enabled():
+        return flax_norm(x, gamma, beta, norm_type, epsilon, zero_centered_gamma, dtype)
+    x2 = x.reshape(-1, x.shape[-1])
+    kw = dict(epsilon=epsilon, zero_centered_gamma=zero_centered_gamma)
+    if norm_type == "layernorm":
+        y = layernorm(x2, gamma, beta, **kw)
+    else:
+        y = rmsnorm(x2, gamma, **kw)
+    return y.reshape(x.shape).astype(dtype)
 
 
 def norm_fp8(

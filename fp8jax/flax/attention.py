@@ -78,6 +78,26 @@ def _fused_axes(names: tuple[str | None, ...], n_dims: int) -> tuple[str | None,
     return (*names[:-1], None, names[-1]) if n_dims else names
 
 
+def check_attention_inputs(
+    owner: str, inputs_q: Any, inputs_kv: Any, transpose_batch_sequence: bool
+) -> tuple[jax.Array, jax.Array]:
+    """``(inputs_q, inputs_kv)`` checked (float arrays of rank 3 with one batch size; for
+    self-attention pass the same object twice), for the Linen and the NNX attention."""
+    q = check_float_array(owner, "inputs_q", inputs_q)
+    kv = q if inputs_kv is inputs_q else check_float_array(owner, "inputs_kv", inputs_kv)
+    for name, t in (("inputs_q", q), ("inputs_kv", kv)):
+        if t.ndim != 3:
+            raise ValueError(f"{owner}: {name} must be [batch, seq, hidden] (or [seq, batch, "
+                             f"hidden]), got shape {t.shape}")  # fmt: skip
+    bdim = 1 if transpose_batch_sequence else 0
+    if q.shape[bdim] != kv.shape[bdim]:
+        raise ValueError(
+            f"{owner}: inputs_q and inputs_kv batch sizes differ: {q.shape} vs {kv.shape} "
+            f"(transpose_batch_sequence={transpose_batch_sequence})"
+        )
+    return q, kv
+
+
 class MultiHeadAttention(nn.Module):
     """``[norm] -> Q, K, V projections (FP8) -> [rotary] -> attention -> output projection
     (FP8)``, TransformerEngine's ``MultiHeadAttention``.
@@ -255,18 +275,9 @@ class MultiHeadAttention(nn.Module):
         is_self = inputs_q is inputs_kv
         heads, groups = self._check()
         check_no_score_mod(owner, score_mod_tensors, score_mod_bprop_tensors)
-        inputs_q = check_float_array(owner, "inputs_q", inputs_q)
-        inputs_kv = check_float_array(owner, "inputs_kv", inputs_kv)
-        for name, t in (("inputs_q", inputs_q), ("inputs_kv", inputs_kv)):
-            if t.ndim != 3:
-                raise ValueError(f"{owner}: {name} must be [batch, seq, hidden] (or [seq, batch, "
-                                 f"hidden]), got shape {t.shape}")  # fmt: skip
-        bdim = 1 if self.transpose_batch_sequence else 0
-        if inputs_q.shape[bdim] != inputs_kv.shape[bdim]:
-            raise ValueError(
-                f"{owner}: inputs_q and inputs_kv batch sizes differ: {inputs_q.shape} vs "
-                f"{inputs_kv.shape} (transpose_batch_sequence={self.transpose_batch_sequence})"
-            )
+        inputs_q, inputs_kv = check_attention_inputs(
+            owner, inputs_q, inputs_kv, self.transpose_batch_sequence
+        )
         d = int(self.head_dim)
         packed = self.fuse_qkv_params and groups == heads
         if packed and not is_self and "qkv" in self.variables.get("params", {}):

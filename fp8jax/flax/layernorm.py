@@ -26,13 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax.typing import Initializer
 
-from fp8jax._norm_layer import check_norm_args, flax_norm
-from fp8jax.autocast import is_fp8_enabled
+from fp8jax._norm_layer import check_norm_args, norm_layer
 from fp8jax.flax._params import annotated, as_tuple, constrain, flat_init
 from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import check_float_array, fp8_call
 from fp8jax.layernorm_dense import _layernorm_dense
-from fp8jax.ops.norm import layernorm, rmsnorm
 
 __all__ = ["LayerNorm", "LayerNormDenseGeneral", "default_kernel_init"]
 
@@ -111,17 +109,8 @@ class LayerNorm(nn.Module):
             param_dtype=self.param_dtype,
         )  # fmt: skip
         dtype = self.dtype or jnp.result_type(*(v for v in (x, gamma, beta) if v is not None))
-        if not is_fp8_enabled():
-            return flax_norm(x, gamma, beta, self.layernorm_type, self.epsilon,
-                             self.zero_centered_gamma, dtype)  # fmt: skip
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1])
-        kw = dict(epsilon=self.epsilon, zero_centered_gamma=self.zero_centered_gamma)
-        if self.layernorm_type == "layernorm":
-            y = layernorm(x2, gamma, beta, **kw)
-        else:
-            y = rmsnorm(x2, gamma, **kw)
-        return y.reshape(*lead, x.shape[-1]).astype(dtype)
+        return norm_layer(x, gamma, beta, self.layernorm_type, self.epsilon,
+                          self.zero_centered_gamma, dtype)  # fmt: skip
 
 
 class LayerNormDenseGeneral(nn.Module):

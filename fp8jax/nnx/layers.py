@@ -32,8 +32,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax import flax as fflax
-from fp8jax._norm_layer import check_norm_args, flax_norm
-from fp8jax.autocast import is_fp8_enabled
+from fp8jax._norm_layer import check_norm_args, norm_layer
 from fp8jax.dense import _dense
 from fp8jax.flax._params import check_names, constrain
 from fp8jax.flax._variables import check_float_array
@@ -42,7 +41,6 @@ from fp8jax.layernorm_dense import _layernorm_dense
 from fp8jax.layernorm_mlp import _layernorm_mlp, check_activations
 from fp8jax.nnx._base import Fp8Module, Given, linen_init, positive_int
 from fp8jax.nnx._probe import check_recipe, fp8_use
-from fp8jax.ops.norm import layernorm, rmsnorm
 
 __all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
 
@@ -219,16 +217,8 @@ class LayerNorm(Fp8Module):
         x = check_float_array(owner, "x", x)
         gamma, beta = self._value("scale"), self._value("ln_bias")
         dtype = cfg.dtype or jnp.result_type(*(v for v in (x, gamma, beta) if v is not None))
-        if not is_fp8_enabled():
-            return flax_norm(x, gamma, beta, cfg.layernorm_type, cfg.epsilon,
-                             cfg.zero_centered_gamma, dtype)  # fmt: skip
-        x2 = x.reshape(-1, x.shape[-1])
-        kw = dict(epsilon=cfg.epsilon, zero_centered_gamma=cfg.zero_centered_gamma)
-        if cfg.layernorm_type == "layernorm":
-            y = layernorm(x2, gamma, beta, **kw)
-        else:
-            y = rmsnorm(x2, gamma, **kw)
-        return y.reshape(x.shape).astype(dtype)
+        return norm_layer(x, gamma, beta, cfg.layernorm_type, cfg.epsilon,
+                          cfg.zero_centered_gamma, dtype)  # fmt: skip
 
 
 class LayerNormDenseGeneral(Fp8Module):

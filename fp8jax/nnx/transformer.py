@@ -29,7 +29,7 @@ from flax import nnx
 
 from fp8jax import flax as fflax
 from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.attention import decode_step
+from fp8jax.flax.attention import check_attention_inputs, decode_step
 from fp8jax.flax.dot_product_attention import attention_core
 from fp8jax.flax.relative_position import t5_relative_buckets
 from fp8jax.nnx._base import (
@@ -184,18 +184,10 @@ class MultiHeadAttention(Fp8Module):
                 "(the params of self- and cross-attention differ)"
             )
         deterministic = self._deterministic(deterministic)
-        inputs_q = check_float_array(owner, "inputs_q", inputs_q)
-        inputs_kv = inputs_q if is_self else check_float_array(owner, "inputs_kv", inputs_kv)
-        for name, t in (("inputs_q", inputs_q), ("inputs_kv", inputs_kv)):
-            if t.ndim != 3:
-                raise ValueError(f"{owner}: {name} must be [batch, seq, hidden] (or [seq, batch, "
-                                 f"hidden]), got shape {t.shape}")  # fmt: skip
+        inputs_q, inputs_kv = check_attention_inputs(
+            owner, inputs_q, inputs_q if is_self else inputs_kv, cfg.transpose_batch_sequence
+        )
         bdim = 1 if cfg.transpose_batch_sequence else 0
-        if inputs_q.shape[bdim] != inputs_kv.shape[bdim]:
-            raise ValueError(
-                f"{owner}: inputs_q and inputs_kv batch sizes differ: {inputs_q.shape} vs "
-                f"{inputs_kv.shape} (transpose_batch_sequence={cfg.transpose_batch_sequence})"
-            )
         heads, groups, d = self._heads, self._groups, int(cfg.head_dim)
         if "qkv" in self._projections:
             qkv, ln_out = self.qkv(inputs_q)
