@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -57,6 +58,18 @@ _DEFAULT_STATE = _State(enabled=False, recipe=None)
 _CONTEXT = jax.make_user_context(default_value=_DEFAULT_STATE)
 
 
+# Context managers that every ``autocast`` block enters as well, registered at import by the layers
+# above (the Linen modules number their FP8 calls per ``apply`` with one: fp8jax.flax._variables).
+# They change what Python tracks while tracing, never the traced program.
+_BLOCK_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[None]]] = []
+
+
+def _register_block_context(factory: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+    """Makes every ``autocast`` block enter ``factory()`` too (once per factory)."""
+    if factory not in _BLOCK_CONTEXTS:
+        _BLOCK_CONTEXTS.append(factory)
+
+
 def _current_state() -> _State:
     """Returns the autocast state of the innermost ``autocast`` block of this thread."""
     return _CONTEXT.value
@@ -71,9 +84,11 @@ class _AutocastContext(contextlib.ContextDecorator):
 
     def __enter__(self) -> None:
         stack = self._local.__dict__.setdefault("stack", [])
-        ctx = _CONTEXT(self._state)
-        ctx.__enter__()
-        stack.append(ctx)
+        with contextlib.ExitStack() as contexts:
+            contexts.enter_context(_CONTEXT(self._state))
+            for factory in _BLOCK_CONTEXTS:
+                contexts.enter_context(factory())
+            stack.append(contexts.pop_all())
 
     def __exit__(self, *exc_info: Any) -> None:
         self._local.stack.pop().__exit__(*exc_info)

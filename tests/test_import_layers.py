@@ -1,5 +1,6 @@
 """The package's import layering (docs/design.md, Layers): no import cycle between fp8jax's
-modules, and each module imports only from its own layer or the layers below it.
+modules, each module imports only from its own layer or the layers below it, and none uses
+private Flax or JAX API.
 
 Every module of ``fp8jax`` is parsed with ``ast`` (nothing is imported); an edge is an import
 of another fp8jax module, at module level or inside a function: an import deferred into a
@@ -14,6 +15,7 @@ Flax): not an import statement, so not an edge.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -204,3 +206,38 @@ def test_the_checks_catch_a_deferred_cycle_and_an_upward_import(tmp_path, monkey
     assert _imports("fp8jax.b") == [("fp8jax.a", 2, True)]
     graph = {m: _imports(m) for m in ("fp8jax.a", "fp8jax.b")}
     assert _cycle(graph) == "fp8jax.a (fp8jax/a.py:1) -> fp8jax.b (fp8jax/b.py:2) -> fp8jax.a"
+
+
+#: What private Flax or JAX API looks like in source (flax.linen.module internals, the module
+#: stack, underscored names imported from flax or jax, jax._src).
+_PRIVATE = [
+    re.compile(r"flax\.linen\.module\b"),
+    re.compile(r"from\s+flax\.linen\s+import\s+module\b"),
+    re.compile(r"\._context\b"),
+    re.compile(r"module_stack"),
+    re.compile(r"jax\._src"),
+    re.compile(r"from\s+(flax|jax)\b[\w.]*\s+import\s+\(?[^)\n]*\b_\w+"),
+    re.compile(r"(?<![\w.])(flax|nnx|nn|jax)(\.\w+)*\._[A-Za-z]\w*"),
+]
+
+
+def _private_api(path: Path) -> list[str]:
+    hits = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        code = line.split("#", 1)[0]
+        hits += [f"{path.name}:{n}: {line.strip()}" for p in _PRIVATE if p.search(code)]
+    return hits
+
+
+def test_no_private_flax_or_jax_api():
+    hits = [hit for path in sorted(_modules().values()) for hit in _private_api(path)]
+    assert not hits, "\n".join(hits)
+
+
+def test_the_private_api_check_catches_the_module_stack(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from flax.linen import module as m\nstack = m._context.module_stack\n"
+        "from jax._src import core\nx = nn.module._context\n"
+    )
+    assert len(_private_api(bad)) >= 4

@@ -22,8 +22,12 @@ module is detected and named (``variable_axes``).
 How calls are numbered
 ----------------------
 A call's number is the number of earlier calls of a module *at the same scope path* during the
-same ``init``/``apply``. The count is kept on the module that the ``init``/``apply`` is running
-(Flax's module stack), keyed by scope path, so it is reset by every ``init``/``apply`` (and by
+same ``init``/``apply``. The count is kept on the module that the ``init``/``apply`` is running,
+keyed by scope path. That module is found by following parents, except across a lifted transform
+(whose inner modules have no module parent): there, the outermost module whose method is running,
+which ``autocast`` tracks with a Flax method interceptor (:func:`flax.linen.intercept_methods`)
+while its block is open (enter ``autocast`` around ``init``/``apply``, not inside a module). The
+count is so it is reset by every ``init``/``apply`` (and by
 every call of a bound compact model) and is shared by everything that Flax runs at one path:
 
 - one module instance called twice, a compact parent called twice (which builds a new child
@@ -46,16 +50,18 @@ with probes (use ``apply``; for inference leave ``fp8_probe`` out).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax.linen import module as _flax_module
 
 from fp8jax._train_math import FP8_META, FP8_PROBE
-from fp8jax.autocast import get_recipe, is_fp8_enabled
+from fp8jax.autocast import _register_block_context, get_recipe, is_fp8_enabled
 from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles, state_gradient_link
 
@@ -108,13 +114,41 @@ def _where(module: nn.Module) -> str:
     return f"{type(module).__name__} at {path or '<root>'!r}"
 
 
+# This thread's running Linen methods, outermost first, while an autocast block is open.
+_calls = threading.local()
+
+
+def _track_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+    running = _calls.__dict__.setdefault("modules", [])
+    running.append(context.module)
+    try:
+        return next_fun(*args, **kwargs)
+    finally:
+        running.pop()
+
+
+@contextlib.contextmanager
+def _tracking_calls() -> Iterator[None]:
+    """Tracks the running Linen methods of this thread (entered by every ``autocast`` block;
+    nested blocks share the outermost one's interceptor)."""
+    if getattr(_calls, "active", False):
+        yield
+        return
+    _calls.active = True
+    try:
+        with nn.intercept_methods(_track_call):
+            yield
+    finally:
+        _calls.active = False
+
+
+_register_block_context(_tracking_calls)
+
+
 def _count_owner(module: nn.Module) -> nn.Module:
     """The module that the running ``init``/``apply`` was called on (a fresh clone per call)."""
-    stack = getattr(getattr(_flax_module, "_context", None), "module_stack", None)
-    if isinstance(stack, list) and len(stack) > 1 and isinstance(stack[1], nn.Module):
-        return stack[1]
-    # Fallback for a Flax without a module stack: the outermost module reachable by parents.
-    owner = module
+    running = getattr(_calls, "modules", None)
+    owner = running[0] if running else module
     while isinstance(owner.parent, nn.Module):
         owner = owner.parent
     return owner

@@ -364,6 +364,39 @@ def test_each_call_has_its_own_probe(model_cls):
     np.testing.assert_allclose(obs["call_1"][0], jnp.max(jnp.abs(b)), rtol=0)
 
 
+class _AutocastInside(nn.Module):
+    """autocast entered inside the model: the calls are numbered from the parents."""
+
+    @nn.compact
+    def __call__(self, a, b):
+        with fp8jax.autocast(enabled=True, recipe=RECIPE):
+            block = _Block()
+            return block(a) + block(b)
+
+
+def test_calls_are_numbered_when_autocast_is_entered_inside_the_model():
+    a, b = rand((4, 8), 10, 1.0), rand((4, 8), 11, 5.0)
+    model = _AutocastInside()
+    variables = model.init(jax.random.key(0), a, b)
+    assert sorted(variables["fp8_probe"]["_Block_0"]["dense"]) == ["call_0", "call_1"]
+    grads = jax.grad(lambda q: jnp.sum(model.apply({**variables, "fp8_probe": q}, a, b)))(
+        variables["fp8_probe"]
+    )["_Block_0"]["dense"]
+    np.testing.assert_allclose(grads["call_0"][0], jnp.max(jnp.abs(a)), rtol=0)
+    np.testing.assert_allclose(grads["call_1"][0], jnp.max(jnp.abs(b)), rtol=0)
+
+
+def test_autocast_tracks_linen_calls_only_while_open():
+    from fp8jax.flax import _variables
+
+    assert not getattr(_variables._calls, "active", False)
+    with fp8jax.autocast(enabled=True, recipe=RECIPE):
+        with fp8jax.autocast(enabled=False):
+            assert _variables._calls.active
+        assert _variables._calls.active
+    assert not _variables._calls.active
+
+
 def test_scan_over_layers_stacks_state_and_probes():
     class Layer(nn.Module):
         @nn.compact
