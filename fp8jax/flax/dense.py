@@ -28,13 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.typing import Initializer
-from jax.sharding import PartitionSpec
 
 from fp8jax.dense import _dense
-from fp8jax.flax._params import annotated, as_tuple, check_names, constrain, flat_init
+from fp8jax.flax._params import annotated, as_tuple, constrain, flat_init, laid_out, normalize_axes
 from fp8jax.flax._te_args import check_off
 from fp8jax.flax._variables import Fp8Call, check_float_array, fp8_call
-from fp8jax.ops import _partition
 
 __all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
 
@@ -56,28 +54,6 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
 )
 
 _default_kernel_init = nn.initializers.lecun_normal()
-
-
-def _normalize_axes(owner: str, name: str, axes: Any, ndim: int) -> tuple[int, ...]:
-    """Non-negative, sorted (as Flax sorts them), distinct axes; ValueError naming ``name``."""
-    try:
-        raw = as_tuple(axes)
-    except TypeError:
-        raise TypeError(
-            f"{owner}: {name} must be an int or a sequence of ints, got {axes!r}"
-        ) from None
-    out = []
-    for a in raw:
-        if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
-            raise TypeError(f"{owner}: {name} must hold ints, got {axes!r}")
-        if not -ndim <= a < ndim:
-            raise ValueError(
-                f"{owner}: {name}={axes!r} names axis {a}, out of range for an input of rank {ndim}"
-            )
-        out.append(int(a) % ndim)
-    if not out or len(set(out)) != len(out):
-        raise ValueError(f"{owner}: {name} must name at least one axis, each once; got {axes!r}")
-    return tuple(sorted(out))
 
 
 class DenseGeneral(nn.Module):
@@ -165,7 +141,7 @@ class DenseGeneral(nn.Module):
         features = self._check_config()
         inputs = check_float_array(owner, "inputs", inputs)
         inputs = constrain(owner, "input_axes", inputs, self.input_axes or ())
-        axes = _normalize_axes(owner, "axis", self.axis, inputs.ndim)
+        axes = normalize_axes(owner, "axis", self.axis, inputs.ndim)
         contract = tuple(inputs.shape[a] for a in axes)
         flat = (int(np.prod(contract)), int(np.prod(features)))
         kernel_init = annotated(
@@ -183,19 +159,11 @@ class DenseGeneral(nn.Module):
         dtype = self.dtype
         if dtype is None:
             dtype = jnp.result_type(*(v for v in (inputs, kernel, bias) if v is not None))
-        out_names = None
-        if self.output_axes:
-            out_ndim = inputs.ndim - len(axes) + len(features)
-            out_names = check_names(owner, "output_axes", self.output_axes, out_ndim)
-        out_spec = _explicit_spec(out_names)
-        if out_spec is not None:
-            inputs = _reshard_batch_dims(inputs, axes, out_spec)
-        y = _fp8_dense(fp8_call(self), inputs, kernel, bias, axes, dtype)
-        if out_spec is not None:
-            y = jax.sharding.reshard(y, out_spec)
-        elif out_names is not None:
-            y = nn.with_logical_constraint(y, out_names)
-        return y
+        fp8 = fp8_call(self)
+        return laid_out(
+            owner, self.output_axes, inputs, axes, len(features),
+            lambda x: _fp8_dense(fp8, x, kernel, bias, axes, dtype),
+        )  # fmt: skip
 
 
 def _fp8_dense(
@@ -210,40 +178,6 @@ def _fp8_dense(
     if fp8.record is not None and seen is not None:
         fp8.record(seen)
     return y
-
-
-def _explicit_spec(names: tuple[str | None, ...] | None) -> PartitionSpec | None:
-    """The mesh ``PartitionSpec`` of logical ``names`` under the active axis rules, when the
-    current mesh has explicit axes (``AxisType.Explicit``); ``None`` otherwise (no names, no
-    rules, or automatic axes, where ``nn.with_logical_constraint`` does the job).
-
-    With explicit axes a sharding constraint only asserts, so :class:`DenseGeneral` *makes* the
-    output's layout instead (``jax.sharding.reshard``).
-    """
-    if names is None or not nn.get_logical_axis_rules() or not _partition.explicit_mesh():
-        return None
-    return nn.logical_to_mesh_axes(names)
-
-
-def _reshard_batch_dims(x: jax.Array, axes: tuple[int, ...], out_spec: PartitionSpec) -> jax.Array:
-    """``x`` with its batch (non-contracted) dims laid out as the output's leading dims, so the
-    GEMM's rows are already where the output wants them (e.g. sequence parallelism: the
-    sequence is gathered before the column-parallel GEMM, as XLA does for a constraint under
-    automatic axes). Contracted dims keep their axes, less any the batch dims now use."""
-    current = [
-        _partition.entry_axes(e)
-        for e in (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)[: x.ndim]
-    ]
-    batch = [d for d in range(x.ndim) if d not in axes]
-    dims = list(current)
-    for d, entry in zip(batch, tuple(out_spec)[: len(batch)], strict=False):
-        dims[d] = _partition.entry_axes(entry)
-    used = {a for d in batch for a in dims[d]}
-    for d in axes:
-        dims[d] = tuple(a for a in dims[d] if a not in used)
-    if dims == current:
-        return x
-    return jax.sharding.reshard(x, _partition.spec(dims))
 
 
 def _dim_numbers(dimension_numbers: Any) -> tuple[tuple[int, ...], ...]:

@@ -34,9 +34,8 @@ from jax.ad_checkpoint import checkpoint_name
 from fp8jax import flax as fflax
 from fp8jax._norm_layer import check_norm_args, norm_layer
 from fp8jax.dense import _dense
-from fp8jax.flax._params import check_names, constrain
+from fp8jax.flax._params import constrain, laid_out, normalize_axes
 from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.dense import _explicit_spec, _normalize_axes, _reshard_batch_dims
 from fp8jax.layernorm_dense import _layernorm_dense
 from fp8jax.layernorm_mlp import _layernorm_mlp, check_activations
 from fp8jax.nnx._base import Fp8Module, Given, linen_init, positive_int
@@ -155,31 +154,24 @@ class DenseGeneral(Fp8Module):
         owner, cfg = "DenseGeneral", self._linen
         inputs = check_float_array(owner, "inputs", inputs)
         inputs = constrain(owner, "input_axes", inputs, cfg.input_axes or ())
-        axes = _normalize_axes(owner, "axis", cfg.axis, inputs.ndim)
+        axes = normalize_axes(owner, "axis", cfg.axis, inputs.ndim)
         kernel, bias = self._value("kernel"), self._value("bias")
         dtype = cfg.dtype
         if dtype is None:
             dtype = jnp.result_type(*(v for v in (inputs, kernel, bias) if v is not None))
-        out_names = None
-        if cfg.output_axes:
-            out_ndim = inputs.ndim - len(axes) + len(self.out_features)
-            out_names = check_names(owner, "output_axes", cfg.output_axes, out_ndim)
-        out_spec = _explicit_spec(out_names)
-        if out_spec is not None:
-            inputs = _reshard_batch_dims(inputs, axes, out_spec)
         fp8 = fp8_use(owner, self._recipe, getattr(self, "fp8_meta", None),
                       getattr(self, "fp8_probe", None))  # fmt: skip
-        y, seen = _dense(
-            inputs, kernel, bias, fp8.meta, fp8.recipe, probe=fp8.probe, axis=axes, dtype=dtype,
-            enabled=fp8.enabled, where=owner,
-        )  # fmt: skip
-        if fp8.record is not None and seen is not None:
-            fp8.record(seen)
-        if out_spec is not None:
-            y = jax.sharding.reshard(y, out_spec)
-        elif out_names is not None:
-            y = nn.with_logical_constraint(y, out_names)
-        return y
+
+        def dense(x: jax.Array) -> jax.Array:
+            y, seen = _dense(
+                x, kernel, bias, fp8.meta, fp8.recipe, probe=fp8.probe, axis=axes, dtype=dtype,
+                enabled=fp8.enabled, where=owner,
+            )  # fmt: skip
+            if fp8.record is not None and seen is not None:
+                fp8.record(seen)
+            return y
+
+        return laid_out(owner, cfg.output_axes, inputs, axes, len(self.out_features), dense)
 
 
 class LayerNorm(Fp8Module):
