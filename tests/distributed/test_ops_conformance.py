@@ -1,7 +1,8 @@
 """Every op on a device mesh equals the op on one device (the conformance suite's mesh check).
 
-Run on 8 emulated CPU devices (``tools/test.sh`` does). Each sample of tests/ops/_samples.py with
-its first operand's leading (batch-ish) dim split over 8 devices, or over the ``data`` axis of a
+Run on 8 emulated CPU devices (``tools/test.sh`` does). Each op's conformance sample (the
+``SAMPLES`` of its tests/ops/test_<op>.py, collected by tests/ops/_samples.py) with its first
+operand's leading (batch-ish) dim split over 8 devices, or over the ``data`` axis of a
 2 x 4 mesh (replicated over ``model``), the other operands replicated: under both
 implementations, every device's block of every output has the one-device call's bits; an output
 summed over the rows (``Sample.sums``: dbias, dgamma) is added across devices in another order,

@@ -1,31 +1,36 @@
-"""Sample inputs for every op, the table the conformance suite runs (tests/ops/test_conformance.py
-and tests/distributed/test_ops_conformance.py).
+"""The conformance suite's shared machinery (tests/ops/test_conformance.py and
+tests/distributed/test_ops_conformance.py): :class:`Sample`, the tolerances, small generators,
+and :func:`samples`, the table of every op's samples.
 
-``SAMPLES`` maps each op (every name in :func:`fp8jax.ops._opdef.registered_ops`, plus the GEMM,
-which is not an OpDef) to a builder ``(key) -> {variant: Sample}``: representative arguments of
-the op's public function, one variant per option combination that changes the kernel's path
-(FP8 format, input dtype, gated or not, zero-centred gamma, rank, recipe). ``key`` is a seed; a
-builder gives the same shapes for every key (vmap stacks two). The leading dim of the first
-operand is a multiple of 8 (the distributed suite splits it over 8 devices).
+Each op's sample lives in its own test file (tests/ops/test_<op>.py), in a module-level dict
+``SAMPLES`` that maps the op (every name in :func:`fp8jax.ops._opdef.registered_ops`, plus the
+GEMM, which is not an OpDef) to a builder ``(key) -> {variant: Sample}``: representative
+arguments of the op's public function, one variant per option combination that changes the
+kernel's path (FP8 format, input dtype, gated or not, zero-centred gamma, rank, recipe). ``key``
+is a seed; a builder gives the same shapes for every key (vmap stacks two). The leading dim of
+the first operand is a multiple of 8 (the distributed suite splits it over 8 devices).
+:func:`samples` merges those dicts (an op declared in two files is an error), on first use, so
+importing this module imports no test file.
 
-A new op needs one entry here (``test_every_op_has_a_sample`` fails until it has one), and then
-only the tests that are specific to it in its own file.
+A new op touches one file: its sample goes in its own test file's ``SAMPLES``
+(``test_every_op_has_a_sample`` fails until it has one), next to the tests that are specific
+to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
+import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from fp8jax import DelayedScaling, ops
-from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
@@ -77,269 +82,29 @@ class Sample:
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _normal(rng, shape, dtype, scale=1.0, shift=0.0):
+Builder = Callable[[int], dict[str, Sample]]
+"""A sample builder: ``(key) -> {variant: Sample}``."""
+
+
+def normal(rng, shape, dtype, scale=1.0, shift=0.0):
+    """Normal values (times ``scale``, plus ``shift``) drawn in float32, cast to ``dtype``."""
     return jnp.asarray((rng.standard_normal(shape) * scale + shift).astype(np.float32), dtype)
 
 
-def _dyadic(rng, shape, dtype):
+def dyadic(rng, shape, dtype):
     """Multiples of 1/8 in [-8, 8): their float32 sums are exact in any order (dbias)."""
     return jnp.asarray(rng.integers(-64, 64, shape).astype(np.float32) / 8, dtype)
 
 
-def _scale(value, shape=()):
+def scale_of(value, shape=()):
+    """A float32 scale: ``value`` of ``shape`` (``()`` or ``(1,)``)."""
     return jnp.full(shape, value, jnp.float32)
 
 
-def _fp8(rng, shape, dtype):
+def fp8_codes(rng, shape, dtype):
+    """FP8 codes of ``dtype``: normal values times 8, rounded to the format."""
     return jnp.asarray((rng.standard_normal(shape) * 8).astype(np.float32), dtype)
 
-
-# ------------------------------------------------------------------ the casts
-
-
-def _quantize(key):
-    r = np.random.default_rng(key)
-    return {
-        "f32-e4m3": Sample(ops.quantize, (_normal(r, (M, N), F32, 300), _scale(0.9), E4M3)),
-        "bf16-e5m2-vec1": Sample(
-            ops.quantize, (_normal(r, (M, N), BF16, 3e4), _scale(0.5, (1,)), E5M2)
-        ),
-        "f16-rank3": Sample(ops.quantize, (_normal(r, (M, 3, 5), F16, 100), _scale(2.0), E4M3)),
-    }
-
-
-def _dequantize(key):
-    r = np.random.default_rng(key)
-    return {
-        "e4m3-f32": Sample(ops.dequantize, (_fp8(r, (M, N), E4M3), _scale(1 / 3), F32)),
-        "e5m2-bf16": Sample(ops.dequantize, (_fp8(r, (M, N), E5M2), _scale(300.0, (1,)), BF16)),
-        "e4m3-f16-rank3": Sample(ops.dequantize, (_fp8(r, (M, 2, 7), E4M3), _scale(0.25), F16)),
-    }
-
-
-def _cast_transpose(key):
-    r = np.random.default_rng(key)
-    return {
-        "f32-e4m3": Sample(ops.cast_transpose, (_normal(r, (M, N), F32, 300), _scale(0.9), E4M3)),
-        "bf16-e5m2-rank3": Sample(
-            ops.cast_transpose, (_normal(r, (M, 8, 9), BF16, 3e4), _scale(0.5, (1,)), E5M2)
-        ),
-    }
-
-
-def _cast_transpose_dbias(key):
-    r = np.random.default_rng(key)
-    return {
-        "f32-e4m3": Sample(
-            ops.cast_transpose_dbias, (_dyadic(r, (M, N), F32), _scale(30.0), E4M3), sums=(4,)
-        ),
-        "bf16-e5m2": Sample(
-            ops.cast_transpose_dbias,
-            (_dyadic(r, (M, 40), BF16), _scale(1.0, (1,)), E5M2),
-            sums=(4,),
-        ),
-    }
-
-
-def _grouped_cast_transpose_dbias(key):
-    r = np.random.default_rng(key)
-    g = _dyadic(r, (M, 3, 8), BF16)
-    return {"bf16-e4m3": Sample(grouped_cast_transpose_dbias, (g, _scale(4.0), E4M3), sums=(4,))}
-
-
-# ------------------------------------------------------------------ the activations
-
-_ACTS = {"gelu": ("gelu",), "swiglu": ("silu", "linear"), "reglu": ("relu", "linear")}
-
-
-def _act_x(r, acts, dtype):
-    return _normal(r, (M, len(acts), N), dtype, 3)
-
-
-def _activation(key):
-    r = np.random.default_rng(key)
-    out = {}
-    for (name, acts), dt in zip(_ACTS.items(), (F32, BF16, F16), strict=True):
-        close = None if name == "reglu" else ACT_CLOSE
-        out[name] = Sample(ops.activation, (_act_x(r, acts, dt), acts), close=close)
-    return out
-
-
-def _dactivation(key):
-    r = np.random.default_rng(key)
-    out = {}
-    for (name, acts), dt in zip(_ACTS.items(), (F32, BF16, F16), strict=True):
-        close = None if name == "reglu" else ACT_CLOSE
-        x, g = _act_x(r, acts, dt), _normal(r, (M, N), dt)
-        out[name] = Sample(ops.dactivation, (g, x, acts), close=close)
-    return out
-
-
-def _activation_cast_transpose(key):
-    r = np.random.default_rng(key)
-    return {
-        "gelu-e4m3": Sample(
-            ops.activation_cast_transpose,
-            (_act_x(r, ("gelu",), F32), _scale(16.0), E4M3, ("gelu",)),
-            close=ACT_CLOSE,
-        ),
-        "swiglu-e5m2": Sample(
-            ops.activation_cast_transpose,
-            (_act_x(r, _ACTS["swiglu"], BF16), _scale(1.0, (1,)), E5M2, _ACTS["swiglu"]),
-            close=ACT_CLOSE,
-        ),
-    }
-
-
-def _dactivation_cast_transpose_dbias(key):
-    r = np.random.default_rng(key)
-    out = {}
-    for name, dt, fp8 in (("reglu", F32, E4M3), ("swiglu", BF16, E5M2)):
-        acts = _ACTS[name]
-        x = _dyadic(r, (M, len(acts), N), dt)
-        g = _dyadic(r, (M, N), dt)
-        close = None if name == "reglu" else ACT_CLOSE  # relu on dyadic values: exact sums
-        out[name] = Sample(
-            ops.dactivation_cast_transpose_dbias,
-            (g, x, _scale(2.0), fp8, acts),
-            close=close,
-            sums=(4,),
-        )
-    return out
-
-
-# ------------------------------------------------------------------ the norms
-
-
-def _norm_params(r, h, norm_type):
-    gamma = _normal(r, (h,), F32, 0.2, 1.0)
-    beta = _normal(r, (h,), F32, 0.2) if norm_type == "layernorm" else None
-    return gamma, beta
-
-
-def _forward(norm_type):
-    def build(key):
-        r = np.random.default_rng(key)
-        out = {}
-        for name, shape, dt, zc in (
-            ("f32", (M, N), F32, False),
-            ("bf16-zc-rank3", (M, 2, 40), BF16, True),
-        ):
-            gamma, beta = _norm_params(r, shape[-1], norm_type)
-            out[name] = Sample(
-                ops.norm_forward,
-                (_normal(r, shape, dt, 3, 0.5), gamma, beta),
-                dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=zc),
-                close=NORM_CLOSE,
-            )
-        return out
-
-    return build
-
-
-def _forward_fp8(norm_type):
-    def build(key):
-        r = np.random.default_rng(key)
-        out = {}
-        for name, shape, dt, fp8, zc in (
-            ("f32-e4m3", (M, N), F32, E4M3, False),
-            ("bf16-e5m2-zc-rank3", (M, 2, 40), BF16, E5M2, True),
-        ):
-            gamma, beta = _norm_params(r, shape[-1], norm_type)
-            out[name] = Sample(
-                ops.norm_forward_fp8,
-                (_normal(r, shape, dt, 3, 0.5), gamma, beta, _scale(32.0), fp8),
-                dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=zc),
-                close=NORM_CLOSE,
-            )
-        return out
-
-    return build
-
-
-def _norm_backward(key):
-    r = np.random.default_rng(key)
-    out = {}
-    for norm_type, shape, dt, zc in (
-        ("layernorm", (M, N), F32, False),
-        ("rmsnorm", (M, 2, 40), BF16, True),
-    ):
-        x = _normal(r, shape, dt, 3, 0.5)
-        gamma, beta = _norm_params(r, shape[-1], norm_type)
-        _, mu, rsigma = ops.norm_forward_reference(
-            x, gamma, beta, norm_type=norm_type, epsilon=1e-5
-        )
-        out[norm_type] = Sample(
-            ops.norm_backward,
-            (_normal(r, shape, dt), x, mu, rsigma, gamma),
-            dict(norm_type=norm_type, zero_centered_gamma=zc),
-            close=NORM_CLOSE,
-            sums=(1, 2),
-        )
-    return out
-
-
-# ------------------------------------------------------------------ scaling and the GEMM
-
-
-def _update_fp8_states(key):
-    r = np.random.default_rng(key)
-    out = {}
-    for name, recipe, backward in (
-        ("max", DelayedScaling(amax_history_len=4), False),
-        (
-            "most_recent-margin2-bwd",
-            DelayedScaling(amax_history_len=3, margin=2, amax_compute_algo="most_recent"),
-            [True, False] * (M // 2),
-        ),
-    ):
-        hist = jnp.asarray(np.abs(r.standard_normal((M, recipe.amax_history_len))) * 10, F32)
-        amaxes = np.abs(r.standard_normal(M)).astype(np.float32) * 100
-        amaxes[[1, 5, 9]] = [np.nan, np.inf, 0.0]  # not recorded, not recorded, kept scale
-        scales = jnp.asarray(r.uniform(0.5, 2, M), F32)
-        out[name] = Sample(
-            ops.update_fp8_states,
-            (hist, scales, jnp.asarray(amaxes), recipe),
-            dict(backward=backward),
-            gpu_close={"ulps": 2},  # XLA:GPU's division (DIV_ULPS)
-        )
-    return out
-
-
-def _gemm(key):
-    r = np.random.default_rng(key)
-    a, b = _fp8(r, (M, 32), E4M3), _fp8(r, (N, 32), E4M3)
-    b5 = _fp8(r, (N, 32), E5M2)
-    bias = _normal(r, (N,), F32)
-    return {
-        "e4m3-bf16": Sample(ops.gemm, (a, b, _scale(0.5), _scale(0.25)), gpu_close=GEMM_GPU_CLOSE),
-        "e4m3xe5m2-f32-bias-split": Sample(
-            ops.gemm,
-            (a, b5, _scale(0.5, (1,)), _scale(2.0)),
-            dict(out_dtype=F32, bias=bias, accumulate="split"),
-            gpu_close=GEMM_GPU_CLOSE,
-        ),
-    }
-
-
-SAMPLES: dict[str, Callable[[int], dict[str, Sample]]] = {
-    "quantize": _quantize,
-    "dequantize": _dequantize,
-    "cast_transpose": _cast_transpose,
-    "cast_transpose_dbias": _cast_transpose_dbias,
-    "grouped_cast_transpose_dbias": _grouped_cast_transpose_dbias,
-    "activation": _activation,
-    "dactivation": _dactivation,
-    "activation_cast_transpose": _activation_cast_transpose,
-    "dactivation_cast_transpose_dbias": _dactivation_cast_transpose_dbias,
-    "layernorm_forward": _forward("layernorm"),
-    "rmsnorm_forward": _forward("rmsnorm"),
-    "layernorm_forward_fp8": _forward_fp8("layernorm"),
-    "rmsnorm_forward_fp8": _forward_fp8("rmsnorm"),
-    "norm_backward": _norm_backward,
-    "update_fp8_states": _update_fp8_states,
-    "gemm": _gemm,
-}
 
 NOT_OPDEFS = {"gemm": ("gemm", "fp8jax_gemm")}
 """Ops outside the OpDef registry: (family, FFI target). The GEMM's target is CUDA only."""
@@ -356,13 +121,43 @@ def family_and_target(op: str) -> tuple[str, str]:
 
 
 @functools.cache
+def samples() -> dict[str, Builder]:
+    """Every op's sample builder: the ``SAMPLES`` of every tests/ops/test_*.py that has one.
+
+    Each file with a top-level ``SAMPLES`` is imported by its bare name (tests/ops is on
+    ``sys.path``, see tests/conftest.py), the name pytest imports it under, so these are the same
+    module objects pytest collects; the other test files are not imported. Cached: built on the
+    first call, not when this module is imported. Ordered as
+    :func:`fp8jax.ops._opdef.registered_ops`, then :data:`NOT_OPDEFS`, then any other name.
+    """
+    found: dict[str, tuple[str, Builder]] = {}
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        if not re.search(r"^SAMPLES\b", path.read_text(encoding="utf-8"), re.MULTILINE):
+            continue
+        builders = getattr(importlib.import_module(path.stem), "SAMPLES", None)
+        if not isinstance(builders, Mapping):
+            raise TypeError(f"{path.name}: SAMPLES must be a dict, op -> sample builder")
+        for op, build in builders.items():
+            if op in found:
+                raise RuntimeError(
+                    f"op {op!r} has a sample in both {found[op][0]}.py and {path.name}; "
+                    "an op's sample lives in exactly one test file"
+                )
+            found[op] = (path.stem, build)
+    from fp8jax.ops._opdef import registered_ops
+
+    rank = {op: i for i, op in enumerate([*registered_ops(), *NOT_OPDEFS])}
+    return {op: found[op][1] for op in sorted(found, key=lambda op: rank.get(op, len(rank)))}
+
+
+@functools.cache
 def _built(op: str, key: int) -> dict[str, Sample]:
-    return SAMPLES[op](key)
+    return samples()[op](key)
 
 
 def cases() -> list[tuple[str, str]]:
     """Every ``(op, variant)``, for ``pytest.mark.parametrize``."""
-    return [(op, v) for op in SAMPLES for v in _built(op, 0)]
+    return [(op, v) for op in samples() for v in _built(op, 0)]
 
 
 def sample(op: str, variant: str, key: int = 0) -> Sample:

@@ -25,6 +25,7 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
+from _samples import ACT_CLOSE, BF16, F16, F32, M, N, Sample, dyadic, normal, scale_of
 from _values import assert_matches
 from conftest import on_cpu
 from scipy import special
@@ -264,3 +265,79 @@ def test_bad_shapes_and_dtypes():
         ops.dactivation(jnp.ones((2, 4), jnp.bfloat16), x, ("gelu", "linear"))
     with pytest.raises(ValueError, match="scale must hold"):
         ops.activation_cast_transpose(x, jnp.ones(2), E4M3, ("gelu", "linear"))
+
+
+# ------------------------------------------------------------------ the conformance sample
+# This op's entries in the conformance suite's table (tests/ops/_samples.py, tests/ops/
+# test_conformance.py, tests/distributed/test_ops_conformance.py).
+
+_SAMPLE_ACTS = {"gelu": ("gelu",), "swiglu": ("silu", "linear"), "reglu": ("relu", "linear")}
+
+
+def _sample_x(r, acts, dtype):
+    return normal(r, (M, len(acts), N), dtype, 3)
+
+
+def _sample_activation(key):
+    r = np.random.default_rng(key)
+    out = {}
+    for (name, acts), dt in zip(_SAMPLE_ACTS.items(), (F32, BF16, F16), strict=True):
+        close = None if name == "reglu" else ACT_CLOSE
+        out[name] = Sample(ops.activation, (_sample_x(r, acts, dt), acts), close=close)
+    return out
+
+
+def _sample_dactivation(key):
+    r = np.random.default_rng(key)
+    out = {}
+    for (name, acts), dt in zip(_SAMPLE_ACTS.items(), (F32, BF16, F16), strict=True):
+        close = None if name == "reglu" else ACT_CLOSE
+        x, g = _sample_x(r, acts, dt), normal(r, (M, N), dt)
+        out[name] = Sample(ops.dactivation, (g, x, acts), close=close)
+    return out
+
+
+def _sample_activation_cast_transpose(key):
+    r = np.random.default_rng(key)
+    return {
+        "gelu-e4m3": Sample(
+            ops.activation_cast_transpose,
+            (_sample_x(r, ("gelu",), F32), scale_of(16.0), E4M3, ("gelu",)),
+            close=ACT_CLOSE,
+        ),
+        "swiglu-e5m2": Sample(
+            ops.activation_cast_transpose,
+            (
+                _sample_x(r, _SAMPLE_ACTS["swiglu"], BF16),
+                scale_of(1.0, (1,)),
+                E5M2,
+                _SAMPLE_ACTS["swiglu"],
+            ),
+            close=ACT_CLOSE,
+        ),
+    }
+
+
+def _sample_dactivation_cast_transpose_dbias(key):
+    r = np.random.default_rng(key)
+    out = {}
+    for name, dt, fp8 in (("reglu", F32, E4M3), ("swiglu", BF16, E5M2)):
+        acts = _SAMPLE_ACTS[name]
+        x = dyadic(r, (M, len(acts), N), dt)
+        g = dyadic(r, (M, N), dt)
+        close = None if name == "reglu" else ACT_CLOSE  # relu on dyadic values: exact sums
+        out[name] = Sample(
+            ops.dactivation_cast_transpose_dbias,
+            (g, x, scale_of(2.0), fp8, acts),
+            close=close,
+            sums=(4,),
+        )
+    return out
+
+
+SAMPLES = {
+    "activation": _sample_activation,
+    "dactivation": _sample_dactivation,
+    "activation_cast_transpose": _sample_activation_cast_transpose,
+    "dactivation_cast_transpose_dbias": _sample_dactivation_cast_transpose_dbias,
+}

@@ -11,6 +11,7 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
+from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, normal, scale_of
 from _values import (
     FP8_TYPES,
     all_16bit,
@@ -86,3 +87,21 @@ def test_amax_reduction_mesh_on_one_device_is_the_same():
             strict=True,
         ):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+# ------------------------------------------------------------------ the conformance sample
+# This op's entries in the conformance suite's table (tests/ops/_samples.py, tests/ops/
+# test_conformance.py, tests/distributed/test_ops_conformance.py).
+
+
+def _sample_cast_transpose(key):
+    r = np.random.default_rng(key)
+    return {
+        "f32-e4m3": Sample(ops.cast_transpose, (normal(r, (M, N), F32, 300), scale_of(0.9), E4M3)),
+        "bf16-e5m2-rank3": Sample(
+            ops.cast_transpose, (normal(r, (M, 8, 9), BF16, 3e4), scale_of(0.5, (1,)), E5M2)
+        ),
+    }
+
+
+SAMPLES = {"cast_transpose": _sample_cast_transpose}

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from _dbias import assert_dbias_close, strip_order_sum
 from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
+from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, dyadic, scale_of
 from _values import FP8_TYPES, assert_fp8_equal
 
 from fp8jax import ops
+from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
 
 WIDE = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 # (256, 264): fast tiles on a GPU; the others have guarded edges; (300, 520): several row tiles.
@@ -85,3 +87,34 @@ def test_grouped_is_the_2d_op_on_the_view(implementation):
 def test_bad_input():
     with pytest.raises(ValueError, match="rank 2"):
         ops.cast_transpose_dbias(jnp.ones((2, 2, 2)), jnp.float32(1), jnp.float8_e4m3fn)
+
+
+# ------------------------------------------------------------------ the conformance sample
+# This op's entries in the conformance suite's table (tests/ops/_samples.py, tests/ops/
+# test_conformance.py, tests/distributed/test_ops_conformance.py).
+
+
+def _sample_cast_transpose_dbias(key):
+    r = np.random.default_rng(key)
+    return {
+        "f32-e4m3": Sample(
+            ops.cast_transpose_dbias, (dyadic(r, (M, N), F32), scale_of(30.0), E4M3), sums=(4,)
+        ),
+        "bf16-e5m2": Sample(
+            ops.cast_transpose_dbias,
+            (dyadic(r, (M, 40), BF16), scale_of(1.0, (1,)), E5M2),
+            sums=(4,),
+        ),
+    }
+
+
+def _sample_grouped_cast_transpose_dbias(key):
+    r = np.random.default_rng(key)
+    g = dyadic(r, (M, 3, 8), BF16)
+    return {"bf16-e4m3": Sample(grouped_cast_transpose_dbias, (g, scale_of(4.0), E4M3), sums=(4,))}
+
+
+SAMPLES = {
+    "cast_transpose_dbias": _sample_cast_transpose_dbias,
+    "grouped_cast_transpose_dbias": _sample_grouped_cast_transpose_dbias,
+}

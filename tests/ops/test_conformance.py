@@ -1,4 +1,5 @@
-"""One conformance suite for every op: what each op promises, checked on its samples (_samples.py).
+"""One conformance suite for every op: what each op promises, checked on its samples (each
+op's ``SAMPLES`` in its own test file, collected by _samples.py).
 
 Per op: its FFI target is registered; jit's cache key includes the implementation switch and
 only ``"kernel"`` (by context or argument) calls the custom call; a bad ``implementation=``
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _implementations import reference_bits_promised
-from _samples import NOT_OPDEFS, SAMPLES, cases, family_and_target, sample
+from _samples import NOT_OPDEFS, cases, family_and_target, sample, samples
 from _values import assert_matches
 from conftest import has_cuda
 
@@ -27,7 +28,7 @@ from fp8jax import _ffi, ops
 from fp8jax.ops._opdef import registered_ops
 
 CASES = cases()
-OPS = list(SAMPLES)
+OPS = list(samples())
 IMPLS = ("kernel", "xla")
 
 
@@ -64,11 +65,13 @@ def _cuda_module(fn, args, target) -> str:
 
 
 def test_every_op_has_a_sample():
-    """A new op fails here until tests/ops/_samples.py has an entry for it."""
+    """A new op fails here until its test file (tests/ops/test_<op>.py) has an entry for it in
+    its ``SAMPLES``."""
     want = set(registered_ops()) | set(NOT_OPDEFS)
-    assert set(SAMPLES) == want, (
-        f"missing from tests/ops/_samples.py: {sorted(want - set(SAMPLES))}; "
-        f"not ops: {sorted(set(SAMPLES) - want)}"
+    have = set(samples())
+    assert have == want, (
+        f"no SAMPLES entry in any tests/ops/test_*.py: {sorted(want - have)}; "
+        f"not ops: {sorted(have - want)}"
     )
 
 

@@ -34,6 +34,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _implementations import implementation_fixture, only, pytest_generate_tests  # noqa: F401
+from _samples import F32, GEMM_GPU_CLOSE, M, N, Sample, fp8_codes, normal, scale_of
 from conftest import on_cpu, requires_cuda
 
 from fp8jax import ops
@@ -568,3 +569,29 @@ def test_nonfinite_input_makes_a_nonfinite_gemm_row(bad, x_dt, g_dt):
     y = np.asarray(ops.gemm(qx, qw, sx, sw, out_dtype=jnp.float32))
     assert not np.isfinite(y[1]).any()
     np.testing.assert_array_equal(y[[0, 2]], 8.0)
+
+
+# ------------------------------------------------------------------ the conformance sample
+# This op's entries in the conformance suite's table (tests/ops/_samples.py, tests/ops/
+# test_conformance.py, tests/distributed/test_ops_conformance.py).
+
+
+def _sample_gemm(key):
+    r = np.random.default_rng(key)
+    a, b = fp8_codes(r, (M, 32), jnp.float8_e4m3fn), fp8_codes(r, (N, 32), jnp.float8_e4m3fn)
+    b5 = fp8_codes(r, (N, 32), jnp.float8_e5m2)
+    bias = normal(r, (N,), F32)
+    return {
+        "e4m3-bf16": Sample(
+            ops.gemm, (a, b, scale_of(0.5), scale_of(0.25)), gpu_close=GEMM_GPU_CLOSE
+        ),
+        "e4m3xe5m2-f32-bias-split": Sample(
+            ops.gemm,
+            (a, b5, scale_of(0.5, (1,)), scale_of(2.0)),
+            dict(out_dtype=F32, bias=bias, accumulate="split"),
+            gpu_close=GEMM_GPU_CLOSE,
+        ),
+    }
+
+
+SAMPLES = {"gemm": _sample_gemm}

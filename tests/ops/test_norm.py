@@ -23,6 +23,7 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
+from _samples import BF16, E4M3, E5M2, F32, NORM_CLOSE, M, N, Sample, normal, scale_of
 from _values import assert_matches, assert_wide_equal
 from jax.test_util import check_grads
 
@@ -274,3 +275,85 @@ def test_bad_input():
         ops.layernorm(x, g, b, epsilon=EPS, implementation="cuda")
     with pytest.raises(ValueError, match="beta must have shape"):
         ops.layernorm(x, g, jnp.zeros(3), epsilon=EPS)
+
+
+# ------------------------------------------------------------------ the conformance sample
+# This op's entries in the conformance suite's table (tests/ops/_samples.py, tests/ops/
+# test_conformance.py, tests/distributed/test_ops_conformance.py).
+
+
+def _sample_params(r, h, norm_type):
+    gamma = normal(r, (h,), F32, 0.2, 1.0)
+    beta = normal(r, (h,), F32, 0.2) if norm_type == "layernorm" else None
+    return gamma, beta
+
+
+def _sample_forward(norm_type):
+    def build(key):
+        r = np.random.default_rng(key)
+        out = {}
+        for name, shape, dt, zc in (
+            ("f32", (M, N), F32, False),
+            ("bf16-zc-rank3", (M, 2, 40), BF16, True),
+        ):
+            gamma, beta = _sample_params(r, shape[-1], norm_type)
+            out[name] = Sample(
+                ops.norm_forward,
+                (normal(r, shape, dt, 3, 0.5), gamma, beta),
+                dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=zc),
+                close=NORM_CLOSE,
+            )
+        return out
+
+    return build
+
+
+def _sample_forward_fp8(norm_type):
+    def build(key):
+        r = np.random.default_rng(key)
+        out = {}
+        for name, shape, dt, fp8, zc in (
+            ("f32-e4m3", (M, N), F32, E4M3, False),
+            ("bf16-e5m2-zc-rank3", (M, 2, 40), BF16, E5M2, True),
+        ):
+            gamma, beta = _sample_params(r, shape[-1], norm_type)
+            out[name] = Sample(
+                ops.norm_forward_fp8,
+                (normal(r, shape, dt, 3, 0.5), gamma, beta, scale_of(32.0), fp8),
+                dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=zc),
+                close=NORM_CLOSE,
+            )
+        return out
+
+    return build
+
+
+def _sample_norm_backward(key):
+    r = np.random.default_rng(key)
+    out = {}
+    for norm_type, shape, dt, zc in (
+        ("layernorm", (M, N), F32, False),
+        ("rmsnorm", (M, 2, 40), BF16, True),
+    ):
+        x = normal(r, shape, dt, 3, 0.5)
+        gamma, beta = _sample_params(r, shape[-1], norm_type)
+        _, mu, rsigma = ops.norm_forward_reference(
+            x, gamma, beta, norm_type=norm_type, epsilon=1e-5
+        )
+        out[norm_type] = Sample(
+            ops.norm_backward,
+            (normal(r, shape, dt), x, mu, rsigma, gamma),
+            dict(norm_type=norm_type, zero_centered_gamma=zc),
+            close=NORM_CLOSE,
+            sums=(1, 2),
+        )
+    return out
+
+
+SAMPLES = {
+    "layernorm_forward": _sample_forward("layernorm"),
+    "rmsnorm_forward": _sample_forward("rmsnorm"),
+    "layernorm_forward_fp8": _sample_forward_fp8("layernorm"),
+    "rmsnorm_forward_fp8": _sample_forward_fp8("rmsnorm"),
+    "norm_backward": _sample_norm_backward,
+}

@@ -13,6 +13,7 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
+from _samples import BF16, E4M3, E5M2, F16, F32, M, N, Sample, fp8_codes, normal, scale_of
 from _values import (
     CODES,
     FP8_TYPES,
@@ -289,3 +290,35 @@ def test_dequantize_bad_input():
     q = jnp.zeros(4, jnp.float8_e4m3fn)
     with pytest.raises(ValueError, match="scale_inv must hold"):
         ops.dequantize(q, jnp.ones(4, jnp.float32))
+
+
+# ------------------------------------------------------------------ the conformance sample
+# This op's entries in the conformance suite's table (tests/ops/_samples.py, tests/ops/
+# test_conformance.py, tests/distributed/test_ops_conformance.py).
+
+
+def _sample_quantize(key):
+    r = np.random.default_rng(key)
+    return {
+        "f32-e4m3": Sample(ops.quantize, (normal(r, (M, N), F32, 300), scale_of(0.9), E4M3)),
+        "bf16-e5m2-vec1": Sample(
+            ops.quantize, (normal(r, (M, N), BF16, 3e4), scale_of(0.5, (1,)), E5M2)
+        ),
+        "f16-rank3": Sample(ops.quantize, (normal(r, (M, 3, 5), F16, 100), scale_of(2.0), E4M3)),
+    }
+
+
+def _sample_dequantize(key):
+    r = np.random.default_rng(key)
+    return {
+        "e4m3-f32": Sample(ops.dequantize, (fp8_codes(r, (M, N), E4M3), scale_of(1 / 3), F32)),
+        "e5m2-bf16": Sample(
+            ops.dequantize, (fp8_codes(r, (M, N), E5M2), scale_of(300.0, (1,)), BF16)
+        ),
+        "e4m3-f16-rank3": Sample(
+            ops.dequantize, (fp8_codes(r, (M, 2, 7), E4M3), scale_of(0.25), F16)
+        ),
+    }
+
+
+SAMPLES = {"quantize": _sample_quantize, "dequantize": _sample_dequantize}

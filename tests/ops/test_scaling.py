@@ -12,6 +12,7 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
+from _samples import F32, M, Sample
 from _values import assert_matches
 from conftest import on_cpu
 
@@ -273,3 +274,35 @@ def test_bad_input():
             r,
             backward=[True, False, True],
         )
+
+
+# ------------------------------------------------------------------ the conformance sample
+# This op's entries in the conformance suite's table (tests/ops/_samples.py, tests/ops/
+# test_conformance.py, tests/distributed/test_ops_conformance.py).
+
+
+def _sample_update_fp8_states(key):
+    r = np.random.default_rng(key)
+    out = {}
+    for name, recipe, backward in (
+        ("max", DelayedScaling(amax_history_len=4), False),
+        (
+            "most_recent-margin2-bwd",
+            DelayedScaling(amax_history_len=3, margin=2, amax_compute_algo="most_recent"),
+            [True, False] * (M // 2),
+        ),
+    ):
+        hist = jnp.asarray(np.abs(r.standard_normal((M, recipe.amax_history_len))) * 10, F32)
+        amaxes = np.abs(r.standard_normal(M)).astype(np.float32) * 100
+        amaxes[[1, 5, 9]] = [np.nan, np.inf, 0.0]  # not recorded, not recorded, kept scale
+        scales = jnp.asarray(r.uniform(0.5, 2, M), F32)
+        out[name] = Sample(
+            ops.update_fp8_states,
+            (hist, scales, jnp.asarray(amaxes), recipe),
+            dict(backward=backward),
+            gpu_close={"ulps": 2},  # XLA:GPU's division (DIV_ULPS)
+        )
+    return out
+
+
+SAMPLES = {"update_fp8_states": _sample_update_fp8_states}
