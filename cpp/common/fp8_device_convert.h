@@ -74,4 +74,10 @@ FP8JAX_HD uint16_t FloatToF16BitsFast(float v) {
   return h;
 }
 
+// The hardware half conversions as a policy of common/wide.h's element access (ExactHalf's bits).
+struct FastHalf {
+  static FP8JAX_HD float Load(uint16_t h) { return F16BitsToFloatFast(h); }
+  static FP8JAX_HD uint16_t Store(float v) { return FloatToF16BitsFast(v); }
+};
+
 }  // namespace fp8jax

@@ -231,6 +231,13 @@ FP8JAX_HD float F16BitsToFloat(uint16_t h) {
   return BitsToFloat(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+// The IEEE half conversions above as a policy of common/wide.h's element access (the CPU
+// kernels'; the CUDA kernels use FastHalf, fp8_device_convert.h, with the same bits).
+struct ExactHalf {
+  static FP8JAX_HD float Load(uint16_t h) { return F16BitsToFloat(h); }
+  static FP8JAX_HD uint16_t Store(float v) { return FloatToF16Bits(v); }
+};
+
 // max(a, b) that propagates NaN, like jnp.max.
 FP8JAX_HD float NanMax(float a, float b) {
   if (a != a) return a;

@@ -8,10 +8,20 @@
 // FP8JAX_CPU_HANDLER(Stem, impl) or FP8JAX_CUDA_HANDLER(Stem, impl) (cpu/cpu_handler.h,
 // cuda/cuda_handler.h).
 //
-// Adding an op: a line here, its signature below, its kernels, its Python module.
+// Each signature is followed by the op's argument check, Check<Stem>, which both handlers call
+// first (then they only compute); the checks several ops share come before them. All are built
+// from the shape checks of ffi_checks.h.
+//
+// Adding an op: a line here, its signature and its argument check below, its kernels, its Python
+// module.
 // The GEMM (CUDA only, two execution stages) is declared in cuda/gemm_cublaslt.cc.
 #pragma once
 
+#include <cstdint>
+#include <utility>
+
+#include "common/ffi_checks.h"
+#include "common/norm_row.h"
 #include "xla/ffi/api/ffi.h"
 
 // The parameter types of the signatures (handlers spell their parameters with them too).
@@ -22,7 +32,7 @@ using AnyOut = ::xla::ffi::Result<Any>;           // a result of any dtype
 using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
 }  // namespace fp8jax::sig
 
-// clang-format off: one builder call per line, aligned, reads as the signature
+// clang-format off: one op a line
 #define FP8JAX_OPS(X)                                                         \
   X(Quantize, "fp8jax_quantize")                                              \
   X(Dequantize, "fp8jax_dequantize")                                          \
@@ -38,7 +48,59 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   X(LayerNormForwardFp8, "fp8jax_layernorm_forward_fp8")                      \
   X(RmsNormForwardFp8, "fp8jax_rmsnorm_forward_fp8")                          \
   X(NormBackward, "fp8jax_norm_backward")
+// clang-format on
 
+namespace fp8jax {
+
+// Op names in error messages, one spelling for an op's check and its CPU and CUDA handlers.
+inline constexpr char kActivationOp[] = "activation";
+inline constexpr char kDActivationOp[] = "dactivation";
+inline constexpr char kActivationCastTransposeOp[] = "activation_cast_transpose";
+inline constexpr char kDActivationCastTransposeDbiasOp[] = "dactivation_cast_transpose_dbias";
+inline constexpr char kNormBackwardOp[] = "norm_backward";
+
+// ---- Shared checks ----
+
+using F32Buffer = ffi::Buffer<ffi::F32>;
+
+// The incoming gradient g of an activation of x: [..., m, n] in x's dtype.
+inline ffi::Error CheckGradInputs(const char* op, const ffi::AnyBuffer& g, const ffi::AnyBuffer& x,
+                                  const MatrixShape& s) {
+  if (g.element_type() != x.element_type()) return BadArg(op, "g and x must share a dtype");
+  if (g.element_count() != s.matrices * s.rows * s.cols) {
+    return BadArg(op, "g must have shape [m, n] of x's [m, k, n]");
+  }
+  return ffi::Error::Success();
+}
+
+// The FP8 outputs of a fused cast-transpose: q and q_t of `count` codes each, one FP8 dtype.
+inline ffi::Error CheckFp8Outputs(const char* op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt,
+                                  int64_t count) {
+  if (q.element_type() != qt.element_type() || q.element_count() != count ||
+      qt.element_count() != count) {
+    return BadArg(op, "q and q_t must have the quantized size and share an FP8 dtype");
+  }
+  return ffi::Error::Success();
+}
+
+// A norm's forward outputs: y like x, mean and rsigma one value per row.
+inline ffi::Error CheckNormForward(const char* op, const ffi::AnyBuffer& x,
+                                   const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
+                                   const ffi::AnyBuffer& y, int64_t n_stats, NormShape* s) {
+  FP8JAX_RETURN_IF_ERROR(NormShapeOf(op, x.dimensions(), gamma, beta, s));
+  if (y.element_type() != x.element_type() || y.element_count() != x.element_count() ||
+      n_stats != s->groups * s->rows) {
+    return BadArg(op, "outputs must be y like x and mu, rsigma with one value per row");
+  }
+  return ffi::Error::Success();
+}
+
+// ---- The ops: each signature, then its check ----
+//
+// The signatures are kept out of clang-format: one builder call per line, aligned, reads as the
+// signature.
+
+// clang-format off
 // x, scale -> q, scale_inv, amax (one scale per group of x)
 #define FP8JAX_SIGNATURE_Quantize \
   .Arg<fp8jax::sig::Any>()        \
@@ -46,13 +108,36 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   .Ret<fp8jax::sig::Any>()        \
   .Ret<fp8jax::sig::F32>()        \
   .Ret<fp8jax::sig::F32>()
+// clang-format on
 
+// quantize: x, one scale per group -> q (x's size).
+inline ffi::Error CheckQuantize(const ffi::AnyBuffer& x, const F32Buffer& scale,
+                                const ffi::AnyBuffer& q, GroupShape* s) {
+  FP8JAX_RETURN_IF_ERROR(GroupShapeOf("quantize", x.element_count(), scale.element_count(), s));
+  if (q.element_count() != x.element_count()) return BadArg("quantize", "output size mismatch");
+  return ffi::Error::Success();
+}
+
+// clang-format off
 // q, scale_inv -> out
 #define FP8JAX_SIGNATURE_Dequantize \
   .Arg<fp8jax::sig::Any>()          \
   .Arg<fp8jax::sig::F32>()          \
   .Ret<fp8jax::sig::Any>()
+// clang-format on
 
+// dequantize: q, one scale_inv per group -> out (q's size).
+inline ffi::Error CheckDequantize(const ffi::AnyBuffer& q, const F32Buffer& scale_inv,
+                                  const ffi::AnyBuffer& out, GroupShape* s) {
+  FP8JAX_RETURN_IF_ERROR(
+      GroupShapeOf("dequantize", q.element_count(), scale_inv.element_count(), s));
+  if (out.element_count() != q.element_count()) {
+    return BadArg("dequantize", "output size mismatch");
+  }
+  return ffi::Error::Success();
+}
+
+// clang-format off
 // x, scale -> q, q_t, scale_inv, amax
 #define FP8JAX_SIGNATURE_CastTranspose \
   .Arg<fp8jax::sig::Any>()             \
@@ -80,7 +165,21 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   .Attr<int64_t>("act")             \
   .Attr<int64_t>("gated")           \
   .Ret<fp8jax::sig::Any>()
+// clang-format on
 
+// activation: x [..., m, k, n] (k = 2 when gated) -> y [..., m, n] in x's dtype.
+inline ffi::Error CheckActivation(const ffi::AnyBuffer& x, int64_t gated, const ffi::AnyBuffer& y,
+                                  MatrixShape* s) {
+  const char* op = kActivationOp;
+  FP8JAX_RETURN_IF_ERROR(ActShapeOf(op, x.dimensions(), gated != 0, 1, s));
+  if (y.element_type() != x.element_type() ||
+      y.element_count() != s->matrices * s->rows * s->cols) {
+    return BadArg(op, "y must be [m, n] of x's [m, k, n], in x's dtype");
+  }
+  return ffi::Error::Success();
+}
+
+// clang-format off
 // dy, x; act, gated -> dx
 #define FP8JAX_SIGNATURE_DActivation \
   .Arg<fp8jax::sig::Any>()           \
@@ -88,7 +187,21 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   .Attr<int64_t>("act")              \
   .Attr<int64_t>("gated")            \
   .Ret<fp8jax::sig::Any>()
+// clang-format on
 
+// dactivation: g, x -> dx (x's shape, g's dtype).
+inline ffi::Error CheckDActivation(const ffi::AnyBuffer& g, const ffi::AnyBuffer& x, int64_t gated,
+                                   const ffi::AnyBuffer& dx, MatrixShape* s) {
+  const char* op = kDActivationOp;
+  FP8JAX_RETURN_IF_ERROR(ActShapeOf(op, x.dimensions(), gated != 0, 1, s));
+  FP8JAX_RETURN_IF_ERROR(CheckGradInputs(op, g, x, *s));
+  if (dx.element_type() != g.element_type() || dx.element_count() != x.element_count()) {
+    return BadArg(op, "dx must have x's shape and g's dtype");
+  }
+  return ffi::Error::Success();
+}
+
+// clang-format off
 // x, scale; act, gated -> q, q_t, scale_inv, amax
 #define FP8JAX_SIGNATURE_ActivationCastTranspose \
   .Arg<fp8jax::sig::Any>()                       \
@@ -99,7 +212,18 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   .Ret<fp8jax::sig::Any>()                       \
   .Ret<fp8jax::sig::F32>()                       \
   .Ret<fp8jax::sig::F32>()
+// clang-format on
 
+// activation_cast_transpose: x [..., m, k, n], one scale per group -> q, q_t of [m, n].
+inline ffi::Error CheckActivationCastTranspose(const ffi::AnyBuffer& x, const F32Buffer& scale,
+                                               int64_t gated, const ffi::AnyBuffer& q,
+                                               const ffi::AnyBuffer& qt, MatrixShape* s) {
+  const char* op = kActivationCastTransposeOp;
+  FP8JAX_RETURN_IF_ERROR(ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), s));
+  return CheckFp8Outputs(op, q, qt, s->matrices * s->rows * s->cols);
+}
+
+// clang-format off
 // dy, x, scale, workspace; act, gated -> q, q_t, scale_inv, amax, dbias, workspace
 #define FP8JAX_SIGNATURE_DActivationCastTransposeDbias \
   .Arg<fp8jax::sig::Any>()                             \
@@ -114,7 +238,39 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   .Ret<fp8jax::sig::F32>()                             \
   .Ret<fp8jax::sig::F32>()                             \
   .Ret<fp8jax::sig::F32>()
+// clang-format on
 
+// The shapes of a fused activation-gradient cast-transpose: x's, and the quantized matrix's
+// ([m, k * n]).
+struct ActCastShapes {
+  MatrixShape x;
+  MatrixShape q;
+};
+
+// dactivation_cast_transpose_dbias: g, x -> q, q_t (x's size), dbias [k, n], and the dbias
+// workspace of `workspace_count` elements for tiles of `tile_rows` rows. Returns the shapes.
+inline ffi::ErrorOr<ActCastShapes> CheckDActivationCastTransposeDbias(
+    const ffi::AnyBuffer& g, const ffi::AnyBuffer& x, const F32Buffer& scale, int64_t gated,
+    const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt, const F32Buffer& dbias,
+    int64_t workspace_count, int64_t tile_rows) {
+  const char* op = kDActivationCastTransposeDbiasOp;
+  ActCastShapes s;
+  ffi::Error err = [&]() -> ffi::Error {
+    FP8JAX_RETURN_IF_ERROR(ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &s.x));
+    FP8JAX_RETURN_IF_ERROR(CheckGradInputs(op, g, x, s.x));
+    FP8JAX_RETURN_IF_ERROR(CheckFp8Outputs(op, q, qt, x.element_count()));
+    s.q = s.x;
+    s.q.cols = (gated != 0 ? 2 : 1) * s.x.cols;
+    if (dbias.element_count() != s.q.matrices * s.q.cols) {
+      return BadArg(op, "dbias must have shape [k, n]");
+    }
+    return CheckDbiasWorkspace(op, s.q, tile_rows, workspace_count);
+  }();
+  if (!err.success()) return ffi::Unexpected(std::move(err));
+  return s;
+}
+
+// clang-format off
 // history, scale, amax, fp8_max; margin, algo -> history, scale
 #define FP8JAX_SIGNATURE_UpdateFp8State \
   .Arg<fp8jax::sig::F32>()              \
@@ -125,7 +281,22 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   .Attr<int64_t>("algo")                \
   .Ret<fp8jax::sig::F32>()              \
   .Ret<fp8jax::sig::F32>()
+// clang-format on
 
+// update_fp8_state: history [rows, len], scale/amax/fp8_max one per row, a known algorithm.
+inline ffi::Error CheckUpdateFp8State(const F32Buffer& history, const F32Buffer& scale,
+                                      const F32Buffer& amax, const F32Buffer& fp8_max, int64_t algo,
+                                      HistoryShape* s) {
+  if (auto err =
+          HistoryShapeOf(history.dimensions(), history.element_count(), scale.element_count(),
+                         amax.element_count(), fp8_max.element_count(), s);
+      !err.success()) {
+    return err;
+  }
+  return CheckAlgo(algo);
+}
+
+// clang-format off
 // x, gamma, beta; epsilon, zero_centered_gamma -> y, mean, rsigma
 #define FP8JAX_SIGNATURE_LayerNormForward \
   .Arg<fp8jax::sig::Any>()                \
@@ -190,6 +361,32 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   .Ret<fp8jax::sig::F32>()              \
   .Ret<fp8jax::sig::F32>()
 // clang-format on
+
+// norm_backward: dy, dx like x; mean, rsigma one per row; dgamma, dbeta like gamma.
+inline ffi::Error CheckNormBackward(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                                    const F32Buffer& mu, const F32Buffer& rs,
+                                    const ffi::AnyBuffer& gamma, int64_t norm_type,
+                                    const ffi::AnyBuffer& dx, const F32Buffer& dgamma,
+                                    const F32Buffer& dbeta, NormShape* s) {
+  const char* op = kNormBackwardOp;
+  FP8JAX_RETURN_IF_ERROR(NormShapeOf(op, x.dimensions(), gamma, nullptr, s));
+  if (norm_type != static_cast<int64_t>(NormType::kLayerNorm) &&
+      norm_type != static_cast<int64_t>(NormType::kRmsNorm)) {
+    return BadArg(op, "norm_type must be 0 (layernorm) or 1 (rmsnorm)");
+  }
+  const int64_t n_rows = s->groups * s->rows;
+  if (dy.element_type() != x.element_type() || dy.element_count() != x.element_count() ||
+      dx.element_type() != x.element_type() || dx.element_count() != x.element_count() ||
+      mu.element_count() != n_rows || rs.element_count() != n_rows ||
+      dgamma.element_count() != gamma.element_count() ||
+      dbeta.element_count() != gamma.element_count()) {
+    return BadArg(op,
+                  "dy, dx must be like x; mu, rsigma one value per row; dgamma, dbeta like gamma");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace fp8jax
 
 // `extern "C"` declarations of every op's handler, Fp8jax<Stem>Cpu or Fp8jax<Stem>Cuda.
 #define FP8JAX_DECLARE_CPU_HANDLER_(Stem, target) XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Stem##Cpu);

@@ -8,7 +8,8 @@
 #include "common/activations.h"
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
-#include "common/op_checks.h"
+#include "common/op_table.h"
+#include "common/wide.h"
 #include "cpu/cpu_cast_transpose.h"
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_parallel.h"
@@ -95,27 +96,28 @@ ffi::Error DispatchWideAct(const char* op, ffi::DataType t, int64_t code, int64_
 
 ffi::Error ActivationImpl(ffi::ThreadPool pool, sig::Any x, int64_t code, int64_t gated,
                           sig::AnyOut y) {
-  const char* op = "activation";
   MatrixShape s;
   FP8JAX_RETURN_IF_ERROR(CheckActivation(x, gated, *y, &s));
-  return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
-    const ActRows<W, A, G> src{x.untyped_data(), s.matrices * s.rows, s.cols};
-    WriteRows<W>(&pool, src, s.matrices * s.rows, s.cols, y->untyped_data());
-    return ffi::Error::Success();
-  });
+  return DispatchWideAct(
+      kActivationOp, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
+        const ActRows<W, A, G> src{x.untyped_data(), s.matrices * s.rows, s.cols};
+        WriteRows<W>(&pool, src, s.matrices * s.rows, s.cols, y->untyped_data());
+        return ffi::Error::Success();
+      });
 }
 
 ffi::Error DActivationImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x, int64_t code,
                            int64_t gated, sig::AnyOut dx) {
-  const char* op = "dactivation";
   MatrixShape s;
   FP8JAX_RETURN_IF_ERROR(CheckDActivation(g, x, gated, *dx, &s));
   const int64_t k = gated != 0 ? 2 : 1;
-  return DispatchWideAct(op, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
-    const DActRows<W, A, G> src{g.untyped_data(), x.untyped_data(), s.matrices * s.rows, s.cols};
-    WriteRows<W>(&pool, src, s.matrices * s.rows, k * s.cols, dx->untyped_data());
-    return ffi::Error::Success();
-  });
+  return DispatchWideAct(
+      kDActivationOp, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
+        const DActRows<W, A, G> src{g.untyped_data(), x.untyped_data(), s.matrices * s.rows,
+                                    s.cols};
+        WriteRows<W>(&pool, src, s.matrices * s.rows, k * s.cols, dx->untyped_data());
+        return ffi::Error::Success();
+      });
 }
 
 // The fused forms: the engine with an activation prologue. `s` is the shape
@@ -138,7 +140,6 @@ ffi::Error FusedCastTranspose(const char* op, ffi::ThreadPool* pool, ffi::DataTy
 ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale,
                                        int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
                                        sig::F32Out scale_inv, sig::F32Out amax) {
-  const char* op = "activation_cast_transpose";
   MatrixShape s;
   FP8JAX_RETURN_IF_ERROR(CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s));
   const CastTransposeOut o{scale.typed_data(),
@@ -148,8 +149,8 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F3
                            amax->typed_data(),
                            nullptr,
                            nullptr};
-  return FusedCastTranspose(op, &pool, x.element_type(), code, gated, q, s, o,
-                            [&]<WideKind W, int A, bool G>() {
+  return FusedCastTranspose(kActivationCastTransposeOp, &pool, x.element_type(), code, gated, q, s,
+                            o, [&]<WideKind W, int A, bool G>() {
                               return ActRows<W, A, G>{x.untyped_data(), s.rows, s.cols};
                             });
 }
@@ -159,10 +160,9 @@ ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, s
                                              sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
                                              sig::F32Out amax, sig::F32Out dbias,
                                              sig::F32Out workspace) {
-  const char* op = "dactivation_cast_transpose_dbias";
-  MatrixShape xs, s;  // x's shape, the quantized matrix's ([m, k * n])
-  FP8JAX_RETURN_IF_ERROR(CheckDActivationCastTransposeDbias(
-      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), kStripRows, &xs, &s));
+  const ffi::ErrorOr<ActCastShapes> s = CheckDActivationCastTransposeDbias(
+      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), kStripRows);
+  if (s.has_error()) return s.error();
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),
@@ -170,10 +170,11 @@ ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, s
                            amax->typed_data(),
                            dbias->typed_data(),
                            workspace->typed_data()};
-  return FusedCastTranspose(
-      op, &pool, x.element_type(), code, gated, q, s, o, [&]<WideKind W, int A, bool G>() {
-        return DActRows<W, A, G>{g.untyped_data(), x.untyped_data(), xs.rows, xs.cols};
-      });
+  return FusedCastTranspose(kDActivationCastTransposeDbiasOp, &pool, x.element_type(), code, gated,
+                            q, s->q, o, [&]<WideKind W, int A, bool G>() {
+                              return DActRows<W, A, G>{g.untyped_data(), x.untyped_data(),
+                                                       s->x.rows, s->x.cols};
+                            });
 }
 
 }  // namespace

@@ -36,30 +36,6 @@ namespace fp8jax {
 template <WideKind W>
 constexpr int64_t kWideSize = W == WideKind::kF32 ? 4 : 2;
 
-// Element i of a wide (f32/bf16/f16) buffer, as float.
-template <WideKind W>
-inline float LoadWide(const void* p, int64_t i) {
-  if constexpr (W == WideKind::kF32) {
-    return static_cast<const float*>(p)[i];
-  } else if constexpr (W == WideKind::kBF16) {
-    return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  } else {
-    return F16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-}
-
-// v rounded to the wide dtype (round to nearest even), stored as element i.
-template <WideKind W>
-inline void StoreWide(void* p, int64_t i, float v) {
-  if constexpr (W == WideKind::kF32) {
-    static_cast<float*>(p)[i] = v;
-  } else if constexpr (W == WideKind::kBF16) {
-    static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
-  } else {
-    static_cast<uint16_t*>(p)[i] = FloatToF16Bits(v);
-  }
-}
-
 // Rows per strip: a strip's q_t columns are 128-byte runs; the dbias
 // partials are one float32 row per strip (plan::kBigTile, the CUDA tile).
 constexpr int64_t kStripRows = plan::kBigTile;

@@ -30,7 +30,7 @@
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
 #include "common/norm_row.h"
-#include "common/op_checks.h"
+#include "common/op_table.h"
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"

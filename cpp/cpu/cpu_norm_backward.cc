@@ -17,7 +17,7 @@
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
 #include "common/norm_row.h"
-#include "common/op_checks.h"
+#include "common/op_table.h"
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
@@ -139,7 +139,7 @@ void BackwardBlock(const BwdArgs& a, int64_t item, float* xr, float* dyr) {
 ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 mu, sig::F32 rs,
                         sig::Any gamma, int64_t norm_type, int64_t zero_centered, sig::AnyOut dx,
                         sig::F32Out dgamma, sig::F32Out dbeta, sig::F32Out workspace) {
-  const char* op = "norm_backward";
+  const char* op = kNormBackwardOp;
   NormShape s;
   FP8JAX_RETURN_IF_ERROR(
       CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s));

@@ -16,7 +16,8 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/launch_plan.h"
-#include "common/op_checks.h"
+#include "common/op_table.h"
+#include "common/wide.h"
 #include "cuda/cuda_cast_transpose.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
@@ -36,9 +37,9 @@ __global__ void __launch_bounds__(plan::kThreads)
     const int64_t row = i / n;
     const int64_t c = i % n;
     const int64_t a0 = row * (G ? 2 : 1) * n + c;
-    const float a = LoadOne<W>(x, a0);
-    const float b = G ? LoadOne<W>(x, a0 + n) : 1.0f;
-    StoreOne<W>(y, i, act::Forward<A, G>(a, b));
+    const float a = LoadWide<W, FastHalf>(x, a0);
+    const float b = G ? LoadWide<W, FastHalf>(x, a0 + n) : 1.0f;
+    StoreWide<W, FastHalf>(y, i, act::Forward<A, G>(a, b));
   }
 }
 
@@ -53,26 +54,14 @@ __global__ void __launch_bounds__(plan::kThreads)
     const int64_t row = i / n;
     const int64_t c = i % n;
     const int64_t a0 = row * (G ? 2 : 1) * n + c;
-    const float gv = LoadOne<W>(g, i);
-    const float a = LoadOne<W>(x, a0);
-    const float b = G ? LoadOne<W>(x, a0 + n) : 1.0f;
+    const float gv = LoadWide<W, FastHalf>(g, i);
+    const float a = LoadWide<W, FastHalf>(x, a0);
+    const float b = G ? LoadWide<W, FastHalf>(x, a0 + n) : 1.0f;
     float da = 0.0f;
     float db = 0.0f;
     act::Backward<A, G>(gv, a, b, &da, &db);
-    StoreOne<W>(dx, a0, da);
-    if constexpr (G) StoreOne<W>(dx, a0 + n, db);
-  }
-}
-
-// v rounded to the wide dtype and back, exactly as StoreOne then LoadOne.
-template <WideKind W>
-__device__ __forceinline__ float RoundWide(float v) {
-  if constexpr (W == WideKind::kF32) {
-    return v;
-  } else if constexpr (W == WideKind::kBF16) {
-    return __uint_as_float(static_cast<uint32_t>(FloatToBf16Bits(v)) << 16);
-  } else {
-    return F16BitsToFloatFast(WideBits<W>(v));
+    StoreWide<W, FastHalf>(dx, a0, da);
+    if constexpr (G) StoreWide<W, FastHalf>(dx, a0 + n, db);
   }
 }
 
@@ -89,9 +78,9 @@ struct ActSource {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       if (j < count) {
-        const float a = LoadOne<W>(x, a0 + j);
-        const float b = G ? LoadOne<W>(x, a0 + n + j) : 1.0f;
-        v[j] = RoundWide<W>(act::Forward<A, G>(a, b));
+        const float a = LoadWide<W, FastHalf>(x, a0 + j);
+        const float b = G ? LoadWide<W, FastHalf>(x, a0 + n + j) : 1.0f;
+        v[j] = RoundWide<W, FastHalf>(act::Forward<A, G>(a, b));
       } else {
         v[j] = 0.0f;
       }
@@ -116,13 +105,13 @@ struct DActSource {
       if (j < count) {
         const bool second = G && cc + j >= n;
         const int64_t c = second ? cc + j - n : cc + j;
-        const float gv = LoadOne<W>(g, row * n + c);
-        const float a = LoadOne<W>(x, row * kn + c);
-        const float b = G ? LoadOne<W>(x, row * kn + n + c) : 1.0f;
+        const float gv = LoadWide<W, FastHalf>(g, row * n + c);
+        const float a = LoadWide<W, FastHalf>(x, row * kn + c);
+        const float b = G ? LoadWide<W, FastHalf>(x, row * kn + n + c) : 1.0f;
         float da = 0.0f;
         float db = 0.0f;
         act::Backward<A, G>(gv, a, b, &da, &db);
-        v[j] = RoundWide<W>(second ? db : da);
+        v[j] = RoundWide<W, FastHalf>(second ? db : da);
       } else {
         v[j] = 0.0f;
       }
@@ -171,36 +160,34 @@ ffi::Error LaunchAct(const char* op, cudaStream_t stream, WideKind w, int64_t co
 
 ffi::Error ActivationImpl(cudaStream_t stream, sig::Any x, int64_t code, int64_t gated,
                           sig::AnyOut y) {
-  const char* op = "activation";
   MatrixShape s;
   FP8JAX_RETURN_IF_ERROR(CheckActivation(x, gated, *y, &s));
-  return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, nullptr, x.untyped_data(),
-                   y->untyped_data(), s.matrices * s.rows, s.cols);
+  return LaunchAct(kActivationOp, stream, WideKindOf(x.element_type()), code, gated, nullptr,
+                   x.untyped_data(), y->untyped_data(), s.matrices * s.rows, s.cols);
 }
 
 ffi::Error DActivationImpl(cudaStream_t stream, sig::Any g, sig::Any x, int64_t code, int64_t gated,
                            sig::AnyOut dx) {
-  const char* op = "dactivation";
   MatrixShape s;
   FP8JAX_RETURN_IF_ERROR(CheckDActivation(g, x, gated, *dx, &s));
-  return LaunchAct(op, stream, WideKindOf(x.element_type()), code, gated, g.untyped_data(),
-                   x.untyped_data(), dx->untyped_data(), s.matrices * s.rows, s.cols);
+  return LaunchAct(kDActivationOp, stream, WideKindOf(x.element_type()), code, gated,
+                   g.untyped_data(), x.untyped_data(), dx->untyped_data(), s.matrices * s.rows,
+                   s.cols);
 }
 
 ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale,
                                        int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
                                        sig::F32Out scale_inv, sig::F32Out amax) {
-  const char* op = "activation_cast_transpose";
   MatrixShape s;
   FP8JAX_RETURN_IF_ERROR(CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s));
-  return DispatchFused(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
-                       [&]<WideKind W, typename F, int A, bool G>() {
-                         const ActSource<W, A, G> src{x.untyped_data(), s.cols};
-                         return LaunchCastTransposeOf<W, F, false>(
-                             op, stream, src, 0, s, scale.typed_data(), q->untyped_data(),
-                             qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(),
-                             nullptr);
-                       });
+  return DispatchFused(
+      kActivationCastTransposeOp, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code,
+      gated, [&]<WideKind W, typename F, int A, bool G>() {
+        const ActSource<W, A, G> src{x.untyped_data(), s.cols};
+        return LaunchCastTransposeOf<W, F, false>(
+            kActivationCastTransposeOp, stream, src, 0, s, scale.typed_data(), q->untyped_data(),
+            qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(), nullptr);
+      });
 }
 
 ffi::Error DActivationCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::Any x,
@@ -208,23 +195,25 @@ ffi::Error DActivationCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, si
                                              sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
                                              sig::F32Out amax, sig::F32Out dbias,
                                              sig::F32Out workspace) {
-  const char* op = "dactivation_cast_transpose_dbias";
-  MatrixShape xs, s;  // x's shape, the quantized matrix's ([m, k * n])
-  FP8JAX_RETURN_IF_ERROR(CheckDActivationCastTransposeDbias(
-      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), plan::kBigTile, &xs, &s));
+  const ffi::ErrorOr<ActCastShapes> s = CheckDActivationCastTransposeDbias(
+      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), plan::kBigTile);
+  if (s.has_error()) return s.error();
   float* partial = workspace->typed_data();
-  if (auto err = DispatchFused(
-          op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
-          [&]<WideKind W, typename F, int A, bool G>() {
-            const DActSource<W, A, G> src{g.untyped_data(), x.untyped_data(), xs.cols};
-            return LaunchCastTransposeOf<W, F, true>(
-                op, stream, src, 0, s, scale.typed_data(), q->untyped_data(), qt->untyped_data(),
-                scale_inv->typed_data(), amax->typed_data(), partial);
-          });
+  if (auto err = DispatchFused(kDActivationCastTransposeDbiasOp, WideKindOf(x.element_type()),
+                               Fp8KindOf(q->element_type()), code, gated,
+                               [&]<WideKind W, typename F, int A, bool G>() {
+                                 const DActSource<W, A, G> src{g.untyped_data(), x.untyped_data(),
+                                                               s->x.cols};
+                                 return LaunchCastTransposeOf<W, F, true>(
+                                     kDActivationCastTransposeDbiasOp, stream, src, 0, s->q,
+                                     scale.typed_data(), q->untyped_data(), qt->untyped_data(),
+                                     scale_inv->typed_data(), amax->typed_data(), partial);
+                               });
       !err.success()) {
     return err;
   }
-  return LaunchColumnTotals(op, stream, partial, s, dbias->typed_data());
+  return LaunchColumnTotals(kDActivationCastTransposeDbiasOp, stream, partial, s->q,
+                            dbias->typed_data());
 }
 
 }  // namespace

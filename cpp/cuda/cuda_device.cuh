@@ -1,5 +1,5 @@
 // Device helpers shared by the CUDA kernels (cuda_ops.cu, cuda_cast_transpose.cu,
-// cuda_activation.cu): wide loads and stores, 8-element FP8 packing, the
+// cuda_activation.cu): 8-element wide loads and stores, 8-element FP8 packing, the
 // block amax reduction, and launch plumbing. Included only by .cu files.
 #pragma once
 
@@ -15,6 +15,7 @@
 #include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
 #include "common/launch_plan.h"
+#include "common/wide.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -29,18 +30,8 @@ constexpr int kThreads = plan::kThreads;
 // __host__ __device__ helpers of common/fp8_device_convert.h and
 // common/fp8_numerics.h, tested on the host against the CPU numerics
 // (tests/cpp). CvtFp8 takes x and scale apart because the GPU's multiply
-// drops a NaN's sign.
-
-template <WideKind W>
-__device__ __forceinline__ float LoadOne(const void* p, int64_t i) {
-  if constexpr (W == WideKind::kF32) {
-    return static_cast<const float*>(p)[i];
-  } else if constexpr (W == WideKind::kBF16) {
-    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
-  } else {
-    return F16BitsToFloatFast(static_cast<const uint16_t*>(p)[i]);
-  }
-}
+// drops a NaN's sign. One element of a wide buffer: LoadWide / StoreWide of
+// common/wide.h with FastHalf (the hardware half conversions).
 
 // Loads 8 consecutive elements starting at i (16-byte aligned for 2-byte
 // types, 32-byte aligned for float32).
@@ -69,24 +60,6 @@ __device__ __forceinline__ void LoadEight(const void* p, int64_t i, float v[8]) 
 }
 
 template <WideKind W>
-__device__ __forceinline__ uint16_t WideBits(float v) {
-  if constexpr (W == WideKind::kBF16) {
-    return FloatToBf16Bits(v);
-  } else {
-    return FloatToF16BitsFast(v);
-  }
-}
-
-template <WideKind W>
-__device__ __forceinline__ void StoreOne(void* p, int64_t i, float v) {
-  if constexpr (W == WideKind::kF32) {
-    static_cast<float*>(p)[i] = v;
-  } else {
-    static_cast<uint16_t*>(p)[i] = WideBits<W>(v);
-  }
-}
-
-template <WideKind W>
 __device__ __forceinline__ void StoreEight(void* p, int64_t i, const float v[8]) {
   if constexpr (W == WideKind::kF32) {
     float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p) + i);
@@ -96,8 +69,8 @@ __device__ __forceinline__ void StoreEight(void* p, int64_t i, const float v[8])
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      w[k] = static_cast<uint32_t>(WideBits<W>(v[2 * k])) |
-             (static_cast<uint32_t>(WideBits<W>(v[2 * k + 1])) << 16);
+      w[k] = static_cast<uint32_t>(WideBits<W, FastHalf>(v[2 * k])) |
+             (static_cast<uint32_t>(WideBits<W, FastHalf>(v[2 * k + 1])) << 16);
     }
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
   }
@@ -150,7 +123,7 @@ __device__ __forceinline__ void LoadChunk(const void* p, int64_t i, int count, b
     return;
   }
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = j < count ? LoadOne<W>(p, i + j) : 0.0f;
+  for (int j = 0; j < 8; ++j) v[j] = j < count ? LoadWide<W, FastHalf>(p, i + j) : 0.0f;
 }
 
 template <WideKind W>
@@ -162,7 +135,7 @@ __device__ __forceinline__ void StoreChunk(void* p, int64_t i, int count, bool v
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    if (j < count) StoreOne<W>(p, i + j, v[j]);
+    if (j < count) StoreWide<W, FastHalf>(p, i + j, v[j]);
   }
 }
 

@@ -29,7 +29,8 @@
 #include "common/fp8_numerics.h"
 #include "common/norm_plan.h"
 #include "common/norm_row.h"
-#include "common/op_checks.h"
+#include "common/op_table.h"
+#include "common/wide.h"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
@@ -42,37 +43,8 @@ constexpr int kMaxWarps = kMaxThreads / 32;
 
 // ------------------------------------------------------------ element access
 
-template <WideKind W>
-__device__ __forceinline__ float LoadElem(const void* p, int64_t i) {
-  if constexpr (W == WideKind::kF32) {
-    return static_cast<const float*>(p)[i];
-  } else if constexpr (W == WideKind::kBF16) {
-    return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  } else {
-    return F16BitsToFloatFast(static_cast<const uint16_t*>(p)[i]);
-  }
-}
-
-template <WideKind W>
-__device__ __forceinline__ uint16_t HalfBits(float v) {
-  if constexpr (W == WideKind::kBF16) {
-    return FloatToBf16Bits(v);
-  } else {
-    return FloatToF16BitsFast(v);
-  }
-}
-
-// v rounded to W and back: the value a W buffer would hold.
-template <WideKind W>
-__device__ __forceinline__ float RoundTo(float v) {
-  if constexpr (W == WideKind::kF32) {
-    return v;
-  } else if constexpr (W == WideKind::kBF16) {
-    return Bf16BitsToFloat(FloatToBf16Bits(v));
-  } else {
-    return F16BitsToFloatFast(FloatToF16BitsFast(v));
-  }
-}
+// One element: LoadWide / StoreWide / RoundWide of common/wide.h with the hardware half
+// conversions (FastHalf).
 
 // The `count` (1..VEC) elements of a chunk at i into v (the missing ones as
 // 0): one 16-byte access when kVector (the plan chose it only for 16-byte
@@ -81,7 +53,7 @@ template <WideKind W, bool kVector, int VEC>
 __device__ __forceinline__ void LoadVec(const void* p, int64_t i, int count, float (&v)[VEC]) {
   if constexpr (!kVector) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = j < count ? LoadElem<W>(p, i + j) : 0.0f;
+    for (int j = 0; j < VEC; ++j) v[j] = j < count ? LoadWide<W, FastHalf>(p, i + j) : 0.0f;
   } else if constexpr (W == WideKind::kF32) {
     static_assert(VEC == 4);
     const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
@@ -108,13 +80,7 @@ __device__ __forceinline__ void StoreVec(void* p, int64_t i, int count, const fl
   if constexpr (!kVector) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (j < count) {
-        if constexpr (W == WideKind::kF32) {
-          static_cast<float*>(p)[i + j] = v[j];
-        } else {
-          static_cast<uint16_t*>(p)[i + j] = HalfBits<W>(v[j]);
-        }
-      }
+      if (j < count) StoreWide<W, FastHalf>(p, i + j, v[j]);
     }
   } else if constexpr (W == WideKind::kF32) {
     *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(v[0], v[1], v[2], v[3]);
@@ -122,8 +88,8 @@ __device__ __forceinline__ void StoreVec(void* p, int64_t i, int count, const fl
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      w[k] = static_cast<uint32_t>(HalfBits<W>(v[2 * k])) |
-             (static_cast<uint32_t>(HalfBits<W>(v[2 * k + 1])) << 16);
+      w[k] = static_cast<uint32_t>(WideBits<W, FastHalf>(v[2 * k])) |
+             (static_cast<uint32_t>(WideBits<W, FastHalf>(v[2 * k + 1])) << 16);
     }
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
   }
@@ -156,11 +122,11 @@ __device__ __forceinline__ void StoreCodes(uint8_t* p, int64_t i, int count,
 __device__ __forceinline__ float LoadParam(const void* p, WideKind k, int64_t i) {
   switch (k) {
     case WideKind::kF32:
-      return LoadElem<WideKind::kF32>(p, i);
+      return LoadWide<WideKind::kF32>(p, i);
     case WideKind::kBF16:
-      return LoadElem<WideKind::kBF16>(p, i);
+      return LoadWide<WideKind::kBF16>(p, i);
     default:
-      return LoadElem<WideKind::kF16>(p, i);
+      return LoadWide<WideKind::kF16, FastHalf>(p, i);
   }
 }
 
@@ -304,7 +270,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormForwardKernel(FwdArgs a) {
         uint8_t c[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float yw = RoundTo<W>(v[j]);  // y as norm_forward returns it
+          const float yw = RoundWide<W, FastHalf>(v[j]);  // y as norm_forward returns it
           if (j < n) amax = max(amax, AbsBits(yw));
           c[j] = CvtFp8<F>(yw, sc);
         }
@@ -654,7 +620,7 @@ ffi::Error LaunchBackward(const char* op, cudaStream_t stream, const BwdArgs& a)
 ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 mu, sig::F32 rs,
                         sig::Any gamma, int64_t norm_type, int64_t zero_centered, sig::AnyOut dx,
                         F32Out dgamma, F32Out dbeta, F32Out workspace) {
-  const char* op = "norm_backward";
+  const char* op = kNormBackwardOp;
   NormShape s;
   FP8JAX_RETURN_IF_ERROR(
       CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s));

@@ -26,7 +26,7 @@
 #include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
 #include "common/launch_plan.h"
-#include "common/op_checks.h"
+#include "common/op_table.h"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
