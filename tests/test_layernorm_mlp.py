@@ -1,7 +1,8 @@
 """fp8jax.layernorm_mlp and fp8jax.layernorm_dense: exactness where it is exact, accuracy bounds
 against float32 where it is not, the observations of every role, and bad input.
 
-Every test runs under both implementations of the fused ops (``"kernel"`` and ``"xla"``).
+Every test runs under both implementations of the fused ops (``"kernel"`` and ``"xla"``; CI runs
+each under one JAX, ``FP8JAX_TEST_IMPLEMENTATIONS``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from _accuracy import (
     gemm,
     tensor_cores,
 )
+from _implementations import IMPLEMENTATIONS
 from _shared import rand
 
 import fp8jax
@@ -35,7 +37,7 @@ CURRENT = Float8CurrentScaling()
 H, INTER = 32, 48
 
 
-@pytest.fixture(params=["kernel", "xla"], autouse=True)
+@pytest.fixture(params=IMPLEMENTATIONS, autouse=True)
 def implementation(request):
     with ops.implementation(request.param):
         yield request.param

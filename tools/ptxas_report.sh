@@ -9,7 +9,8 @@
 # point is streaming memory at full bandwidth) or when a compile fails.
 #
 # Needs nvcc and the XLA FFI headers (jax.ffi.include_dir() of the python in $FP8JAX_PY, ./.venv,
-# or python3). No GPU. FP8JAX_PTXAS_ARCHS overrides the list (e.g. "89 90"); FP8JAX_PTXAS_FLAGS
+# or python3). No GPU. FP8JAX_PTXAS_ARCHS overrides the list (default "89 90 newest"; "newest" is
+# the newest arch above sm_90 that nvcc knows, left out when there is none); FP8JAX_PTXAS_FLAGS
 # adds nvcc flags; FP8JAX_PTXAS_SOURCES replaces the list of sources.
 
 set -euo pipefail
@@ -28,16 +29,19 @@ if ! ffi_inc="$("$py" -c 'import jax; print(jax.ffi.include_dir())' 2>/dev/null)
   exit 2
 fi
 
-archs="${FP8JAX_PTXAS_ARCHS:-}"
-if [[ -z "$archs" ]]; then
-  archs="89 90"
-  # The newest real arch this nvcc supports, when newer than sm_90 (the PTX JIT target).
-  newest="$(nvcc --list-gpu-arch 2>/dev/null | sed -n 's/^compute_\([0-9]*\)$/\1/p' | sort -n |
-    tail -n 1)"
-  if [[ -n "$newest" && "$newest" -gt 90 ]]; then
-    archs="$archs $newest"
+# "newest": the newest real arch this nvcc supports, when newer than sm_90 (the PTX JIT target).
+newest="$(nvcc --list-gpu-arch 2>/dev/null | sed -n 's/^compute_\([0-9]*\)$/\1/p' | sort -n |
+  tail -n 1)"
+archs=""
+for arch in ${FP8JAX_PTXAS_ARCHS:-89 90 newest}; do
+  if [[ "$arch" == newest ]]; then
+    if [[ -n "$newest" && "$newest" -gt 90 ]]; then
+      archs="$archs $newest"
+    fi
+  else
+    archs="$archs $arch"
   fi
-fi
+done
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT

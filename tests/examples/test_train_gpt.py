@@ -1,7 +1,8 @@
 """examples/train_gpt.py: a shortened run of the demo (FP8 delayed scaling and BF16 on the same
 data, same initial params) writes every report, both runs learn, and FP8 ends within 3% of BF16
-(the full default run is within 1%; see docs/convergence.md). ``--api nnx``: the same with the
-Flax NNX model."""
+(the full default run is within 1%; see docs/convergence.md). ``--api nnx``: the FP8 run of the
+Flax NNX model learns, checkpoints and resumes (its FP8-vs-BF16 comparison is the Linen run's:
+the NNX train step equals the Linen one bit for bit, tests/nnx/test_nnx_train.py)."""
 
 from __future__ import annotations
 
@@ -54,16 +55,14 @@ def test_short_run_reports_and_fp8_tracks_bf16(train_gpt, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_short_nnx_run_reports_checkpoints_and_resumes(train_gpt, tmp_path):
-    out, data = tmp_path / "runs", ["--max-bytes", "2000000"]
+def test_short_nnx_run_learns_checkpoints_and_resumes(train_gpt, tmp_path):
+    out, data = tmp_path / "runs", ["--max-bytes", "2000000", "--recipes", "fp8"]
     summary = train_gpt.main(["--api", "nnx", "--steps", "40", "--out", str(out), *data])
     for name in ("metrics.csv", "summary.json", "summary.md", "samples.txt"):
         assert (out / name).stat().st_size > 0, name
     assert json.loads((out / "summary.json").read_text())["api"] == summary["api"] == "nnx"
-    runs = summary["runs"]
-    fp8, bf16 = runs["fp8"]["final_val_loss"], runs["bf16"]["final_val_loss"]
-    assert bf16 < 3.0 and fp8 < 3.0, runs  # 2.75 and 2.76 measured; 5.58 at the start
-    assert abs(fp8 - bf16) / bf16 < 0.03, runs
+    fp8 = summary["runs"]["fp8"]["final_val_loss"]
+    assert fp8 < 3.0, summary["runs"]  # 2.76 measured; 5.58 at the start
     # the checkpoint holds the params, the optimizer and the FP8 state of the delayed run
     api = train_gpt.APIS["nnx"]
     cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], "steps": 40})
@@ -72,9 +71,8 @@ def test_short_nnx_run_reports_checkpoints_and_resumes(train_gpt, tmp_path):
     assert (scale[...] == 1).all()
     state = train_gpt.restore(api, state, (out / "checkpoints" / "nnx-fp8").absolute())
     assert api.step(state) == 40 and (scale[...] != 1).all()
-    assert (out / "checkpoints" / "nnx-bf16").is_dir()
     again = train_gpt.main(["--api", "nnx", "--steps", "44", "--out", str(out), *data,
-                            "--resume", "--recipes", "fp8"])  # fmt: skip
+                            "--resume"])  # fmt: skip
     rows = list(csv.DictReader(open(out / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(1, 45))
     assert again["runs"]["fp8"]["final_val_loss"] < fp8
