@@ -1,8 +1,8 @@
 """fp8jax.layernorm_mlp and fp8jax.layernorm_dense: exactness where it is exact, accuracy bounds
 against float32 where it is not, the observations of every role, and bad input.
 
-Every test runs under both implementations of the fused ops (``"kernel"`` and ``"xla"``; CI runs
-each under one JAX, ``FP8JAX_TEST_IMPLEMENTATIONS``).
+Every test runs under both implementations of the fused ops (``"kernel"`` and ``"xla"``;
+``FP8JAX_TEST_IMPLEMENTATIONS`` narrows them, as for the op tests).
 """
 
 from __future__ import annotations

@@ -12,8 +12,6 @@
 # marker for both runs (pytest -m, e.g. "not slow"). FP8JAX_TEST_IMPLEMENTATIONS=kernel runs the
 # op tests under the kernels only (default: kernel and xla; tests/ops/_implementations.py).
 # FP8JAX_TEST_DISTRIBUTED, when set, names the files of tests/distributed to run (default: all).
-# Without a GPU, XLA compiles the tests at backend optimization level 0, except those marked slow
-# (FP8JAX_TEST_XLA_O0=0: XLA's default for all).
 
 set -euo pipefail
 
@@ -57,49 +55,19 @@ marks=()
 if [[ -n "${FP8JAX_TEST_MARKS:-}" ]]; then
   marks=(-m "$FP8JAX_TEST_MARKS")
 fi
-main_args=(-q "${xdist[@]}" tests)
+main_args=(-q --durations=25 "${xdist[@]}" "${marks[@]}" tests)
 if [[ -d tests/distributed ]]; then
   main_args+=(--ignore=tests/distributed)
 fi
 
-# Without a GPU the suite's time is mostly XLA compiling (LLVM): at backend optimization level 0
-# it compiles about 1.6x faster and computes the same bits (fast-math is off at every level, so
-# nothing is reassociated). The tests marked slow are training loops, whose time is running the
-# compiled steps (about 1.3x slower at level 0), so without FP8JAX_TEST_MARKS they run in a
-# second pytest at XLA's default level. FP8JAX_TEST_XLA_O0=0 keeps the default for every test;
-# a machine with a GPU always does.
-o0=""
-if [[ "${FP8JAX_TEST_XLA_O0:-1}" != 0 ]] && ! nvidia-smi -L >/dev/null 2>&1; then
-  o0="--xla_backend_optimization_level=0"
-fi
-xla_o0=(env "XLA_FLAGS=${XLA_FLAGS:+$XLA_FLAGS }$o0")
-
-if [[ -n "$o0" && ${#marks[@]} -eq 0 ]]; then
-  echo "== pytest tests, not marked slow (XLA $o0)"
-  fast=0
-  "${xla_o0[@]}" "$FP8JAX_PY" -m pytest --durations=25 -m "not slow" "${main_args[@]}" "$@" ||
-    fast=$?
-  echo "== pytest tests, marked slow (training loops; XLA's default optimization)"
-  slow=0
-  "$FP8JAX_PY" -m pytest --durations=10 -m slow "${main_args[@]}" "$@" || slow=$?
-  for rc in "$fast" "$slow"; do  # 5: no test selected (e.g. by -k), unless neither run has one
-    if [[ $rc -ne 0 && $rc -ne 5 ]]; then
-      exit "$rc"
-    fi
-  done
-  if [[ $fast -eq 5 && $slow -eq 5 ]]; then
-    exit 5
-  fi
-else
-  echo "== pytest tests${o0:+ (XLA $o0)}"
-  "${xla_o0[@]}" "$FP8JAX_PY" -m pytest --durations=25 "${marks[@]}" "${main_args[@]}" "$@"
-fi
+echo "== pytest tests"
+"$FP8JAX_PY" -m pytest "${main_args[@]}" "$@"
 
 if [[ -d tests/distributed ]]; then
   read -ra distributed <<<"${FP8JAX_TEST_DISTRIBUTED:-tests/distributed}"
   echo "== pytest ${distributed[*]} (8 CPU devices)"
   rc=0
-  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=8${o0:+ $o0}" \
+  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=8" \
     JAX_PLATFORMS=cpu \
     "$FP8JAX_PY" -m pytest -q "${xdist[@]}" "${marks[@]}" "${distributed[@]}" "$@" || rc=$?
   if [[ $rc -eq 5 ]]; then
