@@ -219,6 +219,9 @@ DECODE_CASES = {
 }  # fmt: skip
 
 
+# float32 matmuls: with a GPU's default TF32 the one-token and whole-sequence products round
+# differently (1e-3 apart on an H100, and then FP8 codes flip), which is not what this compares.
+@pytest.mark.usefixtures("float32_matmuls")
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp8_off", "fp8_on"])
 @pytest.mark.parametrize("case", list(DECODE_CASES))
 def test_decode_steps_equal_the_causal_forward(case, fp8):

@@ -41,8 +41,10 @@ M, N = 16, 24  # rows (a multiple of 8) and columns of the samples
 # (tests/ops/test_activation.py's); an FP8 code may then be its neighbour.
 NORM_CLOSE = {"ulps": 1, "rtol": 2.0**-7, "atol": 64 * 2.0**-23 * 16}
 ACT_CLOSE = {"ulps": 1, "rtol": 2.0**-7, "atol": 16 * 2.0**-23 * 64}
-# cuBLASLt's and XLA's FP8 GEMMs on a GPU (accumulation orders differ): test_gemm.py's allowance.
-GEMM_GPU_CLOSE = {"rtol": 2 * (2.0**-9 + 2.0**-23), "atol": 1e-3}
+# cuBLASLt's and XLA's FP8 GEMMs on a GPU: the accumulation orders differ, so two float32 sums a
+# hair apart can round to neighbouring bfloat16 values (one step: up to 2**-7 of the value, more
+# than a relative bound of 2**-8 allows; an H100 showed 10 of 384 such pairs).
+GEMM_GPU_CLOSE = {"ulps": 1, "rtol": 2 * (2.0**-9 + 2.0**-23), "atol": 1e-3}
 
 
 @dataclasses.dataclass(frozen=True)
