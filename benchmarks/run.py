@@ -6,7 +6,9 @@ run whose timings mean nothing; the structural and memory reports are exact anyw
 one table (status, seconds, the ratios each report states, e.g. FP8 vs BF16) and writes
 ``DIR/NAME.json`` per benchmark and ``DIR/suite.json`` (environment: device, driver, versions,
 commit). Exits non-zero if any benchmark failed (with ``--check``, also when a structural target
-of ``structure.py`` regresses). CI runs it on CPU: ``python benchmarks/run.py --check``.
+of ``structure.py`` regresses). ``--jobs N`` runs N benchmarks at a time (for checks only: they
+then share the machine, so their timings mean less). CI runs it on CPU:
+``python benchmarks/run.py --check --jobs 2``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated benchmark names")
     p.add_argument("--timeout", type=int, default=900, help="seconds per benchmark")
     p.add_argument("--check", action="store_true", help="fail when a structural target regresses")
+    p.add_argument("--jobs", type=int, default=1, help="benchmarks run at a time (default 1)")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {args.jobs}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     chosen = scripts()
@@ -98,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [s for s in chosen if s.stem in names]
     gpu = on_gpu()
     rows = []
-    for script in chosen:
-        row = run_one(script, out, gpu, args.timeout, args.check)
-        rows.append(row)
-        shown = ", ".join(f"{k} {v:.3g}" for k, v in list(row["ratios"].items())[:4])
-        print(f"{row['benchmark']:>20}  {row['status']:>7}  {row['seconds']:>7.1f} s  {shown}")
-    suite = {"environment": environment(), "gpu": gpu, "benchmarks": rows}
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each job waits on its own process
+        runs = pool.map(lambda s: run_one(s, out, gpu, args.timeout, args.check), chosen)
+        for row in runs:  # in ORDER, each as soon as it and those before it are done
+            rows.append(row)
+            shown = ", ".join(f"{k} {v:.3g}" for k, v in list(row["ratios"].items())[:4])
+            print(f"{row['benchmark']:>20}  {row['status']:>7}  {row['seconds']:>7.1f} s  {shown}")
+    suite = {"environment": environment(), "gpu": gpu, "jobs": args.jobs, "benchmarks": rows}
     (out / "suite.json").write_text(json.dumps(suite, indent=2) + "\n")
     print(f"wrote {out}/suite.json and one NAME.json and NAME.log per benchmark")
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0

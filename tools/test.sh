@@ -11,6 +11,7 @@
 # core, at most 4; 1 runs them in one process). FP8JAX_TEST_MARKS, when set, selects tests by
 # marker for both runs (pytest -m, e.g. "not slow"). FP8JAX_TEST_IMPLEMENTATIONS=kernel runs the
 # op tests under the kernels only (default: kernel and xla; tests/ops/_implementations.py).
+# FP8JAX_TEST_PATHS, when set, names what the main run collects (default: tests);
 # FP8JAX_TEST_DISTRIBUTED, when set, names the files of tests/distributed to run (default: all).
 
 set -euo pipefail
@@ -55,7 +56,8 @@ marks=()
 if [[ -n "${FP8JAX_TEST_MARKS:-}" ]]; then
   marks=(-m "$FP8JAX_TEST_MARKS")
 fi
-main_args=(-q --durations=25 "${xdist[@]}" "${marks[@]}" tests)
+read -ra test_paths <<<"${FP8JAX_TEST_PATHS:-tests}"
+main_args=(-q --durations=25 "${xdist[@]}" "${marks[@]}" "${test_paths[@]}")
 if [[ -d tests/distributed ]]; then
   main_args+=(--ignore=tests/distributed)
 fi
