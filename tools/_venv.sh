@@ -45,6 +45,7 @@ fi
 _fp8jax_stamp_now() {
   {
     echo "FP8JAX_CUDA=$FP8JAX_CUDA FP8JAX_TESTING=$FP8JAX_TESTING nvcc=$(command -v nvcc || echo none)"
+    echo "FP8JAX_COVERAGE=${FP8JAX_COVERAGE:-OFF}"
     echo "FP8JAX_CUBLAS_ROOT=${FP8JAX_CUBLAS_ROOT:-} FP8JAX_CUDA_ARCHS=${FP8JAX_CUDA_ARCHS:-}"
     "$FP8JAX_PY" -c "import sys; print(sys.version)"
     cat pyproject.toml CMakeLists.txt

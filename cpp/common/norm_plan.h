@@ -70,6 +70,14 @@ FP8JAX_PLAN_HD NormPlan PlanNorm(int64_t rows, int64_t h, int elem_bytes, bool a
   return p;
 }
 
+// The backward's partial rows fit a workspace of ws_slots rows per group. A plan's blocks hold
+// rows_per_cta row groups each, so a workspace of fewer rows than that (possible only for a direct
+// FFI call; fp8jax passes NORM_WORKSPACE_SLOTS) gets more slots than it has: the handler refuses
+// it.
+FP8JAX_PLAN_HD bool NormWorkspaceFits(const NormPlan& p, int64_t ws_slots) {
+  return p.slots <= ws_slots;
+}
+
 // The first element of chunk k of thread t (of its row group); the chunk is
 // valid when k * tpr + t < chunks, and holds NormChunkCount elements.
 FP8JAX_PLAN_HD int64_t NormChunkStart(const NormPlan& p, int t, int k) {

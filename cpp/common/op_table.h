@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "common/ffi_checks.h"
@@ -58,6 +59,8 @@ inline constexpr char kDActivationOp[] = "dactivation";
 inline constexpr char kActivationCastTransposeOp[] = "activation_cast_transpose";
 inline constexpr char kDActivationCastTransposeDbiasOp[] = "dactivation_cast_transpose_dbias";
 inline constexpr char kNormBackwardOp[] = "norm_backward";
+inline constexpr char kCastTransposeOp[] = "cast_transpose";
+inline constexpr char kCastTransposeDbiasOp[] = "cast_transpose_dbias";
 
 // ---- Shared checks ----
 
@@ -83,6 +86,17 @@ inline ffi::Error CheckFp8Outputs(const char* op, const ffi::AnyBuffer& q, const
   return ffi::Error::Success();
 }
 
+// The scale outputs of a cast: scale_inv and amax, one value per scale (per group). The kernels
+// write one of each per group, so a shorter buffer would be written out of bounds.
+inline ffi::Error CheckScaleOutputs(const char* op, int64_t scale_inv_count, int64_t amax_count,
+                                    int64_t groups) {
+  if (scale_inv_count != groups || amax_count != groups) {
+    return BadArg(
+        op, "scale_inv and amax must have one value per scale (" + std::to_string(groups) + ")");
+  }
+  return ffi::Error::Success();
+}
+
 // A norm's forward outputs: y like x, mean and rsigma one value per row.
 inline ffi::Error CheckNormForward(const char* op, const ffi::AnyBuffer& x,
                                    const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
@@ -93,6 +107,22 @@ inline ffi::Error CheckNormForward(const char* op, const ffi::AnyBuffer& x,
     return BadArg(op, "outputs must be y like x and mu, rsigma with one value per row");
   }
   return ffi::Error::Success();
+}
+
+// A norm's FP8 forward: one scale per group; q and q_t like x in one FP8 dtype, scale_inv and
+// amax one value per group, mean and rsigma one value per row.
+inline ffi::Error CheckNormForwardFp8(const char* op, const ffi::AnyBuffer& x,
+                                      const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
+                                      const F32Buffer& scale, const ffi::AnyBuffer& q,
+                                      const ffi::AnyBuffer& qt, int64_t scale_inv_count,
+                                      int64_t amax_count, int64_t n_stats, NormShape* s) {
+  FP8JAX_RETURN_IF_ERROR(NormShapeOf(op, x.dimensions(), gamma, beta, s));
+  if (scale.element_count() != s->groups) return BadArg(op, "scale must hold one value per group");
+  if (q.element_type() != qt.element_type() || q.element_count() != x.element_count() ||
+      qt.element_count() != x.element_count() || n_stats != s->groups * s->rows) {
+    return BadArg(op, "outputs must be q, q_t like x and mu, rsigma with one value per row");
+  }
+  return CheckScaleOutputs(op, scale_inv_count, amax_count, s->groups);
 }
 
 // ---- The ops: each signature, then its check ----
@@ -112,10 +142,11 @@ inline ffi::Error CheckNormForward(const char* op, const ffi::AnyBuffer& x,
 
 // quantize: x, one scale per group -> q (x's size).
 inline ffi::Error CheckQuantize(const ffi::AnyBuffer& x, const F32Buffer& scale,
-                                const ffi::AnyBuffer& q, GroupShape* s) {
+                                const ffi::AnyBuffer& q, const F32Buffer& scale_inv,
+                                const F32Buffer& amax, GroupShape* s) {
   FP8JAX_RETURN_IF_ERROR(GroupShapeOf("quantize", x.element_count(), scale.element_count(), s));
   if (q.element_count() != x.element_count()) return BadArg("quantize", "output size mismatch");
-  return ffi::Error::Success();
+  return CheckScaleOutputs("quantize", scale_inv.element_count(), amax.element_count(), s->groups);
 }
 
 // clang-format off
@@ -167,6 +198,32 @@ inline ffi::Error CheckDequantize(const ffi::AnyBuffer& q, const F32Buffer& scal
   .Ret<fp8jax::sig::Any>()
 // clang-format on
 
+// cast_transpose: x [..., m, n], one scale per matrix -> q, q_t (x's size, one FP8 dtype),
+// scale_inv and amax one value per matrix.
+inline ffi::Error CheckCastTranspose(const char* op, const ffi::AnyBuffer& x,
+                                     const F32Buffer& scale, const ffi::AnyBuffer& q,
+                                     const ffi::AnyBuffer& qt, const F32Buffer& scale_inv,
+                                     const F32Buffer& amax, MatrixShape* s) {
+  FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(op, x.dimensions(), scale.element_count(), s));
+  FP8JAX_RETURN_IF_ERROR(CheckFp8Outputs(op, q, qt, x.element_count()));
+  return CheckScaleOutputs(op, scale_inv.element_count(), amax.element_count(), s->groups);
+}
+
+// cast_transpose_dbias: cast_transpose's, plus dbias one value per column of each matrix and the
+// workspace of `workspace_count` elements for tiles of `tile_rows` rows.
+inline ffi::Error CheckCastTransposeDbias(const ffi::AnyBuffer& g, const F32Buffer& scale,
+                                          const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt,
+                                          const F32Buffer& scale_inv, const F32Buffer& amax,
+                                          const F32Buffer& dbias, int64_t workspace_count,
+                                          int64_t tile_rows, MatrixShape* s) {
+  const char* op = kCastTransposeDbiasOp;
+  FP8JAX_RETURN_IF_ERROR(CheckCastTranspose(op, g, scale, q, qt, scale_inv, amax, s));
+  if (dbias.element_count() != s->matrices * s->cols) {
+    return BadArg(op, "dbias must have one element per column of each matrix");
+  }
+  return CheckDbiasWorkspace(op, *s, tile_rows, workspace_count);
+}
+
 // activation: x [..., m, k, n] (k = 2 when gated) -> y [..., m, n] in x's dtype.
 inline ffi::Error CheckActivation(const ffi::AnyBuffer& x, int64_t gated, const ffi::AnyBuffer& y,
                                   MatrixShape* s) {
@@ -217,10 +274,12 @@ inline ffi::Error CheckDActivation(const ffi::AnyBuffer& g, const ffi::AnyBuffer
 // activation_cast_transpose: x [..., m, k, n], one scale per group -> q, q_t of [m, n].
 inline ffi::Error CheckActivationCastTranspose(const ffi::AnyBuffer& x, const F32Buffer& scale,
                                                int64_t gated, const ffi::AnyBuffer& q,
-                                               const ffi::AnyBuffer& qt, MatrixShape* s) {
+                                               const ffi::AnyBuffer& qt, const F32Buffer& scale_inv,
+                                               const F32Buffer& amax, MatrixShape* s) {
   const char* op = kActivationCastTransposeOp;
   FP8JAX_RETURN_IF_ERROR(ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), s));
-  return CheckFp8Outputs(op, q, qt, s->matrices * s->rows * s->cols);
+  FP8JAX_RETURN_IF_ERROR(CheckFp8Outputs(op, q, qt, s->matrices * s->rows * s->cols));
+  return CheckScaleOutputs(op, scale_inv.element_count(), amax.element_count(), s->groups);
 }
 
 // clang-format off
@@ -251,14 +310,16 @@ struct ActCastShapes {
 // workspace of `workspace_count` elements for tiles of `tile_rows` rows. Returns the shapes.
 inline ffi::ErrorOr<ActCastShapes> CheckDActivationCastTransposeDbias(
     const ffi::AnyBuffer& g, const ffi::AnyBuffer& x, const F32Buffer& scale, int64_t gated,
-    const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt, const F32Buffer& dbias,
-    int64_t workspace_count, int64_t tile_rows) {
+    const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt, const F32Buffer& scale_inv,
+    const F32Buffer& amax, const F32Buffer& dbias, int64_t workspace_count, int64_t tile_rows) {
   const char* op = kDActivationCastTransposeDbiasOp;
   ActCastShapes s;
   ffi::Error err = [&]() -> ffi::Error {
     FP8JAX_RETURN_IF_ERROR(ActShapeOf(op, x.dimensions(), gated != 0, scale.element_count(), &s.x));
     FP8JAX_RETURN_IF_ERROR(CheckGradInputs(op, g, x, s.x));
     FP8JAX_RETURN_IF_ERROR(CheckFp8Outputs(op, q, qt, x.element_count()));
+    FP8JAX_RETURN_IF_ERROR(
+        CheckScaleOutputs(op, scale_inv.element_count(), amax.element_count(), s.x.groups));
     s.q = s.x;
     s.q.cols = (gated != 0 ? 2 : 1) * s.x.cols;
     if (dbias.element_count() != s.q.matrices * s.q.cols) {

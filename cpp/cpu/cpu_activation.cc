@@ -141,7 +141,8 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F3
                                        int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
                                        sig::F32Out scale_inv, sig::F32Out amax) {
   MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s));
+  FP8JAX_RETURN_IF_ERROR(
+      CheckActivationCastTranspose(x, scale, gated, *q, *qt, *scale_inv, *amax, &s));
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),
@@ -160,8 +161,9 @@ ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, s
                                              sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
                                              sig::F32Out amax, sig::F32Out dbias,
                                              sig::F32Out workspace) {
-  const ffi::ErrorOr<ActCastShapes> s = CheckDActivationCastTransposeDbias(
-      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), kStripRows);
+  const ffi::ErrorOr<ActCastShapes> s =
+      CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *scale_inv, *amax, *dbias,
+                                         workspace->element_count(), kStripRows);
   if (s.has_error()) return s.error();
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),

@@ -12,25 +12,13 @@
 namespace fp8jax {
 namespace {
 
-// Both ops; dbias is null for cast_transpose.
-ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, ffi::AnyBuffer x,
-                            ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::AnyBuffer> q,
-                            ffi::Result<ffi::AnyBuffer> qt,
+// Both ops, their arguments checked (s: x's matrices); dbias is null for cast_transpose.
+ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, const MatrixShape& s,
+                            ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
+                            ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> qt,
                             ffi::Result<ffi::Buffer<ffi::F32>> scale_inv,
                             ffi::Result<ffi::Buffer<ffi::F32>> amax, float* dbias,
-                            int64_t dbias_count, float* workspace, int64_t workspace_count) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s));
-  if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
-      qt->element_count() != x.element_count()) {
-    return BadArg(op, "outputs must match the input size and share an FP8 dtype");
-  }
-  if (dbias != nullptr && dbias_count != s.matrices * s.cols) {
-    return BadArg(op, "dbias must have one element per column of each matrix");
-  }
-  if (dbias != nullptr) {
-    FP8JAX_RETURN_IF_ERROR(CheckDbiasWorkspace(op, s, kStripRows, workspace_count));
-  }
+                            float* workspace) {
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),
@@ -47,8 +35,11 @@ ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, ffi::AnyBuffe
 
 ffi::Error CastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::AnyOut q,
                              sig::AnyOut qt, sig::F32Out scale_inv, sig::F32Out amax) {
-  return CastTransposeAny("cast_transpose", &pool, x, scale, q, qt, scale_inv, amax, nullptr, 0,
-                          nullptr, 0);
+  MatrixShape s;
+  FP8JAX_RETURN_IF_ERROR(
+      CheckCastTranspose(kCastTransposeOp, x, scale, *q, *qt, *scale_inv, *amax, &s));
+  return CastTransposeAny(kCastTransposeOp, &pool, s, x, scale, q, qt, scale_inv, amax, nullptr,
+                          nullptr);
 }
 
 // The workspace arrives as the last operand and leaves, aliased, as the last
@@ -56,9 +47,11 @@ ffi::Error CastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, s
 ffi::Error CastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::F32 scale, sig::F32,
                                   sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
                                   sig::F32Out amax, sig::F32Out dbias, sig::F32Out workspace) {
-  return CastTransposeAny("cast_transpose_dbias", &pool, g, scale, q, qt, scale_inv, amax,
-                          dbias->typed_data(), dbias->element_count(), workspace->typed_data(),
-                          workspace->element_count());
+  MatrixShape s;
+  FP8JAX_RETURN_IF_ERROR(CheckCastTransposeDbias(g, scale, *q, *qt, *scale_inv, *amax, *dbias,
+                                                 workspace->element_count(), kStripRows, &s));
+  return CastTransposeAny(kCastTransposeDbiasOp, &pool, s, g, scale, q, qt, scale_inv, amax,
+                          dbias->typed_data(), workspace->typed_data());
 }
 
 }  // namespace

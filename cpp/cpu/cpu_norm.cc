@@ -266,6 +266,8 @@ struct Fp8Outs {
   float* mu;
   float* rs;
   int64_t n_stats;
+  int64_t n_scale_inv;
+  int64_t n_amax;
 };
 
 // The FP8 forward's results as the kernel wants them.
@@ -277,7 +279,9 @@ Fp8Outs Fp8OutsOf(sig::AnyOut& q, sig::AnyOut& qt, sig::F32Out& scale_inv, sig::
                  amax->typed_data(),
                  mu->typed_data(),
                  rs->typed_data(),
-                 static_cast<int64_t>(mu->element_count())};
+                 static_cast<int64_t>(mu->element_count()),
+                 static_cast<int64_t>(scale_inv->element_count()),
+                 static_cast<int64_t>(amax->element_count())};
 }
 
 ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
@@ -285,12 +289,8 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
                           const ffi::AnyBuffer* beta, const ffi::Buffer<ffi::F32>& scale, float eps,
                           int64_t zero_centered, const Fp8Outs& o) {
   NormShape s;
-  FP8JAX_RETURN_IF_ERROR(NormShapeOf(op, x.dimensions(), gamma, beta, &s));
-  if (scale.element_count() != s.groups) return BadArg(op, "scale must hold one value per group");
-  if (o.q->element_type() != o.qt->element_type() || o.q->element_count() != x.element_count() ||
-      o.qt->element_count() != x.element_count() || o.n_stats != s.groups * s.rows) {
-    return BadArg(op, "outputs must be q, q_t like x and mu, rsigma with one value per row");
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckNormForwardFp8(op, x, gamma, beta, scale, *o.q, *o.qt, o.n_scale_inv,
+                                             o.n_amax, o.n_stats, &s));
   const Params p = ParamsOf(gamma, beta, zero_centered != 0);
   const FwdArgs f{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h, nullptr, o.mu, o.rs};
   uint8_t* q = static_cast<uint8_t*>(o.q->untyped_data());

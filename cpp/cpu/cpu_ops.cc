@@ -58,7 +58,7 @@ void QuantizeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, u
 ffi::Error QuantizeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::AnyOut q,
                         sig::F32Out scale_inv, sig::F32Out amax) {
   GroupShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, &s));
+  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, *scale_inv, *amax, &s));
   return DispatchWideFp8("quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            QuantizeCompute<W, F>(&pool, x.untyped_data(), scale.typed_data(),

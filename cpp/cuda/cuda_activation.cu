@@ -179,7 +179,8 @@ ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32
                                        int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
                                        sig::F32Out scale_inv, sig::F32Out amax) {
   MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckActivationCastTranspose(x, scale, gated, *q, *qt, &s));
+  FP8JAX_RETURN_IF_ERROR(
+      CheckActivationCastTranspose(x, scale, gated, *q, *qt, *scale_inv, *amax, &s));
   return DispatchFused(
       kActivationCastTransposeOp, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code,
       gated, [&]<WideKind W, typename F, int A, bool G>() {
@@ -195,8 +196,9 @@ ffi::Error DActivationCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, si
                                              sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
                                              sig::F32Out amax, sig::F32Out dbias,
                                              sig::F32Out workspace) {
-  const ffi::ErrorOr<ActCastShapes> s = CheckDActivationCastTransposeDbias(
-      g, x, scale, gated, *q, *qt, *dbias, workspace->element_count(), plan::kBigTile);
+  const ffi::ErrorOr<ActCastShapes> s =
+      CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *scale_inv, *amax, *dbias,
+                                         workspace->element_count(), plan::kBigTile);
   if (s.has_error()) return s.error();
   float* partial = workspace->typed_data();
   if (auto err = DispatchFused(kDActivationCastTransposeDbiasOp, WideKindOf(x.element_type()),

@@ -22,21 +22,11 @@
 namespace fp8jax {
 namespace {
 
-ffi::Error CheckOutputs(const char* op, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& q,
-                        ffi::Result<ffi::AnyBuffer>& qt) {
-  if (q->element_type() != qt->element_type() || q->element_count() != x.element_count() ||
-      qt->element_count() != x.element_count()) {
-    return BadArg(op, "outputs must match the input size and share an FP8 dtype");
-  }
-  return ffi::Error::Success();
-}
-
 ffi::Error CastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, sig::AnyOut q,
                              sig::AnyOut qt, sig::F32Out scale_inv, sig::F32Out amax) {
-  const char* op = "cast_transpose";
+  const char* op = kCastTransposeOp;
   MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(op, x.dimensions(), scale.element_count(), &s));
-  FP8JAX_RETURN_IF_ERROR(CheckOutputs(op, x, q, qt));
+  FP8JAX_RETURN_IF_ERROR(CheckCastTranspose(op, x, scale, *q, *qt, *scale_inv, *amax, &s));
   return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            return LaunchCastTransposeOf<W, F, false>(
@@ -52,14 +42,10 @@ ffi::Error CastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, si
 ffi::Error CastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::F32 scale, sig::F32,
                                   sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
                                   sig::F32Out amax, sig::F32Out dbias, sig::F32Out workspace) {
-  const char* op = "cast_transpose_dbias";
+  const char* op = kCastTransposeDbiasOp;
   MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(op, g.dimensions(), scale.element_count(), &s));
-  FP8JAX_RETURN_IF_ERROR(CheckOutputs(op, g, q, qt));
-  if (dbias->element_count() != s.matrices * s.cols) {
-    return BadArg(op, "dbias must have one element per column of each matrix");
-  }
-  FP8JAX_RETURN_IF_ERROR(CheckDbiasWorkspace(op, s, plan::kBigTile, workspace->element_count()));
+  FP8JAX_RETURN_IF_ERROR(CheckCastTransposeDbias(g, scale, *q, *qt, *scale_inv, *amax, *dbias,
+                                                 workspace->element_count(), plan::kBigTile, &s));
   float* partial = workspace->typed_data();
   if (auto err = DispatchWideFp8(op, WideKindOf(g.element_type()), Fp8KindOf(q->element_type()),
                                  [&]<WideKind W, typename F>() {

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(plan::kThreads, 2)
                         uint8_t* __restrict__ qt, float* __restrict__ scale_inv,
                         uint32_t* __restrict__ amax_bits, int64_t groups, plan::TransposeArgs a,
                         float* __restrict__ partial) {
-  __shared__ alignas(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
+  __shared__ __align__(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
   static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
   constexpr int kSumRows = kDbias ? plan::kRowGroups : 1;
   constexpr int kValRows = kDbias ? plan::kTile : 1;

@@ -17,6 +17,17 @@ inline constexpr ::xla::ffi::Traits kCudaHandlerTraits = ::xla::ffi::Traits::kCm
 
 }  // namespace fp8jax
 
+#if defined(FP8JAX_HOST_CUDA)
+// cpp/testing/host_cuda.h: the handler bound for XLA's CPU platform, Fp8jax<Stem>HostCuda, which
+// calls `impl` with no stream (the kernels run on the host).
+// clang-format off
+#define FP8JAX_CUDA_HANDLER(Stem, impl)                                               \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                      \
+      Fp8jax##Stem##HostCuda,                                                         \
+      [](auto&&... args) { return impl(cudaStream_t{}, std::forward<decltype(args)>(args)...); }, \
+      ::xla::ffi::Ffi::Bind() FP8JAX_SIGNATURE_##Stem)
+// clang-format on
+#else
 // clang-format off: the builder chain one call per line
 #define FP8JAX_CUDA_HANDLER(Stem, impl)                                               \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                      \
@@ -25,3 +36,4 @@ inline constexpr ::xla::ffi::Traits kCudaHandlerTraits = ::xla::ffi::Traits::kCm
           FP8JAX_SIGNATURE_##Stem,                                                    \
       {fp8jax::kCudaHandlerTraits})
 // clang-format on
+#endif

@@ -543,15 +543,14 @@ ffi::Error RmsNormForward(cudaStream_t stream, sig::Any x, sig::Any gamma, float
 ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
                           const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
                           const ffi::Buffer<ffi::F32>& scale, float eps, int64_t zero_centered,
-                          ffi::AnyBuffer& q, ffi::AnyBuffer& qt, float* scale_inv, float* amax,
-                          float* mu, float* rs, int64_t n_stats) {
+                          ffi::AnyBuffer& q, ffi::AnyBuffer& qt, F32Out& scale_inv_out,
+                          F32Out& amax_out, float* mu, float* rs, int64_t n_stats) {
   NormShape s;
-  FP8JAX_RETURN_IF_ERROR(NormShapeOf(op, x.dimensions(), gamma, beta, &s));
-  if (scale.element_count() != s.groups) return BadArg(op, "scale must hold one value per group");
-  if (q.element_type() != qt.element_type() || q.element_count() != x.element_count() ||
-      qt.element_count() != x.element_count() || n_stats != s.groups * s.rows) {
-    return BadArg(op, "outputs must be q, q_t like x and mu, rsigma with one value per row");
-  }
+  FP8JAX_RETURN_IF_ERROR(CheckNormForwardFp8(op, x, gamma, beta, scale, q, qt,
+                                             scale_inv_out->element_count(),
+                                             amax_out->element_count(), n_stats, &s));
+  float* scale_inv = scale_inv_out->typed_data();
+  float* amax = amax_out->typed_data();
   if (const cudaError_t err = cudaMemsetAsync(amax, 0, s.groups * sizeof(float), stream);
       err != cudaSuccess) {
     return CudaError(op, "cudaMemsetAsync", err);
@@ -600,16 +599,16 @@ ffi::Error LayerNormForwardFp8(cudaStream_t stream, sig::Any x, sig::Any gamma, 
                                sig::AnyOut qt, F32Out scale_inv, F32Out amax, F32Out mu,
                                F32Out rs) {
   return ForwardFp8Impl("layernorm_forward_fp8", true, stream, x, gamma, &beta, scale, eps, zcg, *q,
-                        *qt, scale_inv->typed_data(), amax->typed_data(), mu->typed_data(),
-                        rs->typed_data(), mu->element_count());
+                        *qt, scale_inv, amax, mu->typed_data(), rs->typed_data(),
+                        mu->element_count());
 }
 
 ffi::Error RmsNormForwardFp8(cudaStream_t stream, sig::Any x, sig::Any gamma, sig::F32 scale,
                              float eps, int64_t zcg, sig::AnyOut q, sig::AnyOut qt,
                              F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
   return ForwardFp8Impl("rmsnorm_forward_fp8", false, stream, x, gamma, nullptr, scale, eps, zcg,
-                        *q, *qt, scale_inv->typed_data(), amax->typed_data(), mu->typed_data(),
-                        rs->typed_data(), mu->element_count());
+                        *q, *qt, scale_inv, amax, mu->typed_data(), rs->typed_data(),
+                        mu->element_count());
 }
 
 template <WideKind W, bool kLayer, bool kVector>
@@ -652,6 +651,11 @@ ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 m
                           " is too large for the CUDA kernel (at most " +
                           std::to_string(plan::kNormMaxThreadElems * plan::kNormMaxRowThreads) +
                           "); use implementation='xla' for the norm family");
+  }
+  if (s.rows > 0 && !plan::NormWorkspaceFits(a.p, ws_slots)) {
+    return BadArg(op, "workspace must have at least " + std::to_string(a.p.slots) +
+                          " slots per group for h = " + std::to_string(s.h) + " (got " +
+                          std::to_string(ws_slots) + ")");
   }
   const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
   if (s.rows > 0) {

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(plan::kThreads)
 ffi::Error QuantizeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, sig::AnyOut q,
                         sig::F32Out scale_inv, sig::F32Out amax) {
   GroupShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, &s));
+  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, *scale_inv, *amax, &s));
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax->typed_data());
   FP8JAX_RETURN_IF_ERROR(MemsetAsync("quantize", amax_bits, s.groups * sizeof(uint32_t), stream));
   return DispatchWideFp8(

@@ -5,12 +5,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "common/ffi_checks.h"
+#include "common/resident_cache.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -40,40 +41,36 @@ inline ffi::Error CurrentDevice(const char* op, int* device) {
 // shared memory) the current device runs at once: SMs x the occupancy
 // API's blocks per SM, which accounts for the kernel's registers and shared
 // memory on that architecture (a fixed "8 blocks per SM" does not). Cached per
-// (device, kernel) under a mutex; every CUDA call is checked. The occupancy
-// query is about the current device, which XLA makes the stream's device.
-// These calls enqueue nothing on any stream, so they are allowed while XLA
-// captures the stream into a CUDA graph.
+// (device, kernel, threads) (common/resident_cache.h); every CUDA call is
+// checked. The occupancy query is about the current device, which XLA makes
+// the stream's device. These calls enqueue nothing on any stream, so they are
+// allowed while XLA captures the stream into a CUDA graph.
 inline ffi::Error ResidentBlocks(const char* op, const void* kernel, int threads, int64_t* out) {
   int device = 0;
   FP8JAX_RETURN_IF_ERROR(CurrentDevice(op, &device));
-  static std::mutex mu;
-  static auto* cache = new std::map<std::pair<int, const void*>, int64_t>();
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(device, kernel);
-  if (auto it = cache->find(key); it != cache->end()) {
-    *out = it->second;
+  static auto* cache = new ResidentCache();
+  return cache->Get({device, kernel, threads}, out, [&](int64_t* count) -> ffi::Error {
+    int sms = 0;
+    if (const cudaError_t err =
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        err != cudaSuccess) {
+      return CudaError(op, "cudaDeviceGetAttribute(MultiProcessorCount)", err);
+    }
+    int per_sm = 0;
+    if (const cudaError_t err =
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+        err != cudaSuccess) {
+      return CudaError(op, "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
+    }
+    if (sms < 1 || per_sm < 1) {
+      return ffi::Error::Internal(std::string("fp8jax ") + op +
+                                  ": the kernel cannot run on device " + std::to_string(device) +
+                                  " (" + std::to_string(sms) + " SMs, " + std::to_string(per_sm) +
+                                  " resident blocks per SM)");
+    }
+    *count = static_cast<int64_t>(sms) * per_sm;
     return ffi::Error::Success();
-  }
-  int sms = 0;
-  if (const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      err != cudaSuccess) {
-    return CudaError(op, "cudaDeviceGetAttribute(MultiProcessorCount)", err);
-  }
-  int per_sm = 0;
-  if (const cudaError_t err =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
-      err != cudaSuccess) {
-    return CudaError(op, "cudaOccupancyMaxActiveBlocksPerMultiprocessor", err);
-  }
-  if (sms < 1 || per_sm < 1) {
-    return ffi::Error::Internal(std::string("fp8jax ") + op + ": the kernel cannot run on device " +
-                                std::to_string(device) + " (" + std::to_string(sms) + " SMs, " +
-                                std::to_string(per_sm) + " resident blocks per SM)");
-  }
-  *out = static_cast<int64_t>(sms) * per_sm;
-  cache->emplace(key, *out);
-  return ffi::Error::Success();
+  });
 }
 
 // Launches kernel<<<grid, threads, 0, stream>>>(args...) and reports this
@@ -92,6 +89,17 @@ ffi::Error Launch(const char* op, void (*kernel)(Params...), int64_t grid, int t
     return ffi::Error::Internal(std::string("fp8jax ") + op + ": bad grid size " +
                                 std::to_string(grid));
   }
+#if defined(FP8JAX_HOST_CUDA)
+  // cpp/testing/host_cuda.h: the blocks run on the host; the arguments become the kernel's
+  // parameter types, as at a launch.
+  (void)stream;
+  std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+  const std::string err =
+      host_cuda::RunGrid(static_cast<unsigned>(grid), static_cast<unsigned>(threads),
+                         [&] { std::apply(kernel, params); });
+  if (!err.empty()) return ffi::Error::Internal(std::string("fp8jax ") + op + ": " + err);
+  return ffi::Error::Success();
+#else
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));
   config.blockDim = dim3(static_cast<unsigned>(threads));
@@ -104,6 +112,7 @@ ffi::Error Launch(const char* op, void (*kernel)(Params...), int64_t grid, int t
     return CudaError(op, "kernel launch", err);
   }
   return ffi::Error::Success();
+#endif
 }
 
 }  // namespace fp8jax

@@ -48,6 +48,7 @@ nb::dict PlanDict(int64_t rows, int64_t h, int elem_bytes, bool aligned, int64_t
   d["grid"] = pl.grid;
   d["slots"] = pl.slots;
   d["backward_ok"] = pl.backward_ok;
+  d["workspace_fits"] = max_slots <= 0 || p::NormWorkspaceFits(pl, max_slots);
   return d;
 }
 

@@ -12,6 +12,7 @@
 #include "testing/plan_bindings.h"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -19,9 +20,11 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/launch_plan.h"
+#include "common/resident_cache.h"
 
 namespace nb = nanobind;
 
@@ -480,9 +483,43 @@ std::vector<float> SimulateDbias(int64_t matrices, int64_t rows, int64_t cols,
   return dbias;
 }
 
+// cuda/cuda_util.h's ResidentBlocks caching (common/resident_cache.h), with a stand-in for the
+// occupancy query: 2048 / threads blocks, a failure for threads < 1. Asks one fresh cache for
+// each (device, kernel id, threads) in order; returns each answer (-1 for a failure) and how many
+// times the query ran.
+struct StubResult {
+  bool ok = true;
+  bool success() const { return ok; }
+  static StubResult Success() { return {}; }
+};
+
+std::pair<std::vector<int64_t>, int64_t> ResidentCacheAnswers(
+    const std::vector<std::vector<int64_t>>& asks) {
+  ResidentCache cache;
+  std::vector<int64_t> answers;
+  int64_t queries = 0;
+  for (const auto& ask : asks) {
+    if (ask.size() != 3) throw std::invalid_argument("each ask is (device, kernel, threads)");
+    const auto threads = static_cast<int>(ask[2]);
+    int64_t out = -1;
+    const ResidentCache::Key key{static_cast<int>(ask[0]),
+                                 reinterpret_cast<const void*>(static_cast<uintptr_t>(ask[1])),
+                                 threads};
+    const StubResult r = cache.Get(key, &out, [&](int64_t* count) {
+      ++queries;
+      if (threads < 1) return StubResult{false};
+      *count = 2048 / threads;
+      return StubResult{};
+    });
+    answers.push_back(r.success() ? out : -1);
+  }
+  return {answers, queries};
+}
+
 }  // namespace
 
 void AddPlanBindings(nb::module_& m) {
+  m.def("_resident_cache_answers", &ResidentCacheAnswers, nb::arg("asks"));
   m.def("_simulate_dbias", &SimulateDbias, nb::arg("matrices"), nb::arg("rows"), nb::arg("cols"),
         nb::arg("x"), nb::arg("aligned"));
   m.def("_plan_elementwise", &PlanElementwise, nb::arg("groups"), nb::arg("per_group"),

@@ -85,6 +85,39 @@ def test_ffi_target_is_registered(op):
         assert target in cuda.registrations()
 
 
+# ------------------------------------------------------------------ the handlers' checks
+
+# Ops that write one scale_inv and one amax per scale (outputs amax - 1 and amax).
+SCALED = [op for op, d in registered_ops().items() if d.max_over]
+
+
+@pytest.mark.parametrize("op", SCALED)
+def test_handler_refuses_scale_outputs_of_another_size(op, monkeypatch):
+    """A direct FFI call whose scale_inv or amax result is not one value per scale is an error
+    naming them, not a write out of bounds (the checks live in cpp/common/op_table.h, shared by
+    the CPU and CUDA handlers)."""
+    _, target = family_and_target(op)
+    (amax_at,) = registered_ops()[op].max_over
+    real = jax.ffi.ffi_call
+
+    def one_more(name, results, *a, **k):
+        if name == target:
+            results = list(results)
+            for i in (amax_at - 1, amax_at):
+                results[i] = jax.ShapeDtypeStruct((results[i].size + 1,), results[i].dtype)
+        return real(name, results, *a, **k)
+
+    s = sample(op, _first(op))
+    jax.clear_caches()  # traces made with the right result types
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(jax.ffi, "ffi_call", one_more)
+            with pytest.raises(Exception, match="scale_inv and amax must have one value per scale"):
+                jax.block_until_ready(s.call(implementation="kernel"))
+    finally:
+        jax.clear_caches()  # and none with the wrong ones outlives this test
+
+
 # ------------------------------------------------------------------ values
 
 

@@ -298,3 +298,13 @@ def test_dbias_simulation_follows_the_documented_order(matrices, rows, cols, ali
     ).reshape(matrices, cols)
     for m in range(matrices):
         np.testing.assert_array_equal(got[m], strip_order_sum(x[m]))
+
+
+def test_resident_blocks_are_cached_per_block_size():
+    """ResidentBlocks (cuda/cuda_util.h) caches the occupancy per (device, kernel, threads): the
+    norm forward launches one kernel with 128, 256 or 512 threads, and an answer for one size
+    must not cap another. A failed query is not cached."""
+    asks = [(0, 7, 512), (0, 7, 128), (0, 7, 512), (1, 7, 128), (0, 8, 128), (0, 7, 0), (0, 7, 0)]
+    answers, queries = ext._resident_cache_answers(asks)
+    assert answers == [4, 16, 4, 16, 16, -1, -1]
+    assert queries == 6  # every ask but the repeated (0, 7, 512)

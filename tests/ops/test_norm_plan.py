@@ -47,7 +47,7 @@ def test_backward_slots_and_registers(rows, h, elem_bytes):
     aligned = (h * elem_bytes) % 16 == 0
     plan = ext._plan_norm(rows, h, elem_bytes, aligned, 0, NORM_WORKSPACE_SLOTS)
     assert plan["backward_ok"]
-    assert plan["slots"] <= NORM_WORKSPACE_SLOTS
+    assert plan["slots"] <= NORM_WORKSPACE_SLOTS and plan["workspace_fits"]
     assert plan["slots"] == plan["grid"] * plan["rows_per_cta"]
     # The device's occupancy does not enter the backward's plan (deterministic partials).
     assert plan == ext._plan_norm(rows, h, elem_bytes, aligned, RESIDENT, NORM_WORKSPACE_SLOTS)
@@ -57,6 +57,17 @@ def test_backward_slots_and_registers(rows, h, elem_bytes):
     assert slots.min() >= 0 and slots.max() < plan["slots"]
     np.testing.assert_array_equal(slots, np.arange(rows) % plan["slots"])
     assert sim["max_thread_elems"] <= 16
+
+
+def test_a_workspace_smaller_than_the_plan_is_reported():
+    """The CUDA handler refuses a workspace with fewer slots than the plan's blocks hold row
+    groups (a direct FFI call; fp8jax passes NORM_WORKSPACE_SLOTS): 4 groups of 32 threads per
+    block for h = 64, so 1 to 3 slots cannot hold even one block."""
+    for ws in (1, 2, 3):
+        plan = ext._plan_norm(1000, 64, 2, True, 0, ws)
+        assert plan["slots"] == 4 and not plan["workspace_fits"]
+    assert ext._plan_norm(1000, 64, 2, True, 0, 4)["workspace_fits"]
+    assert ext._plan_norm(1000, 64, 2, True, 0, NORM_WORKSPACE_SLOTS)["workspace_fits"]
 
 
 def test_backward_limit_is_reported():

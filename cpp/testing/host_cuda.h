@@ -1,0 +1,153 @@
+// A CUDA-semantics runtime for the host compiler: the unchanged kernels and handlers of cpp/cuda/
+// compile with g++/clang and run on the CPU, so the tests execute every __global__ body without
+// a GPU (tests/ops/test_host_cuda.py).
+//
+// Included first by each cpp/testing/host_cuda_*.cc, which then includes one cpp/cuda/*.cu. It
+// defines FP8JAX_HOST_CUDA, under which cuda/cuda_util.h's Launch hands the kernel to RunGrid and
+// cuda/cuda_handler.h binds each handler for XLA's CPU platform (no stream).
+//
+// The model, and what it checks:
+// - Launches run one at a time (whatever thread XLA calls a handler on), and a launch runs its
+//   blocks one at a time (ascending, or descending in the reverse order); each CUDA thread of a
+//   block is a fiber (ucontext) with its own stack, and threadIdx, blockIdx, blockDim and
+//   gridDim read the running fiber's.
+// - `__shared__` is `static`: one instance shared by every thread of the running block (blocks
+//   never overlap). It is not poisoned between blocks.
+// - Between synchronisation points the threads of a block run one after another, in lane order
+//   or in reverse lane order (Options::reverse): a thread that reads a shared word another thread
+//   wrote without a barrier in between sees a different value in the two orders, which the
+//   tests compare.
+// - __syncthreads waits for every thread of the block that has not returned. A warp collective
+//   (__shfl_xor_sync, __reduce_max_sync) waits for all 32 lanes of the warp, which must all be
+//   at the same collective with the full mask; a warp collective with a lane that returned, or
+//   threads of a block waiting at different kinds of synchronisation with none able to go on,
+//   is an error (a deadlock or undefined behaviour on a GPU), reported by the launch.
+// - atomicMax is a plain read-modify-write (one OS thread runs everything).
+// - The element conversions are the CUDA headers' host implementations and the common headers'
+//   host paths (without __CUDA_ARCH__), which tests/cpp/test_device_numerics.py checks against
+//   the hardware's definition over all inputs.
+// - The CUDA runtime calls of the handlers are stubs (host_cuda.cc): the device has
+//   Options::sms multiprocessors and each kernel Options::blocks_per_sm resident blocks per SM
+//   (0: 2048 / threads), the current device is Options::device, cudaMemsetAsync is memset.
+#pragma once
+
+#if defined(__CUDACC__)
+#error "cpp/testing/host_cuda.h is for the host compiler, never for nvcc"
+#endif
+
+#define FP8JAX_HOST_CUDA 1
+
+// Before the CUDA headers, which keep a definition they find (crt/host_defines.h).
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __launch_bounds__(...)
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+
+namespace fp8jax::host_cuda {
+
+struct Options {
+  bool reverse = false;   // blocks and the threads of a block in descending order
+  int sms = 2;            // cudaDevAttrMultiProcessorCount
+  int blocks_per_sm = 0;  // the occupancy query's answer; 0: 2048 / threads
+  int device = 0;         // cudaGetDevice's (ResidentBlocks caches its answers per device)
+};
+
+// The options of the launches that follow.
+Options& GetOptions();
+
+// What the launches since the last ResetStats did (XLA may run two custom calls at once, on two
+// threads: each launch runs on its caller's thread, and these counters are atomic).
+struct Stats {
+  std::atomic<int64_t> launches{0};
+  std::atomic<int64_t> blocks{0};
+  std::atomic<int64_t> threads{0};
+  std::atomic<int64_t> barriers{0};
+  std::atomic<int64_t> warp_collectives{0};
+};
+
+Stats& GetStats();
+void ResetStats();
+
+// Runs `body` as a kernel of `grid` blocks of `threads` threads; returns "" or what went wrong
+// (a deadlock, a divergent warp collective, an exception in the body).
+std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>& body);
+
+uint3 ThreadIdx();
+uint3 BlockIdx();
+dim3 BlockDim();
+dim3 GridDim();
+void SyncThreads();
+
+// The warp collectives' common step: every lane of the running thread's warp hands in `bits`;
+// returns the 32 lanes' values in `all` once each has.
+enum class WarpOp { kShflXor, kReduceMax };
+void WarpExchange(WarpOp op, unsigned mask, uint32_t bits, uint32_t all[32]);
+
+// The running thread's lane.
+inline unsigned Lane() { return ThreadIdx().x % 32; }
+
+}  // namespace fp8jax::host_cuda
+
+#define threadIdx (::fp8jax::host_cuda::ThreadIdx())
+#define blockIdx (::fp8jax::host_cuda::BlockIdx())
+#define blockDim (::fp8jax::host_cuda::BlockDim())
+#define gridDim (::fp8jax::host_cuda::GridDim())
+
+inline void __syncthreads() { ::fp8jax::host_cuda::SyncThreads(); }
+
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Round-to-nearest float arithmetic: the host's IEEE operations (no flush to zero, like the
+// _rn intrinsics).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32) {
+  uint32_t all[32];
+  ::fp8jax::host_cuda::WarpExchange(::fp8jax::host_cuda::WarpOp::kShflXor, width == 32 ? mask : 0u,
+                                    __float_as_uint(v), all);
+  return __uint_as_float(
+      all[(::fp8jax::host_cuda::Lane() ^ static_cast<unsigned>(lane_mask)) % 32]);
+}
+
+inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+  uint32_t all[32];
+  ::fp8jax::host_cuda::WarpExchange(::fp8jax::host_cuda::WarpOp::kReduceMax, mask, v, all);
+  unsigned m = 0;
+  for (unsigned x : all) m = x > m ? x : m;
+  return m;
+}

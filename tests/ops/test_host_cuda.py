@@ -1,0 +1,141 @@
+"""Every CUDA kernel body, executed on the host.
+
+``fp8jax._fp8jax_host_cuda`` is cpp/cuda/'s handlers and kernels, unchanged, compiled by the host
+compiler on the CUDA-semantics runtime of cpp/testing/host_cuda.h (threads as fibers, shared
+memory per block, barriers, warp collectives, atomics; the CUDA runtime calls stubbed). Its
+handlers are registered for the CPU under ``fp8jax_host_cuda_*`` targets, and each conformance
+sample runs the public op with its FFI call sent there: the CUDA handler plans the launch (for a
+2-SM or a 132-SM device), every block runs on the host, and the results must equal the
+reference (``"xla"``) as the CPU kernel does, bit for bit or within the sample's tolerance, with
+the threads of each block run in lane order and in reverse lane order (a shared-memory race gives
+different results in the two).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _samples import cases, sample
+from _values import assert_matches
+
+from fp8jax import _ffi, ops
+
+CASES = [c for c in cases() if c[0] != "gemm"]  # the GEMM is cuBLASLt's, not a kernel of ours
+PREFIX = "fp8jax_host_cuda_"
+
+
+def _extension():
+    try:
+        return importlib.import_module("fp8jax._fp8jax_host_cuda")
+    except ImportError:
+        toolkit = shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/include/cuda.h").exists()
+        if toolkit:
+            raise ImportError(
+                "fp8jax._fp8jax_host_cuda is missing although the CUDA toolkit is here: build "
+                "with FP8JAX_TESTING=ON (bash tools/test.sh does)"
+            ) from None
+        return None
+
+
+EXT = _extension()
+pytestmark = pytest.mark.skipif(EXT is None, reason="no CUDA toolkit headers to build it with")
+_REGISTERED: dict[str, str] = {}
+
+
+def _register() -> dict[str, str]:
+    if not _REGISTERED:
+        _ffi.ensure_registered()
+        for name, capsule in EXT.registrations().items():
+            host = PREFIX + name.removeprefix("fp8jax_")
+            jax.ffi.register_ffi_target(host, capsule, platform="cpu")
+            _REGISTERED[name] = host
+    return _REGISTERED
+
+
+@contextlib.contextmanager
+def on_host_cuda(monkeypatch, *, reverse=False, sms=2, blocks_per_sm=0, device=0):
+    """Inside, every fp8jax op's FFI call goes to its CUDA handler run on the host."""
+    targets = _register()
+    real = jax.ffi.ffi_call
+
+    def swapped(name, *args, **kwargs):
+        return real(targets.get(name, name), *args, **kwargs)
+
+    EXT.set_options(reverse=reverse, sms=sms, blocks_per_sm=blocks_per_sm, device=device)
+    jax.clear_caches()  # traces made with the CPU targets
+    with monkeypatch.context() as m:
+        m.setattr(jax.ffi, "ffi_call", swapped)
+        try:
+            yield
+        finally:
+            jax.clear_caches()  # and none of these traces outlives the block
+            EXT.set_options()
+
+
+def _id(case) -> str:
+    return "-".join(case)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["lanes", "reverse"])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_cuda_kernels_on_the_host_equal_the_reference(case, reverse, monkeypatch):
+    s = sample(*case)
+    want = jax.jit(lambda *a: s.call(*a, implementation="xla"))(*s.operands().values())
+    EXT.reset_stats()
+    with on_host_cuda(monkeypatch, reverse=reverse):
+        got = jax.block_until_ready(s.call(implementation="kernel"))
+    assert EXT.stats()["launches"] > 0  # the CUDA handler ran
+    tol = dict(s.close or {})
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        try:
+            assert_matches(g, w, not tol, **tol)
+        except AssertionError as e:
+            raise AssertionError(f"output {i}: {e}") from None
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_vmapped_calls_run_the_grouped_kernels(case, monkeypatch):
+    """vmap makes one call with a leading group dimension (one scale per group): the kernels'
+    grouped paths. Two groups, the second the first negated and halved."""
+    s = sample(*case)
+    args = tuple(s.operands().values())
+    stacked = tuple(
+        jnp.stack([a, (-a * 0.5).astype(a.dtype)]) if jnp.issubdtype(a.dtype, jnp.floating) else
+        jnp.stack([a, a]) for a in args
+    )  # fmt: skip
+    want = jax.vmap(lambda *a: s.call(*a, implementation="xla"))(*stacked)
+    with on_host_cuda(monkeypatch):
+        run = jax.vmap(lambda *a: s.call(*a, implementation="kernel"))
+        got = jax.block_until_ready(run(*stacked))
+    tol = dict(s.close or {})
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        try:
+            assert_matches(g, w, not tol, **tol)
+        except AssertionError as e:
+            raise AssertionError(f"output {i}: {e}") from None
+
+
+def test_a_132_sm_device_plans_other_grids_and_gives_the_same_bits(monkeypatch):
+    """The handlers size their grids from the occupancy (ResidentBlocks, cached per device: two
+    devices of the process here): a large device runs more blocks, each with less work, and the
+    results do not change."""
+    x = jax.random.normal(jax.random.key(0), (64, 1024), jnp.bfloat16)  # 8 tiles of 8,192
+    scale = jnp.float32(3.0)
+    runs = {}
+    for device, sms in ((7, 1), (8, 132)):
+        EXT.reset_stats()
+        with on_host_cuda(monkeypatch, sms=sms, blocks_per_sm=1, device=device):
+            out = ops.quantize(x, scale, jnp.float8_e4m3fn, implementation="kernel")
+            runs[sms] = [np.asarray(o) for o in out]
+        runs[sms, "blocks"] = EXT.stats()["blocks"]
+    assert runs[132, "blocks"] > runs[1, "blocks"]
+    for a, b in zip(runs[1], runs[132], strict=True):
+        assert a.tobytes() == b.tobytes()
