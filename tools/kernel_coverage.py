@@ -4,8 +4,9 @@
 
 After the tests ran ``fp8jax._fp8jax_host_cuda`` built with ``FP8JAX_COVERAGE=ON`` (gcov
 instrumentation; cpp/testing/host_cuda.h runs cpp/cuda/'s kernels on the CPU), reads gcov's counts
-and reports, for every ``__global__`` function of cpp/cuda/, how many of its body's executable
-lines ran. Exits 1 when the total is under ``--min`` (default 95) or when no counts are found.
+and reports, for every ``__global__`` function of cpp/cuda/ and every ``__device__`` helper
+there, how many of its body's executable lines ran. Exits 1 when the total is under ``--min``
+(default 95) or when no counts are found.
 """
 
 from __future__ import annotations
@@ -20,38 +21,41 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = ROOT / "cpp" / "cuda"
-# After "__global__": the return type, launch bounds if any, the name and its "(".
-SIGNATURE = re.compile(r"\s*void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
 
 
 def kernel_bodies(path: Path) -> list[tuple[str, int, int]]:
-    """``(name, first line, last line)`` of the body of every ``__global__`` function in
-    ``path`` (1-based, the lines between its braces)."""
+    """``(name, first line, last line)`` of the body of every ``__global__`` and ``__device__``
+    function in ``path`` (1-based: the lines between its braces, or the one line of a body
+    written on one line)."""
     text = path.read_text()
     found = []
-    for m in re.finditer(r"__global__\b", text):
-        name = SIGNATURE.match(text, m.end())
-        if name is None:
-            continue
-        paren = name.end() - 1  # the parameter list's "("
-        depth, i = 0, paren
-        while True:  # past the parameter list
-            depth += text[i] == "("
-            depth -= text[i] == ")"
-            i += 1
+    for m in re.finditer(r"\b__(?:global|device)__\b", text):
+        brace = text.find("{", m.end())
+        semi = text.find(";", m.end())
+        if brace < 0 or (0 <= semi < brace):
+            continue  # a declaration
+        head = text[m.end() : brace]
+        close = head.rfind(")")  # the parameter list is the last (...) before the body
+        depth, i = 0, close
+        while i >= 0:
+            depth += head[i] == ")"
+            depth -= head[i] == "("
             if depth == 0:
                 break
-        i = text.index("{", i)
-        start, depth = i, 0
+            i -= 1
+        name = re.search(r"(\w+)\s*$", head[:i])
+        depth, j = 0, brace
         while True:
-            depth += text[i] == "{"
-            depth -= text[i] == "}"
+            depth += text[j] == "{"
+            depth -= text[j] == "}"
             if depth == 0:
                 break
-            i += 1
-        first = text.count("\n", 0, start) + 2
-        last = text.count("\n", 0, i)
-        found.append((name.group(1), first, last))
+            j += 1
+        first = text.count("\n", 0, brace) + 2
+        last = text.count("\n", 0, j)
+        if last < first:  # the body on one line: that line
+            first = last = first - 1
+        found.append((name.group(1) if name else "?", first, last))
     return found
 
 
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             note = f"  not run: lines {missed}" if missed else ""
             print(f"{len(body):>6} {run:>5} {pct:>6.1f}  {name} ({where}){note}")
     pct = 100.0 * total_run / total_lines if total_lines else 0.0
-    print(f"kernel_coverage: {total_run} of {total_lines} kernel body lines run ({pct:.1f}%)")
+    print(f"kernel_coverage: {total_run} of {total_lines} kernel and device-function lines run "
+          f"({pct:.1f}%)")  # fmt: skip
     if pct < args.min:
         print(f"kernel_coverage: FAIL: under {args.min}%", file=sys.stderr)
         return 1
