@@ -62,7 +62,7 @@ def kernel_bodies(path: Path) -> list[tuple[str, int, int]]:
 def gcov_counts(build_dir: Path) -> dict[Path, dict[int, int]]:
     """Executed count per line of every source gcov knows, summed over translation units."""
     counts: dict[Path, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    gcdas = [p for p in build_dir.rglob("*.gcda") if "host_cuda" in str(p)]
+    gcdas = [p.resolve() for p in build_dir.rglob("*.gcda") if "host_cuda" in str(p)]
     for gcda in gcdas:
         out = subprocess.run(
             ["gcov", "--json-format", "--stdout", str(gcda)],

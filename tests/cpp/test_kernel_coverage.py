@@ -41,3 +41,21 @@ def test_every_global_function_has_its_body(tmp_path):
 def test_no_counts_is_a_failure(tmp_path, capsys):
     assert kernel_coverage.main(["--build-dir", str(tmp_path)]) == 1
     assert "FP8JAX_COVERAGE=ON" in capsys.readouterr().err
+
+
+def test_gcov_reads_the_counts_by_absolute_path(tmp_path, monkeypatch):
+    """gcov runs in each count file's folder, so a relative build dir (CI passes ``build``) must
+    not reach it as a relative path."""
+    folder = tmp_path / "build" / "host_cuda"
+    folder.mkdir(parents=True)
+    (folder / "unit.gcda").write_bytes(b"")
+    asked = []
+
+    def fake_run(cmd, **kwargs):
+        asked.append((cmd[-1], kwargs["cwd"]))
+        return type("Done", (), {"stdout": ""})()
+
+    monkeypatch.setattr(kernel_coverage.subprocess, "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    assert kernel_coverage.gcov_counts(Path("build")) == {}
+    assert asked == [(str(folder / "unit.gcda"), folder)]
