@@ -95,15 +95,8 @@ bool Release(Grid& g) {
     unsigned at_warp = 0;
     for (unsigned t = first; t < last; ++t) at_warp += g.fibers[t].state == State::kWarp;
     if (at_warp == 0) continue;
+    // Between passes no thread is runnable: lanes elsewhere never reach this collective.
     if (last - first != 32 || at_warp != 32) {
-      if (last - first == 32) {
-        bool others_blocked = true;
-        for (unsigned t = first; t < last; ++t) {
-          const State s = g.fibers[t].state;
-          others_blocked &= s != State::kRunnable;
-        }
-        if (!others_blocked) continue;
-      }
       std::ostringstream msg;
       msg << "block " << g.block << ", warp " << w << ": " << at_warp << " of " << (last - first)
           << " lanes wait at a full-mask warp collective; the others:";
