@@ -73,6 +73,11 @@ FP8JAX_HD float BitsToFloat(uint32_t u) {
 // bits is a NaN-propagating max of |x| (matching jnp.max(jnp.abs(x))).
 FP8JAX_HD uint32_t AbsBits(float x) { return FloatBits(x) & 0x7FFFFFFFu; }
 
+// The column sums (dbias, dgamma, dbeta) return NaN as 0x7FC00000 on every platform: a CPU add
+// keeps an operand NaN's sign and payload, a GPU's returns 0x7FFFFFFF, so both kernels store this.
+constexpr uint32_t kCanonicalNanBits = 0x7FC00000u;
+FP8JAX_HD float CanonicalNan(float x) { return x != x ? BitsToFloat(kCanonicalNanBits) : x; }
+
 // Round-to-nearest-even of a non-negative float to an integer (as float).
 FP8JAX_HD float RoundHalfEven(float x) {
 #if defined(__CUDA_ARCH__)

@@ -241,6 +241,15 @@ FP8JAX_PLAN_HD TileSlot StoreSlot(int t, int p) {
   return {(t % (kTile / kVec)) * kVec, t / (kTile / kVec) + kTileRowsPerPass * p};
 }
 
+// The byte of the guarded sub-tile's shared codes [kTile][kTile] that holds (row, col): the
+// row's 8-byte chunks permuted by the row's block of 8 rows (chunk ^ (row / 8) % 8). The load
+// pass stores whole chunks (16 lanes: two rows, 32 distinct banks); the store pass's lanes read
+// byte col of rows 8 m + j for m = 0..7, which now fall in 8 distinct banks (with unpermuted
+// rows of 72 bytes they met 2 banks: a 4-way conflict).
+FP8JAX_PLAN_HD int GuardedTileByte(int row, int col) {
+  return row * kTile + (((col / kVec) ^ ((row / kVec) % kVec)) * kVec) + col % kVec;
+}
+
 // How many of the 8 elements [start, start + 8) lie below limit (0..8).
 FP8JAX_PLAN_HD int ChunkCount(int64_t start, int64_t limit) {
   const int64_t n = limit - start;
@@ -418,16 +427,31 @@ FP8JAX_PLAN_HD void WalkGroups(int64_t groups, int64_t block, int64_t grid, int 
 // CPU and CUDA alike (so both give the same bits, every run): rows are cut
 // into tiles of kBigTile (128) rows, each tile into kRowGroups groups of
 // kSumGroup (8) consecutive rows. A group's sum adds its rows in order; a
-// tile's sum adds its groups in order; dbias adds the tiles in order; every
-// sum starts from +0 (rows past the end add nothing). On CUDA the cast_transpose
+// tile's sum adds its groups in order; dbias adds the tiles in the column
+// totals' order (below); every sum starts from +0 (rows past the end add
+// nothing). On CUDA the cast_transpose
 // kernel writes each tile's column sums to a workspace [matrices, row_tiles,
 // cols] (fast tiles: each thread's 8 x 8 block is one group; guarded
 // sub-tiles: groups are summed from a shared-memory copy of the values,
-// GuardedGroupSlot) and a second kernel adds the tiles (TotalsSlot).
+// GuardedGroupSlot) and a second kernel adds the tiles (ColumnTotalsKernel).
 constexpr int kSumGroup = kVec;                    // rows per group
 constexpr int kRowGroups = kBigTile / kSumGroup;   // 16 groups per tile
 constexpr int kGuardedGroups = kTile / kSumGroup;  // 8 groups per guarded sub-tile
 constexpr int kGuardedSlotsPerThread = kGuardedGroups * kTile / kThreads;  // 2
+
+// Where column col of a guarded sub-tile's staged dbias values sits in its shared row (rows of
+// kTile + 1 floats): col with its half (col >> 5) XORed into bit 2. The load pass's lanes store
+// element j of 8-column chunks (4 rows x 8 chunks per warp), which then meet 32 distinct banks
+// (unpermuted, chunks k and k + 4 shared a bank: 2-way); the group sums' lanes read 32
+// consecutive columns of one row, still 32 distinct banks.
+FP8JAX_PLAN_HD int GuardedValCol(int col) { return col ^ ((col >> 5) << 2); }
+
+// Where group g's sum of tile column c sits in the kernel's shared row of kBigTile floats for
+// group g: c with its quarter (c >> 5) XORed into bits 0-1 and g's parity into bit 2. Each of
+// the kernel's patterns then meets 32 distinct banks per warp: the fast tile's stores (16 column
+// blocks c = 8 cb + j, fixed j, two groups), and 32 consecutive columns of one group (guarded
+// stores, the flush's reads). Without it the fast stores were an 8-way conflict.
+FP8JAX_PLAN_HD int ColpartCol(int g, int c) { return c ^ (c >> 5) ^ ((g & 1) << 2); }
 
 // Workspace index of tile row `row_tile`, column `col` of matrix `mat`.
 FP8JAX_PLAN_HD int64_t PartialIndex(int64_t mat, int64_t row_tile, int64_t row_tiles, int64_t cols,
@@ -452,13 +476,39 @@ FP8JAX_PLAN_HD GroupSlot GuardedGroupSlot(int t, int k) {
 FP8JAX_PLAN_HD int SubTileGroup0(int sub) { return (sub / 2) * kGuardedGroups; }
 FP8JAX_PLAN_HD int SubTileCol0(int sub) { return (sub % 2) * kTile; }
 
-// Pass 2's work item i (of matrices * cols): the matrix and the column.
+// ------------------------------------------------- column totals (pass 2)
+
+// The order of a column total of `rows` partial rows (dbias's tiles; the norm
+// backward's slots), on CPU and CUDA alike: kColumnLanes interleaved sums
+// (lane l adds rows l, l + kColumnLanes, ... in order, from +0), then the
+// lanes added in order, from +0. Up to kColumnLanes rows that is the rows
+// added in order. On CUDA a block of kThreads threads takes kTotalsColumns
+// consecutive columns of one matrix, one thread per (lane, column), and adds
+// the lanes in shared memory: every thread walks rows / kColumnLanes rows.
+constexpr int kColumnLanes = 16;
+constexpr int kTotalsColumns = kThreads / kColumnLanes;  // 16 columns per block
+
+// The lane that adds row r of a column.
+FP8JAX_PLAN_HD int ColumnLane(int64_t r) { return static_cast<int>(r % kColumnLanes); }
+
+// Work items of pass 2 (one per block at a time): kTotalsColumns columns of one matrix.
+FP8JAX_PLAN_HD int64_t TotalsItems(int64_t matrices, int64_t cols) {
+  return matrices * CeilDiv(cols, kTotalsColumns);
+}
+
+// Item `item`'s matrix and first column.
 struct TotalsSlot {
   int64_t mat = 0;
   int64_t col = 0;
 };
 
-FP8JAX_PLAN_HD TotalsSlot TotalsSlotAt(int64_t i, int64_t cols) { return {i / cols, i % cols}; }
+FP8JAX_PLAN_HD TotalsSlot TotalsSlotAt(int64_t item, int64_t cols) {
+  const int64_t per_mat = CeilDiv(cols, kTotalsColumns);
+  return {item / per_mat, (item % per_mat) * kTotalsColumns};
+}
+
+// Rows a thread of pass 2 adds in sequence (the pass's serial depth).
+FP8JAX_PLAN_HD int64_t TotalsSteps(int64_t rows) { return CeilDiv(rows, kColumnLanes); }
 
 // Blocks for a grid-stride loop over n items (at least 1, at most kMaxGridX).
 FP8JAX_PLAN_HD int64_t GridFor(int64_t n, int64_t resident) {

@@ -72,7 +72,7 @@ FP8JAX_PLAN_HD NormPlan PlanNorm(int64_t rows, int64_t h, int elem_bytes, bool a
 
 // The backward's partial rows fit a workspace of ws_slots rows per group. A plan's blocks hold
 // rows_per_cta row groups each, so a workspace of fewer rows than that (possible only for a direct
-// FFI call; fp8jax passes NORM_WORKSPACE_SLOTS) gets more slots than it has: the handler refuses
+// FFI call; fp8jax passes at least 256) gets more slots than it has: the handler refuses
 // it.
 FP8JAX_PLAN_HD bool NormWorkspaceFits(const NormPlan& p, int64_t ws_slots) {
   return p.slots <= ws_slots;

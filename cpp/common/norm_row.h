@@ -130,7 +130,7 @@ struct NormLanes {
 
 // The backward's column sums (dgamma, dbeta) go through a workspace of
 // `slots` partial rows per vmap group (fp8jax/ops/norm.py
-// NORM_WORKSPACE_SLOTS, an output of the custom call): the CPU kernel cuts a
+// norm_workspace_slots, an output of the custom call): the CPU kernel cuts a
 // group's rows into at most `slots` blocks of NormRowsPerPartial consecutive
 // rows, each block summing its rows in order into its own partial; a second
 // pass adds each column's partials in block order. A function of the shapes

@@ -14,7 +14,8 @@
 // the thread pool schedules strips), the CUDA kernel's too (common/
 // launch_plan.h): per column, each group of kSumGroup (8) rows is summed in
 // row order, each strip (128 rows, a CUDA tile row) sums its groups in order,
-// and the strips' sums are added in order; every sum starts from +0. So dbias
+// and the strips' sums are added in 16 interleaved lanes, then the lanes in
+// order (plan::ColumnLane); every sum starts from +0. So dbias
 // has the same bits on every run, with any number of threads, on CPU and GPU.
 #pragma once
 
@@ -144,22 +145,29 @@ void CastTransposeRows(ffi::ThreadPool* pool, const Source& src, const CastTrans
     o.scale_inv[g] = ScaleInverse(o.scale[g]);
   }
   if (o.dbias == nullptr) return;
-  // The strips' partials, added in strip order; blocks of columns in parallel.
+  // The strips' partials, added in plan::ColumnLane order (interleaved lanes, then the lanes
+  // in order: the CUDA pass 2's order); blocks of columns in parallel.
   constexpr int64_t kCols = 256;
   const int64_t col_blocks = (s.cols + kCols - 1) / kCols;
   ParallelFor(pool, s.matrices * col_blocks, std::max<int64_t>(1, kGrain / (kCols * strips + 1)),
               [&](int64_t begin, int64_t end) {
-                float acc[kCols];
+                float lanes[plan::kColumnLanes][kCols];
                 for (int64_t i = begin; i < end; ++i) {
                   const int64_t m = i / col_blocks;
                   const int64_t c0 = (i % col_blocks) * kCols;
                   const int64_t n = std::min(kCols, s.cols - c0);
-                  std::fill(acc, acc + n, 0.0f);
+                  for (auto& lane : lanes) std::fill(lane, lane + n, 0.0f);
                   for (int64_t st = 0; st < strips; ++st) {
                     const float* p = partial + (m * strips + st) * s.cols + c0;
-                    for (int64_t c = 0; c < n; ++c) acc[c] += p[c];
+                    float* lane = lanes[plan::ColumnLane(st)];
+                    for (int64_t c = 0; c < n; ++c) lane[c] += p[c];
                   }
-                  std::copy(acc, acc + n, o.dbias + m * s.cols + c0);
+                  float* out = o.dbias + m * s.cols + c0;
+                  std::fill(out, out + n, 0.0f);
+                  for (const auto& lane : lanes) {
+                    for (int64_t c = 0; c < n; ++c) out[c] += lane[c];
+                  }
+                  for (int64_t c = 0; c < n; ++c) out[c] = CanonicalNan(out[c]);
                 }
               });
 }

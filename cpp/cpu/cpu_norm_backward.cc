@@ -198,6 +198,10 @@ ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 
                     for (int64_t c = c0; c < stop; ++c) dg[c] += wg[c];
                     for (int64_t c = c0; c < stop; ++c) db[c] += wg[c + s.h];
                   }
+                  for (int64_t c = c0; c < stop; ++c) {
+                    dg[c] = CanonicalNan(dg[c]);
+                    db[c] = CanonicalNan(db[c]);
+                  }
                   c0 = stop;
                 }
               });

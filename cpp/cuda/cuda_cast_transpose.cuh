@@ -8,7 +8,7 @@
 // common/launch_plan.h, which the CPU engine follows too) to a workspace
 // [matrices, row_tiles, cols] (a buffer XLA allocates: no allocation in the
 // handler, which stays command-buffer compatible), and ColumnTotalsKernel
-// adds the tiles in order.
+// (cuda_column_totals.cuh) adds the tiles in the plan's order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +17,7 @@
 
 #include "common/ffi_checks.h"
 #include "common/launch_plan.h"
+#include "cuda/cuda_column_totals.cuh"
 #include "cuda/cuda_device.cuh"
 #include "xla/ffi/api/ffi.h"
 
@@ -40,19 +41,24 @@ __device__ __forceinline__ void CastTransposeFastTile(
   float v[plan::kVec][8];
 #pragma unroll
   for (int i = 0; i < plan::kVec; ++i) src.Eight(first + i * a.cols, v[i]);
+  // dbias: this thread's 8 rows are one group; each column's sum adds the rows
+  // in order (plan: dbias order) while all 64 values are loaded anyway, and is
+  // stored once (ColpartCol: no bank conflict), so no sum stays live beside
+  // the quantization below.
+  if constexpr (kDbias) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < plan::kVec; ++i) acc = __fadd_rn(acc, v[i][j]);
+      colpart[rb][plan::ColpartCol(rb, cb * plan::kVec + j)] = acc;
+    }
+  }
   uint64_t w[plan::kVec];
-  // dbias: this thread's 8 rows are one group, added row by row as each row
-  // is quantized (plan: dbias order), in shared memory: every row dies as
-  // early as without dbias and no register is added (8 more spilled).
 #pragma unroll
   for (int i = 0; i < plan::kVec; ++i) {
     w[i] = QuantizeEight<F>(v[i], sc, m);
     *reinterpret_cast<uint64_t*>(q + first + i * a.cols) = w[i];
-    if constexpr (kDbias) {
-      float* sums = &colpart[rb][cb * plan::kVec];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sums[j] = __fadd_rn(i == 0 ? 0.0f : sums[j], v[i][j]);
-    }
   }
   plan::Transpose8x8(w);
 #pragma unroll
@@ -79,10 +85,9 @@ __device__ __forceinline__ void CastTransposeFastTile(
 // codes of a q_t row. Every chunk is guarded (plan::LoadChunk/StoreChunk).
 template <typename F, bool kDbias, typename Source>
 __device__ __forceinline__ void CastTransposeGuardedTile(
-    const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
-    uint8_t (*tile)[plan::kTile + 8], float (*vals)[plan::kTile + 1],
-    float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a, const plan::MatTile& mt,
-    int sub, float sc, uint32_t& m, int t) {
+    const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt, uint8_t* tile,
+    float (*vals)[plan::kTile + 1], float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a,
+    const plan::MatTile& mt, int sub, float sc, uint32_t& m, int t) {
   plan::TileChunk in[2];
   float v[2][8];
 #pragma unroll
@@ -91,14 +96,17 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
     src.Chunk(in[p].offset, in[p].count, in[p].vector, v[p]);
     if constexpr (kDbias) {  // missing elements are 0 and add nothing
 #pragma unroll
-      for (int j = 0; j < 8; ++j) vals[in[p].slot.row][in[p].slot.col + j] = v[p][j];
+      for (int j = 0; j < 8; ++j) {
+        vals[in[p].slot.row][plan::GuardedValCol(in[p].slot.col + j)] = v[p][j];
+      }
     }
   }
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     const uint64_t packed = QuantizeEight<F>(v[p], sc, m);
     StoreCodes(q, in[p].offset, in[p].count, in[p].vector, packed);
-    *reinterpret_cast<uint64_t*>(&tile[in[p].slot.row][in[p].slot.col]) = packed;
+    *reinterpret_cast<uint64_t*>(&tile[plan::GuardedTileByte(in[p].slot.row, in[p].slot.col)]) =
+        packed;
   }
   __syncthreads();
 #pragma unroll
@@ -107,7 +115,8 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
     uint64_t packed = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      packed |= static_cast<uint64_t>(tile[out.slot.row + j][out.slot.col]) << (8 * j);
+      const uint8_t code = tile[plan::GuardedTileByte(out.slot.row + j, out.slot.col)];
+      packed |= static_cast<uint64_t>(code) << (8 * j);
     }
     StoreCodes(qt, out.offset, out.count, out.vector, packed);
   }
@@ -118,9 +127,10 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
       float acc = 0.0f;
 #pragma unroll
       for (int i = 0; i < plan::kSumGroup; ++i) {
-        acc = __fadd_rn(acc, vals[gs.group * plan::kSumGroup + i][gs.col]);
+        acc = __fadd_rn(acc, vals[gs.group * plan::kSumGroup + i][plan::GuardedValCol(gs.col)]);
       }
-      colpart[plan::SubTileGroup0(sub) + gs.group][plan::SubTileCol0(sub) + gs.col] = acc;
+      const int g = plan::SubTileGroup0(sub) + gs.group;
+      colpart[g][plan::ColpartCol(g, plan::SubTileCol0(sub) + gs.col)] = acc;
     }
   }
   __syncthreads();  // this sub-tile's reads before the next writes
@@ -135,7 +145,9 @@ __device__ __forceinline__ void FlushTileColumns(const float (*colpart)[plan::kB
   if (t < plan::kBigTile && mt.col0 + t < a.cols) {
     float acc = 0.0f;
 #pragma unroll
-    for (int g = 0; g < plan::kRowGroups; ++g) acc = __fadd_rn(acc, colpart[g][t]);
+    for (int g = 0; g < plan::kRowGroups; ++g) {
+      acc = __fadd_rn(acc, colpart[g][plan::ColpartCol(g, t)]);
+    }
     partial[plan::PartialIndex(mt.mat, mt.row0 / plan::kBigTile, a.row_tiles, a.cols,
                                mt.col0 + t)] = acc;
   }
@@ -157,12 +169,12 @@ __global__ void __launch_bounds__(plan::kThreads, 2)
                         uint32_t* __restrict__ amax_bits, int64_t groups, plan::TransposeArgs a,
                         float* __restrict__ partial) {
   __shared__ __align__(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
-  static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
+  static_assert(sizeof(words) >= plan::kTile * plan::kTile);
   constexpr int kSumRows = kDbias ? plan::kRowGroups : 1;
   constexpr int kValRows = kDbias ? plan::kTile : 1;
   __shared__ float colpart[kSumRows][plan::kBigTile];
   __shared__ float vals[kValRows][plan::kTile + 1];
-  auto* tile = reinterpret_cast<uint8_t (*)[plan::kTile + 8]>(words);
+  auto* tile = reinterpret_cast<uint8_t*>(words);
   WriteScaleInv(scale, scale_inv, groups);
   const int t = threadIdx.x;
   uint32_t m = 0;
@@ -240,34 +252,17 @@ ffi::Error LaunchCastTransposeOf(const char* op, cudaStream_t stream, const Sour
       src, scale, qp, qtp, scale_inv, amax_bits, s.groups, a, partial);
 }
 
-// Pass 2 of dbias: dbias[mat][col] = the row tiles' sums, added in order.
-// (A template, so that every .cu including this header may instantiate it.)
-template <int kUnused = 0>
-__global__ void __launch_bounds__(plan::kThreads)
-    ColumnTotalsKernel(const float* __restrict__ partial, float* __restrict__ dbias,
-                       int64_t matrices, int64_t row_tiles, int64_t cols) {
-  const int64_t n = matrices * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const plan::TotalsSlot ts = plan::TotalsSlotAt(i, cols);
-    float acc = 0.0f;
-    for (int64_t rt = 0; rt < row_tiles; ++rt) {
-      acc = __fadd_rn(acc, partial[plan::PartialIndex(ts.mat, rt, row_tiles, cols, ts.col)]);
-    }
-    dbias[i] = acc;
-  }
-}
-
-// Enqueues pass 2 (after a kDbias cast_transpose wrote `partial`).
+// Enqueues pass 2 of dbias (after a kDbias cast_transpose wrote `partial`):
+// dbias[mat][col] = the row tiles' sums, in plan::ColumnLane order.
 inline ffi::Error LaunchColumnTotals(const char* op, cudaStream_t stream, const float* partial,
                                      const MatrixShape& s, float* dbias) {
-  const int64_t n = s.matrices * s.cols;
-  if (n == 0) return ffi::Error::Success();
-  const int64_t row_tiles = plan::CeilDiv(s.rows, plan::kBigTile);
-  return PlanAndLaunch(
-      op, ColumnTotalsKernel<>, stream,
-      [n](int64_t resident) { return plan::GridFor(n, resident); }, partial, dbias, s.matrices,
-      row_tiles, s.cols);
+  TotalsArgs t;
+  t.in = partial;
+  t.matrices = s.matrices;
+  t.stride_rows = t.rows = plan::CeilDiv(s.rows, plan::kBigTile);
+  t.cols = t.split = s.cols;
+  t.out0 = dbias;
+  return LaunchColumnTotals(op, stream, t);
 }
 
 }  // namespace fp8jax

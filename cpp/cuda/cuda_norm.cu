@@ -31,6 +31,7 @@
 #include "common/norm_row.h"
 #include "common/op_table.h"
 #include "common/wide.h"
+#include "cuda/cuda_column_totals.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
@@ -130,6 +131,20 @@ __device__ __forceinline__ float LoadParam(const void* p, WideKind k, int64_t i)
   }
 }
 
+// The `count` gamma (or beta) values of a chunk at i. like_x (block-uniform): the parameter has
+// x's dtype, and is 16-byte aligned where kVector, so the chunk is x's kind of access (one
+// 16-byte load when kVector); else element by element through LoadParam.
+template <WideKind W, bool kVector, int VEC>
+__device__ __forceinline__ void LoadParams(const void* p, WideKind k, bool like_x, int64_t i,
+                                           int count, float (&v)[VEC]) {
+  if (like_x) {
+    LoadVec<W, kVector>(p, i, count, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = j < count ? LoadParam(p, k, i + j) : 0.0f;
+  }
+}
+
 // ---------------------------------------------------------------- reductions
 
 // Sums each v[n] over the row group (threads_per_row threads, whole warps);
@@ -174,6 +189,7 @@ struct FwdArgs {
   const void* gamma;
   const void* beta;  // null for rmsnorm
   WideKind gamma_kind, beta_kind;
+  bool params_like_x;  // gamma (and beta) have x's dtype and, for vector rows, its alignment
   int zero_centered;
   float eps;
   int64_t rows;  // all rows (groups * rows per group)
@@ -254,15 +270,17 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormForwardKernel(FwdArgs a) {
     for (int k = 0; valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k); ++k) {
       const int64_t c0 = plan::NormChunkStart(p, t, k);
       const int n = plan::NormChunkCount(p, a.h, c0);
-      float v[VEC];
+      float v[VEC], g[VEC], b[VEC];
       LoadVec<W, kVector>(a.x, base + c0, n, v);
+      LoadParams<W, kVector>(a.gamma, a.gamma_kind, a.params_like_x, pbase + c0, n, g);
+      if constexpr (kLayer) {
+        LoadParams<W, kVector>(a.beta, a.beta_kind, a.params_like_x, pbase + c0, n, b);
+      }
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (j < n) {
-          const float g =
-              NormGamma(LoadParam(a.gamma, a.gamma_kind, pbase + c0 + j), a.zero_centered != 0);
-          const float b = kLayer ? LoadParam(a.beta, a.beta_kind, pbase + c0 + j) : 0.0f;
-          v[j] = NormOut<kLayer>(v[j], mu, rs, g, b);
+          v[j] = NormOut<kLayer>(v[j], mu, rs, NormGamma(g[j], a.zero_centered != 0),
+                                 kLayer ? b[j] : 0.0f);
         }
       }
       if constexpr (kFp8) {
@@ -326,6 +344,7 @@ struct BwdArgs {
   const float* rs;
   const void* gamma;
   WideKind gamma_kind;
+  bool params_like_x;  // as FwdArgs
   int zero_centered;
   int64_t groups;
   int64_t rows;  // per group
@@ -359,6 +378,20 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
       for (int j = 0; j < VEC; ++j) dg[k][j] = db[k][j] = 0.0f;
     }
     const int64_t pbase = g * a.h;
+    // This group's gamma of the thread's chunks, loaded once for all its rows.
+    float gm[kMaxK][VEC];
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) gm[k][j] = 0.0f;
+      if (k < p.chunks_per_thread && plan::NormChunkValid(p, t, k)) {
+        const int64_t c0 = plan::NormChunkStart(p, t, k);
+        LoadParams<W, kVector>(a.gamma, a.gamma_kind, a.params_like_x, pbase + c0,
+                               plan::NormChunkCount(p, a.h, c0), gm[k]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) gm[k][j] = NormGamma(gm[k][j], a.zero_centered != 0);
+      }
+    }
     for (int64_t it = 0; it < iters; ++it) {
       const int64_t r = slot + it * p.slots;
       const bool valid = r < a.rows;
@@ -378,9 +411,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             if (j < n) {
-              const float gm =
-                  NormGamma(LoadParam(a.gamma, a.gamma_kind, pbase + c0 + j), a.zero_centered != 0);
-              const float dz = NMul(dy[j], gm);
+              const float dz = NMul(dy[j], gm[k][j]);
               s[0] = NAdd(s[0], dz);
               s[1] = NAdd(s[1], NMul(dz, NormXhat(x[j], mu, rs)));
             }
@@ -401,12 +432,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             if (j < n) {
-              const float gm =
-                  NormGamma(LoadParam(a.gamma, a.gamma_kind, pbase + c0 + j), a.zero_centered != 0);
               const float xhat = NormXhat(x[j], mu, rs);
               dg[k][j] = NAdd(dg[k][j], NMul(dy[j], xhat));
               if constexpr (kLayer) db[k][j] = NAdd(db[k][j], dy[j]);
-              x[j] = NormDx(NMul(dy[j], gm), xhat, rs, c1, c2);
+              x[j] = NormDx(NMul(dy[j], gm[k][j]), xhat, rs, c1, c2);
             }
           }
           StoreVec<W, kVector>(a.dx, base + c0, n, x);
@@ -428,25 +457,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
         }
       }
     }
-  }
-}
-
-// dgamma/dbeta of every (group, column): the slots' partials in slot order.
-__global__ void __launch_bounds__(plan::kThreads)
-    NormColumnSumKernel(const float* ws, int64_t groups, int64_t ws_slots, int64_t slots, int64_t h,
-                        float* dgamma, float* dbeta) {
-  const int64_t n = groups * h;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t g = i / h;
-    const float* w = ws + g * ws_slots * 2 * h + i % h;
-    float sg = 0.0f, sb = 0.0f;
-    for (int64_t s = 0; s < slots; ++s) {
-      sg = NAdd(sg, w[s * 2 * h]);
-      sb = NAdd(sb, w[s * 2 * h + h]);
-    }
-    dgamma[i] = sg;
-    dbeta[i] = sb;
   }
 }
 
@@ -496,6 +506,17 @@ bool RowsAligned(int64_t h, int elem_bytes, std::initializer_list<const void*> p
 
 int ElemBytes(ffi::DataType t) { return WideKindOf(t) == WideKind::kF32 ? 4 : 2; }
 
+// LoadParams' like_x: gamma (and beta) in x's dtype and, where the rows take 16-byte accesses,
+// 16-byte aligned.
+bool ParamsLikeX(ffi::DataType x, const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
+                 bool aligned) {
+  for (const ffi::AnyBuffer* p : {&gamma, beta}) {
+    if (p == nullptr) continue;
+    if (p->element_type() != x || (aligned && Addr(p->untyped_data()) % 16 != 0)) return false;
+  }
+  return true;
+}
+
 ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
                        const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
                        int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
@@ -519,6 +540,7 @@ ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ff
   a.mu = mu;
   a.rs = rs;
   const bool aligned = RowsAligned(s.h, ElemBytes(x.element_type()), {a.x, a.y});
+  a.params_like_x = ParamsLikeX(x.element_type(), gamma, beta, aligned);
   return DispatchWide(op, WideKindOf(x.element_type()), [&]<WideKind W>() {
     return layer ? LaunchForwardAny<W, true, void>(op, stream, a, aligned)
                  : LaunchForwardAny<W, false, void>(op, stream, a, aligned);
@@ -574,6 +596,7 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const
   a.mu = mu;
   a.rs = rs;
   const bool aligned = RowsAligned(s.h, ElemBytes(x.element_type()), {a.x, a.q});
+  a.params_like_x = ParamsLikeX(x.element_type(), gamma, beta, aligned);
   // The row kernel runs even for empty tensors: it writes scale_inv.
   auto err = DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q.element_type()),
                              [&]<WideKind W, typename F>() {
@@ -637,6 +660,7 @@ ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 m
   a.rs = rs.typed_data();
   a.gamma = gamma.untyped_data();
   a.gamma_kind = WideKindOf(gamma.element_type());
+  a.params_like_x = ParamsLikeX(x.element_type(), gamma, nullptr, aligned);
   a.zero_centered = zero_centered != 0;
   a.groups = s.groups;
   a.rows = s.rows;
@@ -669,11 +693,17 @@ ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 m
     });
     if (!err.success()) return err;
   }
-  const int64_t slots = s.rows > 0 ? a.p.slots : 0;  // no rows: zero partials, sums are 0
-  const int64_t cols = s.groups * s.h;
-  const int64_t grid = plan::Clamp(plan::CeilDiv(cols, plan::kThreads), 1, 4096);
-  return Launch(op, NormColumnSumKernel, grid, plan::kThreads, stream, a.ws, s.groups, ws_slots,
-                slots, s.h, dgamma->typed_data(), dbeta->typed_data());
+  // dgamma/dbeta: each group's [slots, 2h] partials, summed per column (no rows: zeros).
+  TotalsArgs t;
+  t.in = a.ws;
+  t.matrices = s.groups;
+  t.stride_rows = ws_slots;
+  t.rows = s.rows > 0 ? a.p.slots : 0;
+  t.cols = 2 * s.h;
+  t.split = s.h;
+  t.out0 = dgamma->typed_data();
+  t.out1 = dbeta->typed_data();
+  return LaunchColumnTotals(op, stream, t);
 }
 
 }  // namespace

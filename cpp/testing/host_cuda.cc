@@ -2,14 +2,17 @@
 // runtime stubs the handlers call there.
 #include "testing/host_cuda.h"
 
+#include <link.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <vector>
 
 namespace fp8jax::host_cuda {
@@ -27,6 +30,40 @@ struct Fiber {
   WarpOp op = WarpOp::kShflXor;
   unsigned mask = 0;
   uint32_t bits = 0;
+  std::unordered_map<uintptr_t, uint32_t> occurrences;  // per access site, since the barrier
+};
+
+// One byte of shared memory: who wrote and read it in which interval between barriers (stamps
+// count the block starts and barriers of all launches), and the block that first wrote it.
+struct ShadowByte {
+  uint32_t written = 0;  // stamp of the last write
+  uint32_t read = 0;     // stamp of the last read
+  uint32_t block = 0;    // block serial of the first write in the block
+  int16_t writer = -1;
+  int16_t reader = -1;  // kManyReaders: two threads or more
+};
+constexpr int16_t kManyReaders = -2;
+
+// One lane's access, for the bank model.
+struct LaneAccess {
+  unsigned lane;
+  uintptr_t addr;
+  unsigned size;
+};
+
+struct SiteKey {
+  unsigned warp;
+  uintptr_t pc;
+  uint32_t occurrence;
+  bool operator==(const SiteKey& o) const {
+    return warp == o.warp && pc == o.pc && occurrence == o.occurrence;
+  }
+};
+
+struct SiteHash {
+  size_t operator()(const SiteKey& k) const {
+    return std::hash<uintptr_t>()(k.pc) ^ (size_t{k.warp} << 40) ^ (size_t{k.occurrence} << 20);
+  }
 };
 
 struct Grid {
@@ -39,7 +76,41 @@ struct Grid {
   const std::function<void()>* body = nullptr;
   std::string error;
   std::vector<std::array<uint32_t, 32>> warp_values;
+  uint32_t block_serial = 0;  // this block's, for ShadowByte::block
+  bool banks = false;
+  std::unordered_map<SiteKey, std::vector<LaneAccess>, SiteHash> sites;  // since the barrier
 };
+
+// The shadow of the shared section, and the stamp of the interval between barriers running now.
+// Launches run one at a time (RunGrid's lock), so these are the running launch's.
+std::vector<ShadowByte> g_shadow;
+uint32_t g_stamp = 0;
+uint32_t g_block_serial = 0;
+
+// This module's TLS block in the calling thread (where host_cuda.h's `__shared__` variables are):
+// [start, stop), found once per thread after g_grid (also in it) has made the thread allocate it.
+struct TlsBlock {
+  uintptr_t start = 0;
+  uintptr_t stop = 0;
+};
+thread_local TlsBlock g_tls;
+
+int FindTls(dl_phdr_info* info, size_t, void* data) {
+  const auto here = reinterpret_cast<uintptr_t>(&FindTls);
+  bool mine = false;
+  size_t tls_bytes = 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr) & ph = info->dlpi_phdr[i];
+    const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+    if (ph.p_type == PT_LOAD && here >= lo && here < lo + ph.p_memsz) mine = true;
+    if (ph.p_type == PT_TLS) tls_bytes = ph.p_memsz;
+  }
+  if (!mine || info->dlpi_tls_data == nullptr) return 0;
+  auto* out = static_cast<TlsBlock*>(data);
+  out->start = reinterpret_cast<uintptr_t>(info->dlpi_tls_data);
+  out->stop = out->start + tls_bytes;
+  return 1;
+}
 
 thread_local Grid* g_grid = nullptr;  // this thread's launch in progress (they do not nest)
 
@@ -81,6 +152,45 @@ const char* Name(State s) {
       return "returned";
   }
   return "?";
+}
+
+// The wavefronts of one warp-wide shared-memory instruction: lanes in phases of 128 bytes of
+// requests (32 lanes of up to 4 bytes, 16 of 8, 8 of 16); in each phase, the most distinct
+// 4-byte words that fall in one of the 32 banks (lanes reading one word share it).
+void CountWavefronts(const std::vector<LaneAccess>& lanes) {
+  unsigned size = 1;
+  for (const LaneAccess& a : lanes) size = std::max(size, a.size);
+  const unsigned per_phase = size <= 4 ? 32 : 128 / size;
+  int64_t waves = 0, ideal = 0;
+  for (unsigned first = 0; first < 32; first += per_phase) {
+    std::array<std::vector<uintptr_t>, 32> words;
+    bool active = false;
+    for (const LaneAccess& a : lanes) {
+      if (a.lane < first || a.lane >= first + per_phase) continue;
+      active = true;
+      for (uintptr_t w = a.addr / 4; w <= (a.addr + a.size - 1) / 4; ++w) {
+        auto& bank = words[w % 32];
+        if (std::find(bank.begin(), bank.end(), w) == bank.end()) bank.push_back(w);
+      }
+    }
+    if (!active) continue;
+    size_t most = 0;
+    for (const auto& bank : words) most = std::max(most, bank.size());
+    waves += static_cast<int64_t>(most);
+    ++ideal;
+  }
+  Stats& s = GetStats();
+  ++s.shared_requests;
+  s.shared_wavefronts += waves;
+  s.shared_ideal += ideal;
+}
+
+// A barrier (or the block's end): the accesses so far become ordered before what follows.
+void NewInterval(Grid& g) {
+  ++g_stamp;
+  for (const auto& [key, lanes] : g.sites) CountWavefronts(lanes);
+  g.sites.clear();
+  for (Fiber& f : g.fibers) f.occurrences.clear();
 }
 
 // Releases what can go on: each warp whose lanes are all at the same collective, else a block
@@ -137,6 +247,7 @@ bool Release(Grid& g) {
     for (Fiber& f : g.fibers) {
       if (f.state == State::kBarrier) f.state = State::kRunnable;
     }
+    NewInterval(g);
     ++GetStats().barriers;
     return true;
   }
@@ -150,6 +261,8 @@ bool Release(Grid& g) {
 }
 
 bool RunBlock(Grid& g) {
+  g.block_serial = ++g_block_serial;
+  NewInterval(g);
   for (unsigned t = 0; t < g.threads; ++t) {
     Fiber& f = g.fibers[t];
     f.tid = t;
@@ -172,7 +285,10 @@ bool RunBlock(Grid& g) {
     }
     bool done = true;
     for (const Fiber& f : g.fibers) done &= f.state == State::kDone;
-    if (done) return true;
+    if (done) {
+      NewInterval(g);
+      return true;
+    }
     if (!Release(g)) return false;
   }
 }
@@ -196,6 +312,10 @@ void ResetStats() {
   s.threads = 0;
   s.barriers = 0;
   s.warp_collectives = 0;
+  s.shared_accesses = 0;
+  s.shared_requests = 0;
+  s.shared_wavefronts = 0;
+  s.shared_ideal = 0;
 }
 
 std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>& body) {
@@ -211,7 +331,10 @@ std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>
   g.fibers.resize(threads);
   for (Fiber& f : g.fibers) f.stack.reset(new char[kStackBytes]);
   g.warp_values.resize((threads + 31) / 32);
+  g.banks = GetOptions().banks;
   g_grid = &g;
+  if (g_tls.start == 0) dl_iterate_phdr(FindTls, &g_tls);
+  if (g_shadow.size() != g_tls.stop - g_tls.start) g_shadow.assign(g_tls.stop - g_tls.start, {});
   Stats& stats = GetStats();
   ++stats.launches;
   const bool reverse = GetOptions().reverse;
@@ -247,7 +370,121 @@ void WarpExchange(WarpOp op, unsigned mask, uint32_t bits, uint32_t all[32]) {
   for (int i = 0; i < 32; ++i) all[i] = values[i];
 }
 
+void SharedAccessError(Grid& g, const char* what, uintptr_t offset, unsigned other) {
+  if (!g.error.empty()) return;
+  std::ostringstream msg;
+  msg << "block " << g.block << ": thread " << g.current->tid << " " << what << " (byte " << offset
+      << " of the shared variables";
+  if (other != ~0u) msg << ", thread " << other;
+  msg << ")";
+  g.error = msg.str();
+}
+
+// A load or store of `size` bytes at `p` by the running thread, from the access site `pc`.
+void SharedAccess(const void* p, unsigned size, bool write, uintptr_t pc) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = g_tls.start;
+  const uintptr_t stop = g_tls.stop;
+  if (addr < start || addr >= stop) return;
+  Grid* gp = g_grid;
+  if (gp == nullptr || gp->current == nullptr) return;
+  Grid& g = *gp;
+  const auto tid = static_cast<int16_t>(g.current->tid);
+  ++GetStats().shared_accesses;
+  for (uintptr_t b = addr; b < addr + size && b < stop; ++b) {
+    ShadowByte& s = g_shadow[b - start];
+    if (write) {
+      if (s.written == g_stamp && s.writer != tid) {
+        SharedAccessError(g,
+                          "writes a shared byte that another thread wrote since the last "
+                          "__syncthreads",
+                          b - start, static_cast<unsigned>(s.writer));
+      } else if (s.read == g_stamp && s.reader != tid) {
+        SharedAccessError(g,
+                          "writes a shared byte that another thread read since the last "
+                          "__syncthreads",
+                          b - start,
+                          s.reader == kManyReaders ? ~0u : static_cast<unsigned>(s.reader));
+      }
+      s.written = g_stamp;
+      s.writer = tid;
+      if (s.block != g.block_serial) s.block = g.block_serial;
+    } else {
+      if (s.block != g.block_serial) {
+        SharedAccessError(g, "reads a shared byte that no thread of the block has written",
+                          b - start, ~0u);
+      } else if (s.written == g_stamp && s.writer != tid) {
+        SharedAccessError(g,
+                          "reads a shared byte that another thread wrote since the last "
+                          "__syncthreads",
+                          b - start, static_cast<unsigned>(s.writer));
+      }
+      if (s.read != g_stamp) {
+        s.read = g_stamp;
+        s.reader = tid;
+      } else if (s.reader != tid) {
+        s.reader = kManyReaders;
+      }
+    }
+  }
+  if (g.banks) {
+    const uint32_t occ = g.current->occurrences[pc]++;
+    g.sites[SiteKey{g.current->tid / 32, pc, occ}].push_back(
+        LaneAccess{g.current->tid % 32, addr, size});
+  }
+}
+
 }  // namespace fp8jax::host_cuda
+
+// ---- The loads and stores of the kernels' translation units (compiled with -fsanitize=thread,
+// linked without its runtime: these are the instrumentation's callbacks) ----
+
+#define FP8JAX_TSAN_ACCESS_(name, size, write)                                                 \
+  extern "C" __attribute__((visibility("hidden"))) void name(void* p) {                        \
+    fp8jax::host_cuda::SharedAccess(p, size, write,                                            \
+                                    reinterpret_cast<uintptr_t>(__builtin_return_address(0))); \
+  }
+FP8JAX_TSAN_ACCESS_(__tsan_read1, 1, false)
+FP8JAX_TSAN_ACCESS_(__tsan_read2, 2, false)
+FP8JAX_TSAN_ACCESS_(__tsan_read4, 4, false)
+FP8JAX_TSAN_ACCESS_(__tsan_read8, 8, false)
+FP8JAX_TSAN_ACCESS_(__tsan_read16, 16, false)
+FP8JAX_TSAN_ACCESS_(__tsan_write1, 1, true)
+FP8JAX_TSAN_ACCESS_(__tsan_write2, 2, true)
+FP8JAX_TSAN_ACCESS_(__tsan_write4, 4, true)
+FP8JAX_TSAN_ACCESS_(__tsan_write8, 8, true)
+FP8JAX_TSAN_ACCESS_(__tsan_write16, 16, true)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_read2, 2, false)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_read4, 4, false)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_read8, 8, false)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_read16, 16, false)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_write2, 2, true)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_write4, 4, true)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_write8, 8, true)
+FP8JAX_TSAN_ACCESS_(__tsan_unaligned_write16, 16, true)
+#undef FP8JAX_TSAN_ACCESS_
+
+extern "C" __attribute__((visibility("hidden"))) void __tsan_read_range(void* p, unsigned long n) {
+  for (unsigned long i = 0; i < n; ++i) {
+    fp8jax::host_cuda::SharedAccess(static_cast<char*>(p) + i, 1, false,
+                                    reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+  }
+}
+extern "C" __attribute__((visibility("hidden"))) void __tsan_write_range(void* p, unsigned long n) {
+  for (unsigned long i = 0; i < n; ++i) {
+    fp8jax::host_cuda::SharedAccess(static_cast<char*>(p) + i, 1, true,
+                                    reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+  }
+}
+extern "C" __attribute__((visibility("hidden"))) void __tsan_init() {}
+extern "C" __attribute__((visibility("hidden"))) void __tsan_vptr_update(void**, void*) {}
+// The handlers' atomics (std::once_flag and the like), carried out as they are written.
+extern "C" __attribute__((visibility("hidden"))) char __tsan_atomic8_load(const volatile char* p,
+                                                                          int) {
+  return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+extern "C" __attribute__((visibility("hidden"))) void __tsan_func_entry(void*) {}
+extern "C" __attribute__((visibility("hidden"))) void __tsan_func_exit() {}
 
 // ---- The CUDA runtime calls of the handlers, for the host ----
 

@@ -11,8 +11,18 @@
 //   blocks one at a time (ascending, or descending in the reverse order); each CUDA thread of a
 //   block is a fiber (ucontext) with its own stack, and threadIdx, blockIdx, blockDim and
 //   gridDim read the running fiber's.
-// - `__shared__` is `static`: one instance shared by every thread of the running block (blocks
-//   never overlap). It is not poisoned between blocks.
+// - `__shared__` is `static thread_local`: one instance shared by every thread of the running
+//   block (a launch runs on one OS thread, its blocks one at a time), in this module's TLS block,
+//   which holds nothing else the kernels touch. The kernels' translation units are compiled with
+//   the compiler's thread-sanitizer instrumentation (-fsanitize=thread, without its runtime): the
+//   runtime here receives every load and store, and checks those that fall in that block
+//   (host_cuda.cc): a read of a byte no thread of the block has written yet (shared memory does
+//   not outlive a block), and a race: a byte written by one thread and read or written by
+//   another with no __syncthreads in between, or read by one and then written by another. Each
+//   fails the launch with the threads, the block and the offset. With Options::banks it also
+//   counts shared-memory wavefronts: the lanes' accesses of one instruction (the same site, the
+//   same occurrence since the last barrier) in 32 banks of 4 bytes, 8- and 16-byte accesses in
+//   half- and quarter-warp phases (a 16-byte vector access may reach it as two 8-byte ones).
 // - Between synchronisation points the threads of a block run one after another, in lane order
 //   or in reverse lane order (Options::reverse): a thread that reads a shared word another thread
 //   wrote without a barrier in between sees a different value in the two orders, which the
@@ -41,7 +51,7 @@
 #define __global__
 #define __device__
 #define __host__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __launch_bounds__(...)
 
 #include <cuda_fp16.h>
@@ -63,6 +73,7 @@ struct Options {
   int sms = 2;            // cudaDevAttrMultiProcessorCount
   int blocks_per_sm = 0;  // the occupancy query's answer; 0: 2048 / threads
   int device = 0;         // cudaGetDevice's (ResidentBlocks caches its answers per device)
+  bool banks = false;     // count shared-memory requests and wavefronts (Stats)
 };
 
 // The options of the launches that follow.
@@ -76,6 +87,12 @@ struct Stats {
   std::atomic<int64_t> threads{0};
   std::atomic<int64_t> barriers{0};
   std::atomic<int64_t> warp_collectives{0};
+  std::atomic<int64_t> shared_accesses{0};  // lane accesses to shared memory
+  // With Options::banks: warp-wide shared-memory instructions, the wavefronts they take, and
+  // the fewest they could take (one per phase with an active lane).
+  std::atomic<int64_t> shared_requests{0};
+  std::atomic<int64_t> shared_wavefronts{0};
+  std::atomic<int64_t> shared_ideal{0};
 };
 
 Stats& GetStats();

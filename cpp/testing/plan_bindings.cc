@@ -404,83 +404,16 @@ nb::tuple Transpose8x8(const std::vector<uint64_t>& rows) {
   return nb::make_tuple(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]);
 }
 
-// dbias of `matrices` row-major [rows, cols] float32 matrices `x`, computed
-// as the CUDA cast_transpose kernel with kDbias computes it (the plan's tile
-// walk, fast or guarded tiles as the kernel decides for 16-byte aligned
-// (`aligned`) or misaligned buffers, the group sums, FlushTileColumns, then
-// ColumnTotalsKernel), so the tests can match it with the documented order.
-std::vector<float> SimulateDbias(int64_t matrices, int64_t rows, int64_t cols,
-                                 const std::vector<float>& x, bool aligned) {
-  const p::TransposeArgs a = TransposeArgsOf(matrices, rows, cols, 1, 2, aligned ? 0 : 2, 0, 0, 1);
-  if (static_cast<int64_t>(x.size()) != matrices * rows * cols) {
-    throw std::invalid_argument("x must hold matrices * rows * cols values");
-  }
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> partial(static_cast<size_t>(matrices * a.row_tiles * cols), nan);
-  std::vector<float> colpart(static_cast<size_t>(p::kRowGroups) * p::kBigTile);
-  std::vector<float> vals(static_cast<size_t>(p::kTile) * (p::kTile + 1));
-  auto part = [&](int g, int c) -> float& {
-    return colpart[static_cast<size_t>(g) * p::kBigTile + static_cast<size_t>(c)];
-  };
-  auto val = [&](int r, int c) -> float& {
-    return vals[static_cast<size_t>(r) * (p::kTile + 1) + static_cast<size_t>(c)];
-  };
-  for (int64_t tile = 0; tile < a.tiles; ++tile) {
-    const p::MatTile mt = p::MatTileAt(tile, a.row_tiles, a.col_tiles);
-    std::fill(colpart.begin(), colpart.end(), nan);  // every entry must be written
-    if (p::FastTileOk(a, mt)) {
-      for (int t = 0; t < p::kThreads; ++t) {
-        const int rb = p::FastRowBlock(t);
-        const int cb = p::FastColBlock(t);
-        const int64_t first =
-            mt.mat * rows * cols + (mt.row0 + rb * p::kVec) * cols + mt.col0 + cb * p::kVec;
-        for (int i = 0; i < p::kVec; ++i) {
-          for (int j = 0; j < 8; ++j) {
-            float& sum = part(rb, cb * p::kVec + j);
-            sum = (i == 0 ? 0.0f : sum) + x[static_cast<size_t>(first + i * cols + j)];
-          }
-        }
-      }
-    } else {
-      for (int sub = 0; sub < p::kSubTiles; ++sub) {
-        const p::MatTile st = p::SubTile(mt, sub);
-        for (int t = 0; t < p::kThreads; ++t) {
-          for (int pass = 0; pass < 2; ++pass) {
-            const p::TileChunk c = p::LoadChunk(a, st, t, pass);
-            for (int j = 0; j < 8; ++j) {
-              val(c.slot.row, c.slot.col + j) =
-                  j < c.count ? x[static_cast<size_t>(c.offset + j)] : 0.0f;
-            }
-          }
-        }
-        for (int t = 0; t < p::kThreads; ++t) {
-          for (int k = 0; k < p::kGuardedSlotsPerThread; ++k) {
-            const p::GroupSlot gs = p::GuardedGroupSlot(t, k);
-            float acc = 0.0f;
-            for (int i = 0; i < p::kSumGroup; ++i) acc += val(gs.group * p::kSumGroup + i, gs.col);
-            part(p::SubTileGroup0(sub) + gs.group, p::SubTileCol0(sub) + gs.col) = acc;
-          }
-        }
-      }
-    }
-    for (int t = 0; t < p::kBigTile; ++t) {
-      if (mt.col0 + t >= cols) continue;
-      float acc = 0.0f;
-      for (int g = 0; g < p::kRowGroups; ++g) acc += part(g, t);
-      partial[static_cast<size_t>(
-          p::PartialIndex(mt.mat, mt.row0 / p::kBigTile, a.row_tiles, cols, mt.col0 + t))] = acc;
-    }
-  }
-  std::vector<float> dbias(static_cast<size_t>(matrices * cols));
-  for (int64_t i = 0; i < matrices * cols; ++i) {
-    const p::TotalsSlot ts = p::TotalsSlotAt(i, cols);
-    float acc = 0.0f;
-    for (int64_t rt = 0; rt < a.row_tiles; ++rt) {
-      acc += partial[static_cast<size_t>(p::PartialIndex(ts.mat, rt, a.row_tiles, cols, ts.col))];
-    }
-    dbias[static_cast<size_t>(i)] = acc;
-  }
-  return dbias;
+// Pass 2 of the column sums (dbias, the norm backward's dgamma/dbeta) for `rows` partial rows
+// of `matrices` x `cols` columns: its work items (blocks' worth of columns) and the rows each
+// thread adds in sequence.
+nb::dict PlanTotals(int64_t matrices, int64_t rows, int64_t cols) {
+  if (matrices < 0 || rows < 0 || cols < 0) throw std::invalid_argument("negative size");
+  nb::dict d;
+  d["items"] = p::TotalsItems(matrices, cols);
+  d["steps"] = p::TotalsSteps(rows);
+  d["threads"] = p::kThreads;
+  return d;
 }
 
 // cuda/cuda_util.h's ResidentBlocks caching (common/resident_cache.h), with a stand-in for the
@@ -520,8 +453,7 @@ std::pair<std::vector<int64_t>, int64_t> ResidentCacheAnswers(
 
 void AddPlanBindings(nb::module_& m) {
   m.def("_resident_cache_answers", &ResidentCacheAnswers, nb::arg("asks"));
-  m.def("_simulate_dbias", &SimulateDbias, nb::arg("matrices"), nb::arg("rows"), nb::arg("cols"),
-        nb::arg("x"), nb::arg("aligned"));
+  m.def("_plan_totals", &PlanTotals, nb::arg("matrices"), nb::arg("rows"), nb::arg("cols"));
   m.def("_plan_elementwise", &PlanElementwise, nb::arg("groups"), nb::arg("per_group"),
         nb::arg("resident_blocks"));
   m.def("_plan_split_chunks", &SplitChunks, nb::arg("wide_addr"), nb::arg("wide_bytes"),

@@ -282,20 +282,48 @@ def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
 
 
 NORM_WORKSPACE_SLOTS = 256
-"""Rows of the backward's workspace: per-block partial ``dgamma``/``dbeta`` rows that the kernels
-add in a fixed order (at most this many blocks of rows; a constant, so every device of a mesh
-has the same shape). An output of the custom call, so that XLA owns the memory and the CUDA
-handler stays CUDA-graph compatible; the public function drops it."""
+"""Rows of the backward's workspace at least: per-block partial ``dgamma``/``dbeta`` rows that the
+kernels add in a fixed order. See :func:`norm_workspace_slots`."""
+
+NORM_ROWS_PER_SLOT = 16
+"""Rows a partial row sums at most where the workspace cap allows (the backward's parallelism)."""
+
+NORM_WORKSPACE_BYTES = 1 << 24
+"""The workspace's float32 bytes at most (per vmap group), once it has more than 256 rows."""
 
 
-def _backward_reference(dy, x, mu, rsigma, gamma, *, norm_type, zero_centered_gamma):
+def norm_workspace_slots(rows: int, h: int) -> int:
+    """Rows of the norm backward's workspace for ``rows`` rows of ``h`` per vmap group.
+
+    The kernels cut the rows into at most this many row groups, each summing its rows into one
+    partial ``dgamma``/``dbeta`` row, and add the partials in order. The count depends only on the
+    shapes, never on the device, so the sums are the same on every GPU; it is an output of the
+    custom call, so that XLA owns the memory and the CUDA handler stays CUDA-graph compatible (the
+    public function drops it). At least 256 (enough blocks for short inputs), about one per 16 rows
+    for long ones (so that a 16,384-row backward fills an H100), at most 4,096 and at most
+    16 MiB of float32.
+
+    >>> norm_workspace_slots(16384, 1024)
+    1024
+    """
+    cap = min(4096, max(NORM_WORKSPACE_SLOTS, NORM_WORKSPACE_BYTES // (8 * max(int(h), 1))))
+    return max(1, min(cap, max(NORM_WORKSPACE_SLOTS, -(-int(rows) // NORM_ROWS_PER_SLOT))))
+
+
+def _workspace(gamma: Any, slots: int) -> jax.ShapeDtypeStruct:
+    return _opdef.like(gamma, jnp.float32, shape=(*gamma.shape[:-1], slots, 2, gamma.shape[-1]))
+
+
+def _backward_reference(
+    dy, x, mu, rsigma, gamma, *, norm_type, zero_centered_gamma, workspace_slots
+):
     h = x.shape[-1]
     dx, dgamma, dbeta = norm_backward_reference(
         dy.reshape(-1, h), x.reshape(-1, h), mu.reshape(-1), rsigma.reshape(-1), gamma,
         norm_type=norm_type, zero_centered_gamma=zero_centered_gamma,
     )  # fmt: skip
     dx = dx.reshape(x.shape)
-    workspace = jnp.zeros((*gamma.shape[:-1], NORM_WORKSPACE_SLOTS, 2, gamma.shape[-1]))
+    workspace = jnp.zeros((*gamma.shape[:-1], workspace_slots, 2, gamma.shape[-1]))
     return dx, dgamma, dbeta, workspace  # XLA drops the unused zeros
 
 
@@ -310,17 +338,15 @@ _BACKWARD = _opdef.OpDef(
     family="norm",
     target="fp8jax_norm_backward",
     reference=_backward_reference,
-    outputs=lambda dy, x, mu, rsigma, gamma, **_: (
+    outputs=lambda dy, x, mu, rsigma, gamma, *, workspace_slots, **_: (
         _opdef.like(dy, dy.dtype),
         _opdef.like(gamma, jnp.float32),
         _opdef.like(gamma, jnp.float32),
-        _opdef.like(
-            gamma, jnp.float32, shape=(*gamma.shape[:-1], NORM_WORKSPACE_SLOTS, 2, gamma.shape[-1])
-        ),
+        _workspace(gamma, workspace_slots),
     ),
     # The workspace's slot and pair dims are factors of their own (never split).
     factors=lambda *ndims: _backward_factors(_row_factors(ndims[0])),
-    attrs=lambda *, norm_type, zero_centered_gamma: {
+    attrs=lambda *, norm_type, zero_centered_gamma, workspace_slots: {
         "norm_type": np.int64(_NORM_CODES[norm_type]),
         "zero_centered_gamma": np.int64(zero_centered_gamma),
     },
@@ -528,6 +554,8 @@ def norm_backward(
         gamma,
         norm_type=norm_type,
         zero_centered_gamma=bool(zero_centered_gamma),
+        # From the whole call's shape: every shard of a split call gets the same workspace.
+        workspace_slots=norm_workspace_slots(math.prod(lead), x.shape[-1]),
         implementation=implementation,
     )
     return dx.astype(dy.dtype), dgamma, dbeta

@@ -21,9 +21,10 @@ from fp8jax import ops
 from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
 
 WIDE = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
-# (256, 264): fast tiles on a GPU; the others have guarded edges; (300, 520): several row tiles.
+# (256, 264): fast tiles on a GPU; the others have guarded edges; (300, 520): several row tiles;
+# (2200, 24): 18 row tiles, more than pass 2's 16 lanes.
 SHAPES = [(1, 1), (7, 3), (8, 16), (64, 64), (65, 129), (128, 72), (256, 264), (300, 520)]
-SHAPES += [(3, 4097)]
+SHAPES += [(3, 4097), (2200, 24)]
 
 
 def _g(shape, dtype, seed=0):
@@ -58,13 +59,19 @@ def test_empty_and_degenerate():
         np.testing.assert_array_equal(np.asarray(dbias), np.zeros(shape[1], np.float32))
 
 
-def test_nonfinite_columns():
-    g = np.ones((70, 4), np.float32)
+def test_nonfinite_columns(implementation):
+    """A NaN column sum is NaN; the kernels return it as 0x7FC00000 whatever the NaNs added
+    (a negative NaN kept its sign on the CPU and not on a GPU before)."""
+    g = np.ones((70, 5), np.float32)
     g[3, 1] = np.inf
     g[69, 2] = np.nan
+    g[5, 4] = np.uint32(0xFFC00001).view(np.float32)  # a negative NaN with a payload
     dbias = ops.cast_transpose_dbias(jnp.asarray(g), jnp.float32(1), jnp.float8_e5m2)[4]
     got = np.asarray(dbias)
     assert got[0] == 70 and got[1] == np.inf and np.isnan(got[2]) and got[3] == 70
+    assert np.isnan(got[4])
+    if implementation == "kernel":
+        assert got.view(np.uint32)[[2, 4]].tolist() == [0x7FC00000, 0x7FC00000]
 
 
 def test_grouped_is_the_2d_op_on_the_view(implementation):

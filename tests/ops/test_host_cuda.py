@@ -2,7 +2,10 @@
 
 ``fp8jax._fp8jax_host_cuda`` is cpp/cuda/'s handlers and kernels, unchanged, compiled by the host
 compiler on the CUDA-semantics runtime of cpp/testing/host_cuda.h (threads as fibers, shared
-memory per block, barriers, warp collectives, atomics; the CUDA runtime calls stubbed). Its
+memory per block, barriers, warp collectives, atomics; the CUDA runtime calls stubbed), with
+every load and store of shared memory checked: a read of a byte the block has not written, a
+race between two threads with no barrier in between (either fails the launch), and the
+wavefronts of each warp-wide access in 32 banks. Its
 handlers are registered for the CPU under ``fp8jax_host_cuda_*`` targets, and each conformance
 sample runs the public op with its FFI call sent there: the CUDA handler plans the launch (for a
 2-SM or a 132-SM device), every block runs on the host, and the results must equal the
@@ -22,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _dbias import strip_order_sum
 from _samples import NORM_CLOSE, Sample, cases, dyadic, normal, sample, scale_of
 from _values import assert_matches
 
@@ -60,7 +64,7 @@ def _register() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def on_host_cuda(monkeypatch, *, reverse=False, sms=2, blocks_per_sm=0, device=0):
+def on_host_cuda(monkeypatch, *, reverse=False, sms=2, blocks_per_sm=0, device=0, banks=False):
     """Inside, every fp8jax op's FFI call goes to its CUDA handler run on the host."""
     targets = _register()
     real = jax.ffi.ffi_call
@@ -68,7 +72,9 @@ def on_host_cuda(monkeypatch, *, reverse=False, sms=2, blocks_per_sm=0, device=0
     def swapped(name, *args, **kwargs):
         return real(targets.get(name, name), *args, **kwargs)
 
-    EXT.set_options(reverse=reverse, sms=sms, blocks_per_sm=blocks_per_sm, device=device)
+    EXT.set_options(
+        reverse=reverse, sms=sms, blocks_per_sm=blocks_per_sm, device=device, banks=banks
+    )
     jax.clear_caches()  # traces made with the CPU targets
     with monkeypatch.context() as m:
         m.setattr(jax.ffi, "ffi_call", swapped)
@@ -123,6 +129,16 @@ def _paths_the_samples_miss() -> dict[str, Sample]:
                 dict(norm_type=norm_type),
                 close=NORM_CLOSE,
             )
+    # 600 rows: 256 slots of up to 3 rows, whose partials pass 2 adds in 16 lanes.
+    x = normal(r, (600, 64), jnp.bfloat16, 3.0, 0.5)
+    gamma = normal(r, (64,), jnp.bfloat16, 0.2, 1.0)
+    _, mu, rsigma = ops.norm_forward_reference(x, gamma, gamma, norm_type="layernorm", epsilon=1e-5)
+    out["norm_backward-layernorm-600-rows"] = Sample(
+        ops.norm_backward,
+        (normal(r, (600, 64), jnp.bfloat16), x, mu, rsigma, gamma),
+        dict(norm_type="layernorm"),
+        close=NORM_CLOSE,
+    )
     return out
 
 
@@ -130,11 +146,14 @@ EXTRA = _paths_the_samples_miss()
 
 
 def _compare(s: Sample, reverse: bool, monkeypatch) -> None:
+    """Equal to the reference; in lane order, also without a shared-memory bank conflict."""
     want = jax.jit(lambda *a: s.call(*a, implementation="xla"))(*s.operands().values())
     EXT.reset_stats()
-    with on_host_cuda(monkeypatch, reverse=reverse):
+    with on_host_cuda(monkeypatch, reverse=reverse, banks=not reverse):
         got = jax.block_until_ready(s.call(implementation="kernel"))
-    assert EXT.stats()["launches"] > 0  # the CUDA handler ran
+    stats = EXT.stats()
+    assert stats["launches"] > 0  # the CUDA handler ran
+    assert stats["shared_wavefronts"] == stats["shared_ideal"], stats
     tol = dict(s.close or {})
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -176,6 +195,126 @@ def test_vmapped_calls_run_the_grouped_kernels(case, monkeypatch):
             assert_matches(g, w, not tol, **tol)
         except AssertionError as e:
             raise AssertionError(f"output {i}: {e}") from None
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"), [((2200, 24), jnp.float32), ((2176, 128), jnp.bfloat16)], ids=str
+)
+def test_dbias_over_more_row_tiles_than_lanes_has_the_documented_bits(shape, dtype, monkeypatch):
+    """18 and 17 row tiles (guarded and fast tiles): pass 2 adds them in 16 interleaved lanes;
+    the CUDA kernels give the bits of the documented order, as the CPU kernel does."""
+    g = normal(np.random.default_rng(5), shape, dtype, 30.0)
+    want = strip_order_sum(np.asarray(g, np.float32))
+    cpu = ops.cast_transpose_dbias(g, jnp.float32(0.5), jnp.float8_e4m3fn, implementation="kernel")
+    np.testing.assert_array_equal(np.asarray(cpu[4]), want)
+    with on_host_cuda(monkeypatch):
+        out = ops.cast_transpose_dbias(
+            g, jnp.float32(0.5), jnp.float8_e4m3fn, implementation="kernel"
+        )
+        np.testing.assert_array_equal(np.asarray(out[4]), want)
+    for a, b in zip(out[:4], cpu[:4], strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_nan_column_sums_have_the_cpu_kernels_bits(monkeypatch):
+    """dbias, dgamma and dbeta of columns holding a negative NaN: 0x7FC00000 from the CUDA
+    kernels as from the CPU kernels (a GPU's add returns 0x7FFFFFFF, the CPU's kept the sign)."""
+    g = np.ones((300, 24), np.float32)
+    g[7, 3] = np.uint32(0xFFC00001).view(np.float32)
+    g[200, 5] = np.inf
+    g[201, 5] = -np.inf
+    x = jnp.asarray(np.linspace(-2, 2, 300 * 24, dtype=np.float32).reshape(300, 24))
+    gamma = jnp.ones((24,), jnp.float32)
+    _, mu, rsigma = ops.norm_forward_reference(x, gamma, gamma, norm_type="layernorm", epsilon=1e-5)
+
+    def run():
+        dbias = ops.cast_transpose_dbias(g, jnp.float32(1), jnp.float8_e4m3fn)[4]
+        _, dgamma, dbeta = ops.norm_backward(
+            jnp.asarray(g), x, mu, rsigma, gamma, norm_type="layernorm"
+        )
+        return [np.asarray(v).view(np.uint32) for v in (dbias, dgamma, dbeta)]
+
+    with ops.implementation("kernel"):
+        cpu = run()
+        with on_host_cuda(monkeypatch):
+            cuda = run()
+    for a, b in zip(cpu, cuda, strict=True):
+        assert a[3] == b[3] == 0x7FC00000 and a[5] == b[5] == 0x7FC00000
+    assert cpu[0].tobytes() == cuda[0].tobytes()
+
+
+UNWRITTEN = "reads a shared byte that no thread of the block has written"
+READ_RACE = "reads a shared byte that another thread wrote since the last __syncthreads"
+WRITE_RACE = "writes a shared byte that another thread read since the last __syncthreads"
+
+
+@pytest.mark.parametrize(
+    ("kind", "param", "lanes", "reverse"),
+    [
+        ("neighbour", 1, "", ""),
+        ("neighbour", 0, "thread 0 " + UNWRITTEN, "thread 63 " + UNWRITTEN),
+        ("unwritten", 0, "thread 0 " + UNWRITTEN, "thread 0 " + UNWRITTEN),
+        ("write_after_read", 0, "thread 1 " + WRITE_RACE, "thread 0 " + READ_RACE),
+    ],
+)
+def test_shared_memory_checks_fail_the_launch(kind, param, lanes, reverse):
+    """The runtime's own checks, on kernels made to break them (cpp/testing/host_cuda_selftest.cc),
+    in both thread orders. Without its barrier, each thread reads its neighbour's word: thread 0
+    before thread 1 wrote it (lane order), thread 63 before thread 0 did (reverse order)."""
+    for order, want in ((False, lanes), (True, reverse)):
+        EXT.set_options(reverse=order)
+        try:
+            got = EXT._self_test(kind, 64, param)
+        finally:
+            EXT.set_options()
+        assert (want in got) if want else got == "", got
+
+
+@pytest.mark.parametrize(
+    ("kind", "param", "wavefronts", "ideal"),
+    [
+        ("stride", 1, 1, 1),
+        ("stride", 2, 2, 1),
+        ("stride", 4, 4, 1),
+        ("stride", 32, 32, 1),
+        ("stride", 33, 1, 1),
+        ("wide", 8, 2, 2),
+        ("wide", 16, 4, 4),
+    ],
+)
+def test_bank_model_counts_wavefronts(kind, param, wavefronts, ideal):
+    """One warp's store: a stride of 2^k words is a 2^k-way conflict, an odd stride none; 8-
+    and 16-byte stores take 2 and 4 phases."""
+    EXT.set_options(banks=True)
+    EXT.reset_stats()
+    try:
+        assert EXT._self_test(kind, 32, param) == ""
+    finally:
+        EXT.set_options()
+    stats = EXT.stats()
+    assert (stats["shared_requests"], stats["shared_wavefronts"]) == (1, wavefronts)
+    assert stats["shared_ideal"] == ideal
+
+
+@pytest.mark.parametrize(
+    ("op", "shape"),
+    [
+        ("cast_transpose", (256, 384)),  # fast tiles
+        ("cast_transpose_dbias", (256, 384)),  # fast tiles: 5.85 wavefronts per ideal one before
+        ("cast_transpose", (250, 380)),  # guarded sub-tiles: 3.56 before
+        ("cast_transpose_dbias", (250, 380)),  # 2.15 before
+    ],
+)
+def test_cast_transpose_paths_have_no_bank_conflict(op, shape, monkeypatch):
+    """The shared-memory layouts of plan::ColpartCol, GuardedTileByte and GuardedValCol: every
+    warp-wide access of the tile paths takes the fewest wavefronts it can."""
+    g = normal(np.random.default_rng(1), shape, jnp.bfloat16)
+    EXT.reset_stats()
+    with on_host_cuda(monkeypatch, banks=True):
+        jax.block_until_ready(getattr(ops, op)(g, jnp.float32(2), jnp.float8_e4m3fn))
+    stats = EXT.stats()
+    assert stats["shared_requests"] > 0
+    assert stats["shared_wavefronts"] == stats["shared_ideal"], stats
 
 
 def test_a_132_sm_device_plans_other_grids_and_gives_the_same_bits(monkeypatch):

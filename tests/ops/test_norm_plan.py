@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import load_testing_extension
 
-from fp8jax.ops.norm import NORM_WORKSPACE_SLOTS
+from fp8jax.ops.norm import NORM_WORKSPACE_SLOTS, norm_workspace_slots
 
 ext = load_testing_extension()
 RESIDENT = 132 * 4
@@ -68,6 +68,24 @@ def test_a_workspace_smaller_than_the_plan_is_reported():
         assert plan["slots"] == 4 and not plan["workspace_fits"]
     assert ext._plan_norm(1000, 64, 2, True, 0, 4)["workspace_fits"]
     assert ext._plan_norm(1000, 64, 2, True, 0, NORM_WORKSPACE_SLOTS)["workspace_fits"]
+
+
+@pytest.mark.parametrize("h", [128, 256, 512, 1024, 2048, 4096, 8192])
+def test_backward_fills_a_132_sm_gpu(h):
+    """16,384 bfloat16 rows: the workspace the op passes lets the backward run at least 1,024
+    warps (about 8 per SM of an H100; with 256 slots it ran 256 warps for h <= 1,024), each row
+    group summing at most 16 rows where h <= 2,048, with at most 16 MiB of partial rows."""
+    rows = 16384
+    slots = norm_workspace_slots(rows, h)
+    assert slots * 2 * h * 4 <= 16 << 20
+    plan = ext._plan_norm(rows, h, 2, True, 0, slots)
+    assert plan["workspace_fits"] and plan["backward_ok"]
+    assert plan["grid"] * plan["threads"] >= 32 * 1024
+    if h <= 2048:
+        assert -(-rows // plan["slots"]) <= 16
+    # The slot count depends on the shapes only (the same on every device and every shard).
+    assert norm_workspace_slots(1, h) == NORM_WORKSPACE_SLOTS
+    assert norm_workspace_slots(rows, h) == slots
 
 
 def test_backward_limit_is_reported():
