@@ -256,6 +256,26 @@ FP8JAX_PLAN_HD int ChunkCount(int64_t start, int64_t limit) {
   return n <= 0 ? 0 : (n >= kVec ? kVec : static_cast<int>(n));
 }
 
+// The activation kernels' work item: chunk `ch` of a matrix of rows of n elements, cut into
+// ceil(n / kVec) chunks of kVec per row (the last one of a row partial): its row, first column
+// and element count. One division per 8 elements.
+struct RowChunk {
+  int64_t row = 0;
+  int64_t col = 0;
+  int count = 0;
+};
+
+FP8JAX_PLAN_HD int64_t RowChunks(int64_t rows, int64_t n) { return rows * CeilDiv(n, kVec); }
+
+FP8JAX_PLAN_HD RowChunk RowChunkAt(int64_t ch, int64_t n) {
+  const int64_t per_row = CeilDiv(n, kVec);
+  RowChunk c;
+  c.row = ch / per_row;
+  c.col = (ch - c.row * per_row) * kVec;
+  c.count = ChunkCount(c.col, n);
+  return c;
+}
+
 FP8JAX_PLAN_HD bool IsAligned(uint64_t addr, uint64_t bytes) { return addr % bytes == 0; }
 
 // One thread's 8-element chunk of a tile pass: global element offset (of x

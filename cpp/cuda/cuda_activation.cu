@@ -27,41 +27,49 @@
 namespace fp8jax {
 namespace {
 
-// y[row][c] = act(a) (* b) for x[row][k][n], rows of every matrix consecutive.
+// y[row][c] = act(a) (* b) for x[row][k][n], rows of every matrix consecutive. Each thread
+// takes 8-element chunks of a row (plan::RowChunkAt): one 16-byte access per operand and chunk
+// when `vector` (n % 8 == 0 and every buffer 16-byte aligned, block-uniform), else element by
+// element.
 template <WideKind W, int A, bool G>
 __global__ void __launch_bounds__(plan::kThreads)
-    ActivationKernel(const void* __restrict__ x, void* __restrict__ y, int64_t rows, int64_t n) {
-  const int64_t total = rows * n;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / n;
-    const int64_t c = i % n;
-    const int64_t a0 = row * (G ? 2 : 1) * n + c;
-    const float a = LoadWide<W, FastHalf>(x, a0);
-    const float b = G ? LoadWide<W, FastHalf>(x, a0 + n) : 1.0f;
-    StoreWide<W, FastHalf>(y, i, act::Forward<A, G>(a, b));
+    ActivationKernel(const void* __restrict__ x, void* __restrict__ y, int64_t rows, int64_t n,
+                     bool vector) {
+  const int64_t chunks = plan::RowChunks(rows, n);
+  for (int64_t ch = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; ch < chunks;
+       ch += int64_t{gridDim.x} * blockDim.x) {
+    const plan::RowChunk c = plan::RowChunkAt(ch, n);
+    const int64_t a0 = c.row * (G ? 2 : 1) * n + c.col;
+    float a[8], b[8], out[8];
+    LoadChunk<W>(x, a0, c.count, vector, a);
+    if constexpr (G) LoadChunk<W>(x, a0 + n, c.count, vector, b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = act::Forward<A, G>(a[j], G ? b[j] : 1.0f);
+    StoreChunk<W>(y, c.row * n + c.col, c.count, vector, out);
   }
 }
 
-// dx[row][0][c] = g * act'(a) (* b), dx[row][1][c] = g * act(a) (gated).
+// dx[row][0][c] = g * act'(a) (* b), dx[row][1][c] = g * act(a) (gated); chunks as above.
 template <WideKind W, int A, bool G>
 __global__ void __launch_bounds__(plan::kThreads)
     DActivationKernel(const void* __restrict__ g, const void* __restrict__ x, void* __restrict__ dx,
-                      int64_t rows, int64_t n) {
-  const int64_t total = rows * n;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / n;
-    const int64_t c = i % n;
-    const int64_t a0 = row * (G ? 2 : 1) * n + c;
-    const float gv = LoadWide<W, FastHalf>(g, i);
-    const float a = LoadWide<W, FastHalf>(x, a0);
-    const float b = G ? LoadWide<W, FastHalf>(x, a0 + n) : 1.0f;
-    float da = 0.0f;
-    float db = 0.0f;
-    act::Backward<A, G>(gv, a, b, &da, &db);
-    StoreWide<W, FastHalf>(dx, a0, da);
-    if constexpr (G) StoreWide<W, FastHalf>(dx, a0 + n, db);
+                      int64_t rows, int64_t n, bool vector) {
+  const int64_t chunks = plan::RowChunks(rows, n);
+  for (int64_t ch = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; ch < chunks;
+       ch += int64_t{gridDim.x} * blockDim.x) {
+    const plan::RowChunk c = plan::RowChunkAt(ch, n);
+    const int64_t a0 = c.row * (G ? 2 : 1) * n + c.col;
+    float gv[8], a[8], b[8], da[8], db[8];
+    LoadChunk<W>(g, c.row * n + c.col, c.count, vector, gv);
+    LoadChunk<W>(x, a0, c.count, vector, a);
+    if constexpr (G) LoadChunk<W>(x, a0 + n, c.count, vector, b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      da[j] = db[j] = 0.0f;
+      act::Backward<A, G>(gv[j], a[j], G ? b[j] : 1.0f, &da[j], &db[j]);
+    }
+    StoreChunk<W>(dx, a0, c.count, vector, da);
+    if constexpr (G) StoreChunk<W>(dx, a0 + n, c.count, vector, db);
   }
 }
 
@@ -135,15 +143,18 @@ ffi::Error DispatchFused(const char* op, WideKind w, Fp8Kind f, int64_t code, in
 ffi::Error LaunchAct(const char* op, cudaStream_t stream, WideKind w, int64_t code, int64_t gated,
                      const void* g, const void* x, void* out, int64_t rows, int64_t n) {
   if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
-  const int64_t total = rows * n;
-  if (total == 0) return ffi::Error::Success();
+  const int64_t chunks = plan::RowChunks(rows, n);
+  if (chunks == 0) return ffi::Error::Success();
+  const bool vector = n % plan::kVec == 0 && Addr(x) % 16 == 0 && Addr(out) % 16 == 0 &&
+                      (g == nullptr || Addr(g) % 16 == 0);
   return act::Dispatch(code, gated, [&]<int A, bool G>() -> ffi::Error {
     auto launch = [&]<WideKind W>() {
-      auto grid = [total](int64_t resident) { return plan::GridFor(total, resident); };
+      auto grid = [chunks](int64_t resident) { return plan::GridFor(chunks, resident); };
       if (g == nullptr) {
-        return PlanAndLaunch(op, ActivationKernel<W, A, G>, stream, grid, x, out, rows, n);
+        return PlanAndLaunch(op, ActivationKernel<W, A, G>, stream, grid, x, out, rows, n, vector);
       }
-      return PlanAndLaunch(op, DActivationKernel<W, A, G>, stream, grid, g, x, out, rows, n);
+      return PlanAndLaunch(op, DActivationKernel<W, A, G>, stream, grid, g, x, out, rows, n,
+                           vector);
     };
     switch (w) {
       case WideKind::kF32:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _dbias import strip_order_sum
-from _samples import NORM_CLOSE, Sample, cases, dyadic, normal, sample, scale_of
+from _samples import ACT_CLOSE, NORM_CLOSE, Sample, cases, dyadic, normal, sample, scale_of
 from _values import assert_matches
 
 from fp8jax import _ffi, ops
@@ -129,6 +129,13 @@ def _paths_the_samples_miss() -> dict[str, Sample]:
                 dict(norm_type=norm_type),
                 close=NORM_CLOSE,
             )
+    # Rows of 13: the activation kernels' chunks element by element, the last one partial.
+    for acts in (("gelu", "linear"), ("silu",)):
+        x = normal(r, (8, len(acts), 13), jnp.bfloat16, 3.0)
+        tag = "-".join(acts)
+        out[f"activation-{tag}-n13"] = Sample(ops.activation, (x, acts), close=ACT_CLOSE)
+        g = normal(r, (8, 13), jnp.bfloat16)
+        out[f"dactivation-{tag}-n13"] = Sample(ops.dactivation, (g, x, acts), close=ACT_CLOSE)
     # 600 rows: 256 slots of up to 3 rows, whose partials pass 2 adds in 16 lanes.
     x = normal(r, (600, 64), jnp.bfloat16, 3.0, 0.5)
     gamma = normal(r, (64,), jnp.bfloat16, 0.2, 1.0)
