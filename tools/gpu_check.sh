@@ -15,7 +15,11 @@
 # benchmarks (benchmarks/gemm.py included, as bench/gemm.json; benchmarks/norm.py, the norms with
 # the fused FP8 cast against XLA, as bench/norm.json; benchmarks/implementations.py
 # compares the two implementations' outputs bit for bit and times both, as
-# bench/implementations.json, and fails on a mismatch), and writes into OUT (at most 8 files,
+# bench/implementations.json, and fails on a mismatch). The build also makes the host run of the
+# CUDA sources (FP8JAX_TESTING=ON: cpp/cuda/ compiled by the host compiler on
+# cpp/testing/host_cuda.h), so tests/ops/test_host_cuda.py compares every kernel sample run on the
+# GPU from nvcc's output with the same source run on the host (test_gpu_kernels_equal_their_host_run)
+# besides its host-only checks. It writes into OUT (at most 8 files,
 # one folder level):
 #
 #   env.txt             nvidia-smi, python/jax versions, JAX devices, git commit

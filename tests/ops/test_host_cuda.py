@@ -51,6 +51,18 @@ def _extension():
 EXT = _extension()
 pytestmark = pytest.mark.skipif(EXT is None, reason="no CUDA toolkit headers to build it with")
 _REGISTERED: dict[str, str] = {}
+CPU = jax.devices("cpu")[0]
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu():
+    """The host runs are CPU custom calls: on a GPU machine too (tools/gpu_check.sh)."""
+    with jax.default_device(CPU):
+        yield
+
+
+def _cpu(arrays):
+    return tuple(jax.device_put(a, CPU) for a in arrays)
 
 
 def _register() -> dict[str, str]:
@@ -154,10 +166,11 @@ EXTRA = _paths_the_samples_miss()
 
 def _compare(s: Sample, reverse: bool, monkeypatch) -> None:
     """Equal to the reference; in lane order, also without a shared-memory bank conflict."""
-    want = jax.jit(lambda *a: s.call(*a, implementation="xla"))(*s.operands().values())
+    args = _cpu(s.operands().values())
+    want = jax.jit(lambda *a: s.call(*a, implementation="xla"))(*args)
     EXT.reset_stats()
     with on_host_cuda(monkeypatch, reverse=reverse, banks=not reverse):
-        got = jax.block_until_ready(s.call(implementation="kernel"))
+        got = jax.block_until_ready(s.call(*args, implementation="kernel"))
     stats = EXT.stats()
     assert stats["launches"] > 0  # the CUDA handler ran
     assert stats["shared_wavefronts"] == stats["shared_ideal"], stats
@@ -187,7 +200,7 @@ def test_vmapped_calls_run_the_grouped_kernels(case, monkeypatch):
     """vmap makes one call with a leading group dimension (one scale per group): the kernels'
     grouped paths. Two groups, the second the first negated and halved."""
     s = sample(*case)
-    args = tuple(s.operands().values())
+    args = _cpu(s.operands().values())
     stacked = tuple(
         jnp.stack([a, (-a * 0.5).astype(a.dtype)]) if jnp.issubdtype(a.dtype, jnp.floating) else
         jnp.stack([a, a]) for a in args
@@ -322,6 +335,31 @@ def test_cast_transpose_paths_have_no_bank_conflict(op, shape, monkeypatch):
     stats = EXT.stats()
     assert stats["shared_requests"] > 0
     assert stats["shared_wavefronts"] == stats["shared_ideal"], stats
+
+
+GPU_SAMPLES = {"-".join(c): c for c in CASES} | {name: name for name in EXTRA}
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (tools/gpu_check.sh)")
+@pytest.mark.parametrize("name", list(GPU_SAMPLES))
+def test_gpu_kernels_equal_their_host_run(name, monkeypatch):
+    """On a GPU machine: the kernels nvcc compiled, run on the GPU, against the same source run
+    here on the host, sample by sample (bit for bit, or within the sample's tolerance where the
+    device's tanh/erf or summation order may differ)."""
+    key = GPU_SAMPLES[name]
+    s = EXTRA[key] if isinstance(key, str) else sample(*key)
+    gpu = jax.devices("gpu")[0]
+    on_gpu = jax.block_until_ready(
+        s.call(*(jax.device_put(a, gpu) for a in s.operands().values()), implementation="kernel")
+    )
+    with on_host_cuda(monkeypatch):
+        host = jax.block_until_ready(s.call(*_cpu(s.operands().values()), implementation="kernel"))
+    tol = dict(s.close or {})
+    for i, (g, h) in enumerate(zip(on_gpu, host, strict=True)):
+        try:
+            assert_matches(np.asarray(g), np.asarray(h), not tol, **tol)
+        except AssertionError as e:
+            raise AssertionError(f"output {i}: {e}") from None
 
 
 def test_a_132_sm_device_plans_other_grids_and_gives_the_same_bits(monkeypatch):
