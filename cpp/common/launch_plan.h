@@ -241,15 +241,6 @@ FP8JAX_PLAN_HD TileSlot StoreSlot(int t, int p) {
   return {(t % (kTile / kVec)) * kVec, t / (kTile / kVec) + kTileRowsPerPass * p};
 }
 
-// The byte of the guarded sub-tile's shared codes [kTile][kTile] that holds (row, col): the
-// row's 8-byte chunks permuted by the row's block of 8 rows (chunk ^ (row / 8) % 8). The load
-// pass stores whole chunks (16 lanes: two rows, 32 distinct banks); the store pass's lanes read
-// byte col of rows 8 m + j for m = 0..7, which now fall in 8 distinct banks (with unpermuted
-// rows of 72 bytes they met 2 banks: a 4-way conflict).
-FP8JAX_PLAN_HD int GuardedTileByte(int row, int col) {
-  return row * kTile + (((col / kVec) ^ ((row / kVec) % kVec)) * kVec) + col % kVec;
-}
-
 // How many of the 8 elements [start, start + 8) lie below limit (0..8).
 FP8JAX_PLAN_HD int ChunkCount(int64_t start, int64_t limit) {
   const int64_t n = limit - start;
@@ -458,20 +449,6 @@ constexpr int kSumGroup = kVec;                    // rows per group
 constexpr int kRowGroups = kBigTile / kSumGroup;   // 16 groups per tile
 constexpr int kGuardedGroups = kTile / kSumGroup;  // 8 groups per guarded sub-tile
 constexpr int kGuardedSlotsPerThread = kGuardedGroups * kTile / kThreads;  // 2
-
-// Where column col of a guarded sub-tile's staged dbias values sits in its shared row (rows of
-// kTile + 1 floats): col with its half (col >> 5) XORed into bit 2. The load pass's lanes store
-// element j of 8-column chunks (4 rows x 8 chunks per warp), which then meet 32 distinct banks
-// (unpermuted, chunks k and k + 4 shared a bank: 2-way); the group sums' lanes read 32
-// consecutive columns of one row, still 32 distinct banks.
-FP8JAX_PLAN_HD int GuardedValCol(int col) { return col ^ ((col >> 5) << 2); }
-
-// Where group g's sum of tile column c sits in the kernel's shared row of kBigTile floats for
-// group g: c with its quarter (c >> 5) XORed into bits 0-1 and g's parity into bit 2. Each of
-// the kernel's patterns then meets 32 distinct banks per warp: the fast tile's stores (16 column
-// blocks c = 8 cb + j, fixed j, two groups), and 32 consecutive columns of one group (guarded
-// stores, the flush's reads). Without it the fast stores were an 8-way conflict.
-FP8JAX_PLAN_HD int ColpartCol(int g, int c) { return c ^ (c >> 5) ^ ((g & 1) << 2); }
 
 // Workspace index of tile row `row_tile`, column `col` of matrix `mat`.
 FP8JAX_PLAN_HD int64_t PartialIndex(int64_t mat, int64_t row_tile, int64_t row_tiles, int64_t cols,

@@ -32,7 +32,7 @@ namespace {
 // when `vector` (n % 8 == 0 and every buffer 16-byte aligned, block-uniform), else element by
 // element.
 template <WideKind W, int A, bool G>
-__global__ void __launch_bounds__(plan::kThreads)
+__global__ void __launch_bounds__(plan::kThreads, 1)
     ActivationKernel(const void* __restrict__ x, void* __restrict__ y, int64_t rows, int64_t n,
                      bool vector) {
   const int64_t chunks = plan::RowChunks(rows, n);
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(plan::kThreads)
 
 // dx[row][0][c] = g * act'(a) (* b), dx[row][1][c] = g * act(a) (gated); chunks as above.
 template <WideKind W, int A, bool G>
-__global__ void __launch_bounds__(plan::kThreads)
+__global__ void __launch_bounds__(plan::kThreads, 1)
     DActivationKernel(const void* __restrict__ g, const void* __restrict__ x, void* __restrict__ dx,
                       int64_t rows, int64_t n, bool vector) {
   const int64_t chunks = plan::RowChunks(rows, n);

@@ -41,24 +41,22 @@ __device__ __forceinline__ void CastTransposeFastTile(
   float v[plan::kVec][8];
 #pragma unroll
   for (int i = 0; i < plan::kVec; ++i) src.Eight(first + i * a.cols, v[i]);
-  // dbias: this thread's 8 rows are one group; each column's sum adds the rows
-  // in order (plan: dbias order) while all 64 values are loaded anyway, and is
-  // stored once (ColpartCol: no bank conflict), so no sum stays live beside
-  // the quantization below.
-  if constexpr (kDbias) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int i = 0; i < plan::kVec; ++i) acc = __fadd_rn(acc, v[i][j]);
-      colpart[rb][plan::ColpartCol(rb, cb * plan::kVec + j)] = acc;
-    }
-  }
   uint64_t w[plan::kVec];
+  // dbias: this thread's 8 rows are one group, added row by row as each row
+  // is quantized (plan: dbias order), in shared memory: every row dies as
+  // early as without dbias and no register is added (the 8 sums as registers
+  // spill on sm_89, and on sm_121 from the compute_90 PTX). The stores are an
+  // 8-way bank conflict (the host bank model: docs/performance.md); the
+  // conflict-free layouts tried cost registers this kernel does not have.
 #pragma unroll
   for (int i = 0; i < plan::kVec; ++i) {
     w[i] = QuantizeEight<F>(v[i], sc, m);
     *reinterpret_cast<uint64_t*>(q + first + i * a.cols) = w[i];
+    if constexpr (kDbias) {
+      float* sums = &colpart[rb][cb * plan::kVec];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sums[j] = __fadd_rn(i == 0 ? 0.0f : sums[j], v[i][j]);
+    }
   }
   plan::Transpose8x8(w);
 #pragma unroll
@@ -85,9 +83,10 @@ __device__ __forceinline__ void CastTransposeFastTile(
 // codes of a q_t row. Every chunk is guarded (plan::LoadChunk/StoreChunk).
 template <typename F, bool kDbias, typename Source>
 __device__ __forceinline__ void CastTransposeGuardedTile(
-    const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt, uint8_t* tile,
-    float (*vals)[plan::kTile + 1], float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a,
-    const plan::MatTile& mt, int sub, float sc, uint32_t& m, int t) {
+    const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+    uint8_t (*tile)[plan::kTile + 8], float (*vals)[plan::kTile + 1],
+    float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a, const plan::MatTile& mt,
+    int sub, float sc, uint32_t& m, int t) {
   plan::TileChunk in[2];
   float v[2][8];
 #pragma unroll
@@ -96,17 +95,14 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
     src.Chunk(in[p].offset, in[p].count, in[p].vector, v[p]);
     if constexpr (kDbias) {  // missing elements are 0 and add nothing
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        vals[in[p].slot.row][plan::GuardedValCol(in[p].slot.col + j)] = v[p][j];
-      }
+      for (int j = 0; j < 8; ++j) vals[in[p].slot.row][in[p].slot.col + j] = v[p][j];
     }
   }
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     const uint64_t packed = QuantizeEight<F>(v[p], sc, m);
     StoreCodes(q, in[p].offset, in[p].count, in[p].vector, packed);
-    *reinterpret_cast<uint64_t*>(&tile[plan::GuardedTileByte(in[p].slot.row, in[p].slot.col)]) =
-        packed;
+    *reinterpret_cast<uint64_t*>(&tile[in[p].slot.row][in[p].slot.col]) = packed;
   }
   __syncthreads();
 #pragma unroll
@@ -115,8 +111,7 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
     uint64_t packed = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint8_t code = tile[plan::GuardedTileByte(out.slot.row + j, out.slot.col)];
-      packed |= static_cast<uint64_t>(code) << (8 * j);
+      packed |= static_cast<uint64_t>(tile[out.slot.row + j][out.slot.col]) << (8 * j);
     }
     StoreCodes(qt, out.offset, out.count, out.vector, packed);
   }
@@ -127,10 +122,9 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
       float acc = 0.0f;
 #pragma unroll
       for (int i = 0; i < plan::kSumGroup; ++i) {
-        acc = __fadd_rn(acc, vals[gs.group * plan::kSumGroup + i][plan::GuardedValCol(gs.col)]);
+        acc = __fadd_rn(acc, vals[gs.group * plan::kSumGroup + i][gs.col]);
       }
-      const int g = plan::SubTileGroup0(sub) + gs.group;
-      colpart[g][plan::ColpartCol(g, plan::SubTileCol0(sub) + gs.col)] = acc;
+      colpart[plan::SubTileGroup0(sub) + gs.group][plan::SubTileCol0(sub) + gs.col] = acc;
     }
   }
   __syncthreads();  // this sub-tile's reads before the next writes
@@ -145,9 +139,7 @@ __device__ __forceinline__ void FlushTileColumns(const float (*colpart)[plan::kB
   if (t < plan::kBigTile && mt.col0 + t < a.cols) {
     float acc = 0.0f;
 #pragma unroll
-    for (int g = 0; g < plan::kRowGroups; ++g) {
-      acc = __fadd_rn(acc, colpart[g][plan::ColpartCol(g, t)]);
-    }
+    for (int g = 0; g < plan::kRowGroups; ++g) acc = __fadd_rn(acc, colpart[g][t]);
     partial[plan::PartialIndex(mt.mat, mt.row0 / plan::kBigTile, a.row_tiles, a.cols,
                                mt.col0 + t)] = acc;
   }
@@ -169,12 +161,12 @@ __global__ void __launch_bounds__(plan::kThreads, 2)
                         uint32_t* __restrict__ amax_bits, int64_t groups, plan::TransposeArgs a,
                         float* __restrict__ partial) {
   __shared__ __align__(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
-  static_assert(sizeof(words) >= plan::kTile * plan::kTile);
+  static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
   constexpr int kSumRows = kDbias ? plan::kRowGroups : 1;
   constexpr int kValRows = kDbias ? plan::kTile : 1;
   __shared__ float colpart[kSumRows][plan::kBigTile];
   __shared__ float vals[kValRows][plan::kTile + 1];
-  auto* tile = reinterpret_cast<uint8_t*>(words);
+  auto* tile = reinterpret_cast<uint8_t (*)[plan::kTile + 8]>(words);
   WriteScaleInv(scale, scale_inv, groups);
   const int t = threadIdx.x;
   uint32_t m = 0;
