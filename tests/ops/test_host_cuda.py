@@ -372,6 +372,51 @@ def test_gpu_kernels_equal_their_host_run(name, monkeypatch):
             raise AssertionError(f"output {i}: {e}") from None
 
 
+# The norm plans' cases (tests/ops/test_norm_plan.py): one row, h from 1 to 8,192, rows not
+# multiples of the row groups, h not a multiple of 8 (element by element) or of 16 bytes.
+NORM_CASES = [(1, 768), (3, 1000), (37, 4097), (5, 8), (2, 1), (300, 64), (7, 8192), (1000, 128)]
+
+
+@pytest.mark.parametrize("sms", [1, 66])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize(("rows", "h"), NORM_CASES, ids=str)
+def test_norm_kernels_over_the_plan_cases(rows, h, dtype, sms, monkeypatch):
+    """The norm kernels, forward (with the FP8 form and its transpose) and backward, over the
+    plans' cases, on a 1-SM device (every block walks many rows) and a 66-SM one: equal to the
+    reference within the norms' tolerance (this replaced the hand walks of the kernels' loops)."""
+    r = np.random.default_rng(rows * 7 + h)
+    x = normal(r, (rows, h), dtype, 2.0, 0.3)
+    gamma = normal(r, (h,), dtype, 0.2, 1.0)
+    beta = normal(r, (h,), dtype, 0.2)
+    dy = normal(r, (rows, h), dtype)
+    kw = dict(norm_type="layernorm", epsilon=1e-5)
+
+    def run(impl):
+        y, mu, rs = ops.norm_forward(x, gamma, beta, **kw, implementation=impl)
+        fp8 = ops.norm_forward_fp8(
+            x, gamma, beta, jnp.float32(8.0), jnp.float8_e4m3fn, **kw, implementation=impl
+        )
+        back = ops.norm_backward(dy, x, mu, rs, gamma, norm_type="layernorm", implementation=impl)
+        return (y, mu, rs, *back), fp8
+
+    want, want_fp8 = run("xla")
+    with on_host_cuda(monkeypatch, sms=sms, blocks_per_sm=1, device=10 + sms):
+        got, got_fp8 = jax.block_until_ready(run("kernel"))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        try:
+            assert_matches(np.asarray(g), np.asarray(w), False, **NORM_CLOSE)
+        except AssertionError as e:
+            raise AssertionError(f"output {i}: {e}") from None
+    # The FP8 form is quantize of the same implementation's y, bit for bit (amax too), and q_t
+    # its transpose.
+    del want_fp8
+    q, qt = np.asarray(got_fp8[0]).view(np.uint8), np.asarray(got_fp8[1]).view(np.uint8)
+    wq, _, wamax = ops.quantize(got[0], jnp.float32(8.0), jnp.float8_e4m3fn)
+    np.testing.assert_array_equal(q, np.asarray(wq).view(np.uint8))
+    assert np.asarray(got_fp8[3]).tobytes() == np.asarray(wamax).tobytes()
+    np.testing.assert_array_equal(qt.reshape(h, rows), q.reshape(rows, h).T)
+
+
 def test_a_132_sm_device_plans_other_grids_and_gives_the_same_bits(monkeypatch):
     """The handlers size their grids from the occupancy (ResidentBlocks, cached per device: two
     devices of the process here): a large device runs more blocks, each with less work, and the

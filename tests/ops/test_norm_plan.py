@@ -1,16 +1,13 @@
 """The CUDA norm kernels' launch planning (cpp/common/norm_plan.h), run on the host.
 
-The test-only extension compiles the header the CUDA kernels use; ``_simulate_norm`` walks the
-kernels' loops for every block, row group, iteration and thread of the planned grid. Checked
-without a GPU: every element of every row touched exactly once (forward and backward), vector
-chunks only for aligned rows and always whole, the backward's per-thread registers within
-their bound, its slots within the workspace and independent of the device, every row in one
-slot, and the q -> q_t tile walk a transpose.
+The test-only extension compiles the header the CUDA kernels use. Checked without a GPU: the
+plans' block shapes, the backward's per-thread registers within their bound, its slots within
+the workspace and independent of the device, and its parallelism on a 132-SM GPU. The kernels
+themselves run on these plans' cases in tests/ops/test_host_cuda.py.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from conftest import load_testing_extension
 
@@ -20,25 +17,21 @@ ext = load_testing_extension()
 RESIDENT = 132 * 4
 
 
-def arr(b: bytes) -> np.ndarray:
-    return np.frombuffer(b, dtype=np.int64)
-
-
 CASES = [(1, 768), (3, 1000), (37, 4097), (5, 8), (2, 1), (300, 64), (7, 8192), (1000, 128)]
 
 
 @pytest.mark.parametrize("resident", [1, RESIDENT])
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize(("rows", "h"), CASES)
-def test_forward_touches_every_element_once(rows, h, elem_bytes, resident):
+def test_forward_plan(rows, h, elem_bytes, resident):
     aligned = (h * elem_bytes) % 16 == 0
     plan = ext._plan_norm(rows, h, elem_bytes, aligned, resident, 0)
     assert plan["vec"] == 16 // elem_bytes and plan["vector"] == aligned
     assert plan["threads"] % plan["threads_per_row"] == 0 and plan["threads"] <= 512
     assert plan["threads_per_row"] in (32, 64, 128, 256, 512)
     assert 1 <= plan["grid"] <= max(resident, 1)
-    sim = ext._simulate_norm(rows, h, elem_bytes, aligned, resident, 0, False)
-    np.testing.assert_array_equal(arr(sim["visits"]), np.ones(rows * h, np.int64))
+    assert plan["chunks"] == -(-h // plan["vec"])
+    assert plan["chunks_per_thread"] * plan["threads_per_row"] >= plan["chunks"]
 
 
 @pytest.mark.parametrize("elem_bytes", [2, 4])
@@ -49,14 +42,9 @@ def test_backward_slots_and_registers(rows, h, elem_bytes):
     assert plan["backward_ok"]
     assert plan["slots"] <= NORM_WORKSPACE_SLOTS and plan["workspace_fits"]
     assert plan["slots"] == plan["grid"] * plan["rows_per_cta"]
+    assert plan["chunks_per_thread"] * plan["vec"] <= 16  # the column sums' registers
     # The device's occupancy does not enter the backward's plan (deterministic partials).
     assert plan == ext._plan_norm(rows, h, elem_bytes, aligned, RESIDENT, NORM_WORKSPACE_SLOTS)
-    sim = ext._simulate_norm(rows, h, elem_bytes, aligned, 0, NORM_WORKSPACE_SLOTS, True)
-    np.testing.assert_array_equal(arr(sim["visits"]), np.ones(rows * h, np.int64))
-    slots = arr(sim["slot_of"])
-    assert slots.min() >= 0 and slots.max() < plan["slots"]
-    np.testing.assert_array_equal(slots, np.arange(rows) % plan["slots"])
-    assert sim["max_thread_elems"] <= 16
 
 
 def test_a_workspace_smaller_than_the_plan_is_reported():
@@ -91,13 +79,6 @@ def test_backward_fills_a_132_sm_gpu(h):
 def test_backward_limit_is_reported():
     assert ext._plan_norm(4, 8192, 2, True, 0, NORM_WORKSPACE_SLOTS)["backward_ok"]
     assert not ext._plan_norm(4, 8200, 2, True, 0, NORM_WORKSPACE_SLOTS)["backward_ok"]
-
-
-@pytest.mark.parametrize(("matrices", "rows", "cols"), [(1, 1, 1), (1, 37, 1000), (3, 65, 64)])
-def test_transpose_walk_is_a_transpose(matrices, rows, cols):
-    src = arr(ext._simulate_norm_transpose(matrices, rows, cols))
-    want = np.arange(matrices * rows * cols).reshape(matrices, rows, cols).swapaxes(1, 2)
-    np.testing.assert_array_equal(src, want.reshape(-1))
 
 
 def test_bad_arguments():
