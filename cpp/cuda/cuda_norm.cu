@@ -32,6 +32,7 @@
 #include "common/op_table.h"
 #include "common/wide.h"
 #include "cuda/cuda_column_totals.cuh"
+#include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
@@ -461,11 +462,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
 }
 
 // ------------------------------------------------------------------ handlers
-
-uint64_t Addr(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
-
-template <WideKind W>
-constexpr int kWideBytes = W == WideKind::kF32 ? 4 : 2;
 
 // Plans for `rows` rows, queries the occupancy for the planned block size and
 // plans again with it (forward kernels).

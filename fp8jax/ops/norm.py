@@ -323,7 +323,7 @@ def _backward_reference(
         norm_type=norm_type, zero_centered_gamma=zero_centered_gamma,
     )  # fmt: skip
     dx = dx.reshape(x.shape)
-    workspace = jnp.zeros((*gamma.shape[:-1], workspace_slots, 2, gamma.shape[-1]))
+    workspace = jnp.zeros(_workspace(gamma, workspace_slots).shape)
     return dx, dgamma, dbeta, workspace  # XLA drops the unused zeros
 
 
