@@ -11,7 +11,9 @@
 # Needs nvcc and the XLA FFI headers (jax.ffi.include_dir() of the python in $FP8JAX_PY, ./.venv,
 # or python3). No GPU. FP8JAX_PTXAS_ARCHS overrides the list (default "89 90 newest"; "newest" is
 # the newest arch above sm_90 that nvcc knows, left out when there is none); FP8JAX_PTXAS_FLAGS
-# adds nvcc flags; FP8JAX_PTXAS_SOURCES replaces the list of sources.
+# adds nvcc flags; FP8JAX_PTXAS_SOURCES replaces the list of sources. FP8JAX_PTXAS_LOGS names a
+# directory of the build's own reports (FP8JAX_PTXAS_LOG_DIR at build time, tools/ptxas_log.sh):
+# an arch found in a source's report there is read from it, not compiled again.
 
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,20 +47,37 @@ done
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-gencodes=()
-for arch in $archs; do
-  gencodes+=(-gencode "arch=compute_$arch,code=sm_$arch")
-done
-# One nvcc call per source for all archs (the front end runs once), sources in parallel.
+# One nvcc call per source for the archs its build report lacks (the front end runs once),
+# sources in parallel.
 sources=(${FP8JAX_PTXAS_SOURCES:-cpp/cuda/*.cu})
 max_jobs="$(nproc 2>/dev/null || echo 2)"
+from_logs=()
 for src in "${sources[@]}"; do
   base="$tmp/$(basename "$src")"
+  built="${FP8JAX_PTXAS_LOGS:+$FP8JAX_PTXAS_LOGS/$(basename "$src").log}"
+  gencodes=()
+  for arch in $archs; do
+    if [[ -n "$built" && -f "$built" ]] && grep -q "for 'sm_$arch'" "$built"; then
+      from_logs+=("$(basename "$src") sm_$arch")
+    else
+      gencodes+=(-gencode "arch=compute_$arch,code=sm_$arch")
+    fi
+  done
+  if [[ -n "$built" && -f "$built" ]]; then
+    cp "$built" "$base.built.log"
+  else
+    : >"$base.built.log"
+  fi
   (
-    # shellcheck disable=SC2086 # FP8JAX_PTXAS_FLAGS is a list of flags
     rc=0
-    nvcc -std=c++20 -O3 "${gencodes[@]}" -Icpp -isystem "$ffi_inc" -Xptxas -v \
-      ${FP8JAX_PTXAS_FLAGS:-} -c "$src" -o "$base.o" >"$base.log" 2>&1 || rc=$?
+    if ((${#gencodes[@]})); then
+      # shellcheck disable=SC2086 # FP8JAX_PTXAS_FLAGS is a list of flags
+      nvcc -std=c++20 -O3 "${gencodes[@]}" -Icpp -isystem "$ffi_inc" -Xptxas -v \
+        ${FP8JAX_PTXAS_FLAGS:-} -c "$src" -o "$base.o" >"$base.log" 2>&1 || rc=$?
+    else
+      : >"$base.log"
+    fi
+    cat "$base.built.log" >>"$base.log"
     echo "$rc" >"$base.rc"
   ) &
   while (($(jobs -rp | wc -l) >= max_jobs)); do
@@ -66,6 +85,9 @@ for src in "${sources[@]}"; do
   done
 done
 wait
+if ((${#from_logs[@]})); then
+  echo "ptxas_report: read from the build's reports ($FP8JAX_PTXAS_LOGS): ${from_logs[*]}"
+fi
 status=0
 for src in "${sources[@]}"; do
   base="$tmp/$(basename "$src")"
