@@ -468,6 +468,16 @@ FP8JAX_PLAN_HD GroupSlot GuardedGroupSlot(int t, int k) {
   return {idx / kTile, idx % kTile};
 }
 
+// The shared-memory index of a tile's group sum (group g, column c of the
+// tile): one unused float after every 32 columns, so that a warp's accesses
+// fall in distinct banks: the fast tile's stores (lane L: group
+// FastRowBlock, columns FastColBlock * 8 + j: the pad shifts each run of 4
+// lanes by one bank, the next group by four), the guarded sums' and the
+// flush's 32 consecutive columns. The dense [group][col] layout put 8 lanes
+// of the fast tile's stores in each bank it used. kColpartStride per group.
+constexpr int kColpartStride = kBigTile + kBigTile / 32;  // 132
+FP8JAX_PLAN_HD int ColpartIndex(int g, int c) { return g * kColpartStride + c + c / 32; }
+
 // Row `sub`'s groups of a guarded sub-tile start at this group of the tile,
 // its columns at this column of the tile (SubTile's layout).
 FP8JAX_PLAN_HD int SubTileGroup0(int sub) { return (sub / 2) * kGuardedGroups; }

@@ -32,30 +32,31 @@ namespace fp8jax {
 template <typename F, bool kDbias, typename Source>
 __device__ __forceinline__ void CastTransposeFastTile(
     const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
-    uint64_t* __restrict__ words, float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a,
+    uint64_t* __restrict__ words, float* __restrict__ colpart, const plan::TransposeArgs& a,
     const plan::MatTile& mt, float sc, uint32_t& m, int t) {
   const int rb = plan::FastRowBlock(t);
   const int cb = plan::FastColBlock(t);
   const int64_t mat_base = mt.mat * a.rows * a.cols;
   const int64_t first = mat_base + (mt.row0 + rb * plan::kVec) * a.cols + mt.col0 + cb * plan::kVec;
-  float v[plan::kVec][8];
+  typename Source::Raw raw[plan::kVec];  // the rows at their own width, widened one by one
 #pragma unroll
-  for (int i = 0; i < plan::kVec; ++i) src.Eight(first + i * a.cols, v[i]);
+  for (int i = 0; i < plan::kVec; ++i) raw[i] = src.RawEight(first + i * a.cols);
   uint64_t w[plan::kVec];
   // dbias: this thread's 8 rows are one group, added row by row as each row
   // is quantized (plan: dbias order), in shared memory: every row dies as
   // early as without dbias and no register is added (the 8 sums as registers
-  // spill on sm_89, and on sm_121 from the compute_90 PTX). The stores are an
-  // 8-way bank conflict (the host bank model: docs/performance.md); the
-  // conflict-free layouts tried cost registers this kernel does not have.
+  // spill on sm_89, and on sm_121 from the compute_90 PTX). plan::ColpartIndex
+  // keeps the warp's stores in distinct banks at no register cost (one base).
 #pragma unroll
   for (int i = 0; i < plan::kVec; ++i) {
-    w[i] = QuantizeEight<F>(v[i], sc, m);
+    float v[8];
+    src.Widen(raw[i], v);
+    w[i] = QuantizeEight<F>(v, sc, m);
     *reinterpret_cast<uint64_t*>(q + first + i * a.cols) = w[i];
     if constexpr (kDbias) {
-      float* sums = &colpart[rb][cb * plan::kVec];
+      float* sums = colpart + plan::ColpartIndex(rb, cb * plan::kVec);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sums[j] = __fadd_rn(i == 0 ? 0.0f : sums[j], v[i][j]);
+      for (int j = 0; j < 8; ++j) sums[j] = __fadd_rn(i == 0 ? 0.0f : sums[j], v[j]);
     }
   }
   plan::Transpose8x8(w);
@@ -84,9 +85,8 @@ __device__ __forceinline__ void CastTransposeFastTile(
 template <typename F, bool kDbias, typename Source>
 __device__ __forceinline__ void CastTransposeGuardedTile(
     const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
-    uint8_t (*tile)[plan::kTile + 8], float (*vals)[plan::kTile + 1],
-    float (*colpart)[plan::kBigTile], const plan::TransposeArgs& a, const plan::MatTile& mt,
-    int sub, float sc, uint32_t& m, int t) {
+    uint8_t (*tile)[plan::kTile + 8], float (*vals)[plan::kTile + 1], float* __restrict__ colpart,
+    const plan::TransposeArgs& a, const plan::MatTile& mt, int sub, float sc, uint32_t& m, int t) {
   plan::TileChunk in[2];
   float v[2][8];
 #pragma unroll
@@ -124,7 +124,8 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
       for (int i = 0; i < plan::kSumGroup; ++i) {
         acc = __fadd_rn(acc, vals[gs.group * plan::kSumGroup + i][gs.col]);
       }
-      colpart[plan::SubTileGroup0(sub) + gs.group][plan::SubTileCol0(sub) + gs.col] = acc;
+      colpart[plan::ColpartIndex(plan::SubTileGroup0(sub) + gs.group,
+                                 plan::SubTileCol0(sub) + gs.col)] = acc;
     }
   }
   __syncthreads();  // this sub-tile's reads before the next writes
@@ -132,14 +133,17 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
 
 // A tile's column sums (dbias): its groups, in order, into the workspace.
 // After the tile's last barrier (colpart complete); ends with a barrier.
-__device__ __forceinline__ void FlushTileColumns(const float (*colpart)[plan::kBigTile],
+__device__ __forceinline__ void FlushTileColumns(const float* __restrict__ colpart,
                                                  float* __restrict__ partial,
                                                  const plan::TransposeArgs& a,
                                                  const plan::MatTile& mt, int t) {
   if (t < plan::kBigTile && mt.col0 + t < a.cols) {
     float acc = 0.0f;
+    const float* col = colpart + plan::ColpartIndex(0, t);
 #pragma unroll
-    for (int g = 0; g < plan::kRowGroups; ++g) acc = __fadd_rn(acc, colpart[g][t]);
+    for (int g = 0; g < plan::kRowGroups; ++g) {
+      acc = __fadd_rn(acc, col[g * plan::kColpartStride]);
+    }
     partial[plan::PartialIndex(mt.mat, mt.row0 / plan::kBigTile, a.row_tiles, a.cols,
                                mt.col0 + t)] = acc;
   }
@@ -152,8 +156,8 @@ __device__ __forceinline__ void FlushTileColumns(const float (*colpart)[plan::kB
 // column sums go to `partial` (plan: dbias order).
 // At least 2 resident blocks per SM (so one block's loads overlap the
 // other's shared-memory phase): up to 128 registers per thread, which keeps
-// the 64 loaded values in registers on every arch (without the bound, ptxas
-// for sm_89 stopped at 80 registers and spilled).
+// the 64 loaded values in registers on every arch, at their own width
+// (without the bound, ptxas for sm_89 stopped at 80 registers and spilled).
 template <typename F, bool kDbias, typename Source>
 __global__ void __launch_bounds__(plan::kThreads, 2)
     CastTransposeKernel(Source src, const float* __restrict__ scale, uint8_t* __restrict__ q,
@@ -164,7 +168,7 @@ __global__ void __launch_bounds__(plan::kThreads, 2)
   static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
   constexpr int kSumRows = kDbias ? plan::kRowGroups : 1;
   constexpr int kValRows = kDbias ? plan::kTile : 1;
-  __shared__ float colpart[kSumRows][plan::kBigTile];
+  __shared__ float colpart[kSumRows * plan::kColpartStride];
   __shared__ float vals[kValRows][plan::kTile + 1];
   auto* tile = reinterpret_cast<uint8_t (*)[plan::kTile + 8]>(words);
   WriteScaleInv(scale, scale_inv, groups);
@@ -199,16 +203,18 @@ __global__ void __launch_bounds__(plan::kThreads, 2)
 template <WideKind W>
 struct DirectSource {
   static constexpr bool kFast = true;  // the fast path's 8 x 8 register blocks
+  using Raw = RawEightT<W>;
   const void* x;
-  __device__ __forceinline__ void Eight(int64_t i, float v[8]) const { LoadEight<W>(x, i, v); }
+  __device__ __forceinline__ Raw RawEight(int64_t i) const { return fp8jax::RawEight<W>(x, i); }
+  __device__ __forceinline__ void Widen(const Raw& r, float v[8]) const { WidenEight<W>(r, v); }
   __device__ __forceinline__ void Chunk(int64_t i, int count, bool vector, float v[8]) const {
     LoadChunk<W>(x, i, count, vector, v);
   }
 };
 
 // Enqueues the cast_transpose of `s` at `src` (a DirectSource, or a prologue
-// with the same Eight/Chunk members: values at element i of the [rows, cols]
-// matrices, rounded to the wide dtype; a prologue with kFast false always
+// with kFast false and a Chunk member: values at element i of the [rows, cols]
+// matrices, rounded to the wide dtype; a prologue always
 // takes the guarded path: 64 activation values per thread would not fit in
 // registers beside the fast path's 8 x 8 block). x_addr: the address the fast path's
 // alignment is judged by (0 for a prologue, which loads element by element).

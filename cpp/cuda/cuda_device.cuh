@@ -33,19 +33,41 @@ constexpr int kThreads = plan::kThreads;
 // drops a NaN's sign. One element of a wide buffer: LoadWide / StoreWide of
 // common/wide.h with FastHalf (the hardware half conversions).
 
+// Bytes per element of a wide dtype.
+template <WideKind W>
+constexpr int kWideBytes = W == WideKind::kF32 ? 4 : 2;
+
+// The 16 or 32 bytes of 8 consecutive elements, as loaded (RawEight), and
+// their float values (WidenEight). Kept apart so a kernel holding many rows
+// in registers holds them at their own width (2-byte types: 4 registers per
+// 8 elements, not 8) and widens each row where it is used.
+template <WideKind W>
+struct RawEightT {
+  uint4 words[W == WideKind::kF32 ? 2 : 1];
+};
+
 // Loads 8 consecutive elements starting at i (16-byte aligned for 2-byte
 // types, 32-byte aligned for float32).
 template <WideKind W>
-__device__ __forceinline__ void LoadEight(const void* p, int64_t i, float v[8]) {
+__device__ __forceinline__ RawEightT<W> RawEight(const void* p, int64_t i) {
+  RawEightT<W> r;
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p) +
+                                                    i * static_cast<int64_t>(kWideBytes<W>));
+#pragma unroll
+  for (int k = 0; k < (W == WideKind::kF32 ? 2 : 1); ++k) r.words[k] = src[k];
+  return r;
+}
+
+template <WideKind W>
+__device__ __forceinline__ void WidenEight(const RawEightT<W>& r, float v[8]) {
   if constexpr (W == WideKind::kF32) {
-    const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
-    const float4 a = src[0];
-    const float4 b = src[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      v[4 * k] = __uint_as_float(r.words[k].x), v[4 * k + 1] = __uint_as_float(r.words[k].y);
+      v[4 * k + 2] = __uint_as_float(r.words[k].z), v[4 * k + 3] = __uint_as_float(r.words[k].w);
+    }
   } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    const uint32_t words[4] = {r.words[0].x, r.words[0].y, r.words[0].z, r.words[0].w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if constexpr (W == WideKind::kBF16) {
@@ -57,6 +79,11 @@ __device__ __forceinline__ void LoadEight(const void* p, int64_t i, float v[8]) 
       }
     }
   }
+}
+
+template <WideKind W>
+__device__ __forceinline__ void LoadEight(const void* p, int64_t i, float v[8]) {
+  WidenEight<W>(RawEight<W>(p, i), v);
 }
 
 template <WideKind W>
@@ -104,9 +131,6 @@ __device__ __forceinline__ uint32_t BlockMaxU32(uint32_t v) {
   __syncthreads();  // warp_max may be reused by a following call
   return r;
 }
-
-template <WideKind W>
-constexpr int kWideBytes = W == WideKind::kF32 ? 4 : 2;
 
 inline uint64_t Addr(const void* p) {
   return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
