@@ -16,7 +16,14 @@ from fp8jax.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
 from fp8jax.layernorm_dense import layernorm_dense
 from fp8jax.layernorm_mlp import MLP_ROLES, layernorm_mlp
 from fp8jax.ops.quantize import cast_to_representable
-from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
+from fp8jax.recipe import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Format,
+    MXFP8BlockScaling,
+    Recipe,
+)
 from fp8jax.sharding import MeshResource
 from fp8jax.state import (
     Fp8Meta,
@@ -33,9 +40,11 @@ __all__ = [
     "CHECKPOINT_NAMES",
     "MLP_ROLES",
     "DelayedScaling",
+    "Float8BlockScaling",
     "Float8CurrentScaling",
     "Format",
     "Fp8Meta",
+    "MXFP8BlockScaling",
     "MeshResource",
     "Recipe",
     "autocast",

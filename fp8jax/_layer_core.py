@@ -38,7 +38,15 @@ from fp8jax.ops.cast_transpose import (
 )
 from fp8jax.ops.gemm import gemm_codes
 from fp8jax.ops.quantize import quantize
-from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe, fp8_max
+from fp8jax.recipe import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Format,
+    MXFP8BlockScaling,
+    Recipe,
+    fp8_max,
+)
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
 #: Checkpoint names of everything an FP8 GEMM layer saves for its backward pass, for
@@ -108,6 +116,12 @@ def resolve(
         return None, None, None
     if recipe is None:
         recipe = state.recipe if state.recipe is not None else DelayedScaling()
+    if isinstance(recipe, (Float8BlockScaling, MXFP8BlockScaling)):
+        raise ValueError(
+            f"{where}: {type(recipe).__name__} is not supported by the layers in this version "
+            "of fp8jax (its quantization and GEMM are in fp8jax.ops.block_scaling); use "
+            "DelayedScaling or Float8CurrentScaling"
+        )
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         raise TypeError(
             f"{where}: recipe must be DelayedScaling or Float8CurrentScaling, got {recipe!r}"

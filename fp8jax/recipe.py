@@ -21,8 +21,12 @@ import numpy as np
 __all__ = [
     "FP8_DTYPES",
     "DelayedScaling",
+    "Float8BlockScaling",
     "Float8CurrentScaling",
     "Format",
+    "MMParams",
+    "MXFP8BlockScaling",
+    "QParams",
     "Recipe",
     "fp8_max",
     "is_fp8_dtype",
@@ -125,7 +129,8 @@ class Recipe:
     def __new__(cls, *args: Any, **kwargs: Any) -> Recipe:
         if cls is Recipe:
             raise TypeError(
-                "Recipe is an abstract base class; use DelayedScaling or Float8CurrentScaling"
+                "Recipe is an abstract base class; use DelayedScaling, Float8CurrentScaling, "
+                "Float8BlockScaling or MXFP8BlockScaling"
             )
         return super().__new__(cls)
 
@@ -351,3 +356,229 @@ class Float8CurrentScaling(Recipe):
         _check_backward_override(owner, self.backward_override)
         _check_format(owner, self.fp8_format)
         object.__setattr__(self, "margin", _check_margin(owner, self.margin))
+
+
+# --- block scaling ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QParams:
+    """How one kind of tensor is quantized under :class:`Float8BlockScaling` (TransformerEngine's
+    ``QParams``).
+
+    Attributes:
+      power_2_scale: Round each block's scale down to a power of two (exact inverse scales,
+        and the same scales MXFP8 hardware would pick).
+      amax_epsilon: Non-negative float; a block amax below it is raised to it before the scale
+        is computed.
+
+    TE's fields for NVFP4 (``random_hadamard_transform``, ``stochastic_rounding``,
+    ``fp4_2d_quantization``) are not FP8 settings and are not accepted.
+    """
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "power_2_scale", _check_bool("QParams", "power_2_scale", self.power_2_scale)
+        )
+        eps = self.amax_epsilon
+        if not isinstance(eps, (int, float, np.floating, np.integer)) or isinstance(eps, bool):
+            raise TypeError(f"QParams.amax_epsilon must be a non-negative float, got {eps!r}")
+        if not (np.isfinite(eps) and eps >= 0):
+            raise ValueError(f"QParams.amax_epsilon must be a non-negative float, got {eps!r}")
+        object.__setattr__(self, "amax_epsilon", float(eps))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MMParams:
+    """GEMM settings of a recipe (TransformerEngine's ``MMParams``).
+
+    Attributes:
+      use_split_accumulator: Accumulate in full float32 (cuBLASLt without ``FAST_ACCUM``).
+        Block-scaled GEMMs require it (``True``).
+    """
+
+    use_split_accumulator: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "use_split_accumulator",
+            _check_bool("MMParams", "use_split_accumulator", self.use_split_accumulator),
+        )
+
+
+def _check_block_format(owner: str, value: Any) -> None:
+    _check_format(owner, value)
+    if value is Format.E5M2:
+        raise ValueError(
+            f"{owner}.fp8_format=Format.E5M2 is not supported: pure E5M2 training is not "
+            "supported (allowed: Format.E4M3, Format.HYBRID)"
+        )
+
+
+def _check_no_fp8_attention(owner: str, recipe: Any) -> None:
+    for name in ("fp8_dpa", "fp8_mha"):
+        object.__setattr__(recipe, name, _check_bool(owner, name, getattr(recipe, name)))
+        if getattr(recipe, name):
+            raise ValueError(
+                f"{owner}.{name}=True is not supported: FP8 attention is not supported with "
+                f"{owner} (allowed: False)"
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Float8BlockScaling(Recipe):
+    """Block scaling as in DeepSeek-V3 (TransformerEngine's ``Float8BlockScaling``): every
+    block of a tensor gets its own scale from its own amax, computed when it is quantized (no
+    state, no history).
+
+    Attributes:
+      use_f32_scales: Keep each scale as computed (``fp8_max / amax`` in float32) instead of
+        rounding it down to a power of two; sets the default ``power_2_scale`` of the three
+        ``fp8_quant_*`` fields.
+      fp8_format: ``Format.E4M3`` (default: activations, weights and gradients in E4M3) or
+        ``Format.HYBRID`` (gradients in E5M2).
+      fp8_quant_fwd_inp, fp8_quant_fwd_weight, fp8_quant_bwd_grad: :class:`QParams` of the
+        inputs, the weights and the output gradients (default: power-of-two scales unless
+        ``use_f32_scales``, no epsilon).
+      x_block_scaling_dim, w_block_scaling_dim, grad_block_scaling_dim: 1 for 1 x 128 blocks
+        (128 consecutive elements along the contraction dim), 2 for 128 x 128 blocks; the
+        defaults are DeepSeek-V3's (1, 2, 1). No GEMM may take two 2-D operands.
+      fp8_gemm_fprop, fp8_gemm_dgrad, fp8_gemm_wgrad: :class:`MMParams`; split accumulation is
+        required.
+      fp8_dpa, fp8_mha: FP8 attention; not supported (``False``).
+      backward_override: ``None`` only.
+
+    Scale rule (per block): ``scale = fp8_max / max(amax, amax_epsilon)``, 1 for an amax of 0,
+    inf or NaN, rounded down to a power of two by default (docs/numerics.md, "Block scaling").
+
+    >>> Float8BlockScaling()  # doctest: +NORMALIZE_WHITESPACE
+    Float8BlockScaling(use_f32_scales=False, fp8_format=Format.E4M3,
+        fp8_quant_fwd_inp=QParams(power_2_scale=True, amax_epsilon=0.0),
+        fp8_quant_fwd_weight=QParams(power_2_scale=True, amax_epsilon=0.0),
+        fp8_quant_bwd_grad=QParams(power_2_scale=True, amax_epsilon=0.0),
+        x_block_scaling_dim=1, w_block_scaling_dim=2, grad_block_scaling_dim=1)
+    """
+
+    use_f32_scales: bool = False
+    fp8_format: Format = Format.E4M3
+    fp8_quant_fwd_inp: QParams | None = None
+    fp8_quant_fwd_weight: QParams | None = None
+    fp8_quant_bwd_grad: QParams | None = None
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = dataclasses.field(default=MMParams(), repr=False)
+    fp8_gemm_dgrad: MMParams = dataclasses.field(default=MMParams(), repr=False)
+    fp8_gemm_wgrad: MMParams = dataclasses.field(default=MMParams(), repr=False)
+    fp8_dpa: bool = dataclasses.field(default=False, repr=False)
+    fp8_mha: bool = dataclasses.field(default=False, repr=False)
+    backward_override: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        _check_backward_override(owner, self.backward_override)
+        set_("use_f32_scales", _check_bool(owner, "use_f32_scales", self.use_f32_scales))
+        _check_block_format(owner, self.fp8_format)
+        for name in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            value = getattr(self, name)
+            if value is None:
+                set_(name, QParams(power_2_scale=not self.use_f32_scales))
+            elif not isinstance(value, QParams):
+                raise TypeError(f"{owner}.{name} must be a QParams or None, got {value!r}")
+        dims = {}
+        for role in ("x", "w", "grad"):
+            name = f"{role}_block_scaling_dim"
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise TypeError(f"{owner}.{name} must be 1 or 2, got {value!r}")
+            if value not in (1, 2):
+                raise ValueError(
+                    f"{owner}.{name} must be 1 (1 x 128) or 2 (128 x 128), got {value!r}"
+                )
+            dims[role] = int(value)
+            set_(name, int(value))
+        for gemm, (p, q) in {
+            "fprop": ("x", "w"),
+            "wgrad": ("x", "grad"),
+            "dgrad": ("w", "grad"),
+        }.items():
+            if dims[p] == 2 and dims[q] == 2:
+                raise ValueError(
+                    f"{owner}: {p}_block_scaling_dim=2 with {q}_block_scaling_dim=2 would make "
+                    f"the {gemm} GEMM take two 128 x 128-block operands, which is not supported "
+                    "(at most one 2-D operand per GEMM)"
+                )
+        for name in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            value = getattr(self, name)
+            if not isinstance(value, MMParams):
+                raise TypeError(f"{owner}.{name} must be an MMParams, got {value!r}")
+            if not value.use_split_accumulator:
+                raise ValueError(
+                    f"{owner}.{name}.use_split_accumulator=False is not supported: block-scaled "
+                    "GEMMs accumulate in full float32 (allowed: True)"
+                )
+        _check_no_fp8_attention(owner, self)
+
+    def block(self, role: str) -> tuple[int, int]:
+        """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 128)`` or
+        ``(128, 128)``."""
+        dims = {"x": self.x_block_scaling_dim, "w": self.w_block_scaling_dim,
+                "grad": self.grad_block_scaling_dim}  # fmt: skip
+        if role not in dims:
+            raise ValueError(f"Float8BlockScaling.block: role must be x, w or grad, got {role!r}")
+        dim = dims[role]
+        return (1, 128) if dim == 1 else (128, 128)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MXFP8BlockScaling(Recipe):
+    """MXFP8 (TransformerEngine's ``MXFP8BlockScaling``): every 32 consecutive elements along
+    the contraction dim share one power-of-two scale stored as E8M0, computed when the tensor
+    is quantized (no state). The row-wise and the transposed copy of a tensor are both
+    quantized from its high-precision values.
+
+    Attributes:
+      margin: Accepted for TransformerEngine compatibility and unused (as in TE): the E8M0 rule
+        below leaves no margin to choose.
+      fp8_format: ``Format.E4M3`` (default) or ``Format.HYBRID`` (gradients in E5M2).
+      enable_2d_quantization: 32 x 32 blocks for the weights.
+      fp8_dpa, fp8_mha: FP8 attention; not supported (``False``).
+      backward_override: ``None`` only.
+
+    Scale rule (per block): ``2**ceil(log2(amax / fp8_max))`` (the E8M0 exponent of
+    ``amax * (1 / fp8_max)`` rounded up), so ``|x / scale| <= fp8_max``.
+
+    >>> MXFP8BlockScaling()
+    MXFP8BlockScaling(margin=0, fp8_format=Format.E4M3, enable_2d_quantization=False)
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.E4M3
+    enable_2d_quantization: bool = False
+    fp8_dpa: bool = dataclasses.field(default=False, repr=False)
+    fp8_mha: bool = dataclasses.field(default=False, repr=False)
+    backward_override: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        _check_backward_override(owner, self.backward_override)
+        object.__setattr__(self, "margin", _check_margin(owner, self.margin))
+        _check_block_format(owner, self.fp8_format)
+        object.__setattr__(
+            self,
+            "enable_2d_quantization",
+            _check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization),
+        )
+        _check_no_fp8_attention(owner, self)
+
+    def block(self, role: str) -> tuple[int, int]:
+        """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 32)``, or
+        ``(32, 32)`` for ``"w"`` with ``enable_2d_quantization``."""
+        if role not in ("x", "w", "grad"):
+            raise ValueError(f"MXFP8BlockScaling.block: role must be x, w or grad, got {role!r}")
+        return (32, 32) if role == "w" and self.enable_2d_quantization else (1, 32)

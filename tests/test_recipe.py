@@ -12,8 +12,12 @@ import fp8jax.recipe as recipe_mod
 from fp8jax.recipe import (
     FP8_DTYPES,
     DelayedScaling,
+    Float8BlockScaling,
     Float8CurrentScaling,
     Format,
+    MMParams,
+    MXFP8BlockScaling,
+    QParams,
     Recipe,
     fp8_max,
     is_fp8_dtype,
@@ -296,3 +300,91 @@ def test_te_backward_override_none_only(cls):
     assert "backward_override" not in repr(cls())
     with pytest.raises(ValueError, match="backward_override='high_precision' is not supported"):
         cls(backward_override="high_precision")
+
+
+# --- Float8BlockScaling, MXFP8BlockScaling ------------------------------------------------------
+
+
+def test_block_scaling_defaults_match_transformer_engine():
+    r = Float8BlockScaling()
+    assert r.fp8_format is Format.E4M3 and not r.use_f32_scales
+    assert (r.x_block_scaling_dim, r.w_block_scaling_dim, r.grad_block_scaling_dim) == (1, 2, 1)
+    for q in (r.fp8_quant_fwd_inp, r.fp8_quant_fwd_weight, r.fp8_quant_bwd_grad):
+        assert q == QParams(power_2_scale=True, amax_epsilon=0.0)
+    for mm in (r.fp8_gemm_fprop, r.fp8_gemm_dgrad, r.fp8_gemm_wgrad):
+        assert mm == MMParams(use_split_accumulator=True)
+    assert not r.fp8_dpa and not r.fp8_mha and r.backward_override is None
+    assert (r.block("x"), r.block("w"), r.block("grad")) == ((1, 128), (128, 128), (1, 128))
+    assert r.fp8_max() == r.fp8_max(backward=True) == 448.0
+    # use_f32_scales sets the QParams defaults (in TE they are class attributes it cannot reach)
+    assert not Float8BlockScaling(use_f32_scales=True).fp8_quant_fwd_inp.power_2_scale
+    eps = QParams(power_2_scale=False, amax_epsilon=1e-6)
+    assert Float8BlockScaling(fp8_quant_bwd_grad=eps).fp8_quant_bwd_grad is eps
+    m = MXFP8BlockScaling()
+    assert (m.margin, m.fp8_format, m.enable_2d_quantization) == (0, Format.E4M3, False)
+    assert m.block("w") == (1, 32)
+    assert MXFP8BlockScaling(enable_2d_quantization=True).block("w") == (32, 32)
+    for rec in (r, m, Float8BlockScaling(fp8_format=Format.HYBRID)):
+        assert isinstance(rec, Recipe) and hash(rec) == hash(dataclasses.replace(rec))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(x_block_scaling_dim=2), ValueError, r"fprop GEMM take two 128 x 128-block"),
+        (dict(w_block_scaling_dim=1, grad_block_scaling_dim=2, x_block_scaling_dim=2), ValueError,
+         r"wgrad GEMM"),
+        (dict(grad_block_scaling_dim=2), ValueError, r"dgrad GEMM"),
+        (dict(x_block_scaling_dim=3), ValueError, r"x_block_scaling_dim must be 1 .*got 3"),
+        (dict(w_block_scaling_dim=2.0), TypeError, r"w_block_scaling_dim must be 1 or 2"),
+        (dict(fp8_format=Format.E5M2), ValueError, r"pure E5M2 training is not supported"),
+        (dict(fp8_format="E4M3"), TypeError, r"fp8_format must be a Format"),
+        (dict(fp8_gemm_wgrad=MMParams(use_split_accumulator=False)), ValueError,
+         r"fp8_gemm_wgrad\.use_split_accumulator=False is not supported"),
+        (dict(fp8_gemm_fprop=True), TypeError, r"fp8_gemm_fprop must be an MMParams"),
+        (dict(fp8_quant_fwd_inp=dict(power_2_scale=True)), TypeError, r"must be a QParams"),
+        (dict(fp8_dpa=True), ValueError, r"fp8_dpa=True is not supported"),
+        (dict(fp8_mha=1), TypeError, r"fp8_mha must be a bool"),
+        (dict(use_f32_scales="yes"), TypeError, r"use_f32_scales must be a bool"),
+        (dict(backward_override="dequantized"), ValueError, r"backward_override='dequantized'"),
+    ],
+)  # fmt: skip
+def test_block_scaling_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Float8BlockScaling(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(fp8_format=Format.E5M2), ValueError, r"pure E5M2"),
+        (dict(margin=-1), ValueError, r"MXFP8BlockScaling\.margin"),
+        (dict(enable_2d_quantization=None), TypeError, r"enable_2d_quantization must be a bool"),
+        (dict(fp8_mha=True), ValueError, r"fp8_mha=True is not supported"),
+        (dict(backward_override="high_precision"), ValueError, r"backward_override"),
+    ],
+)
+def test_mxfp8_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MXFP8BlockScaling(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(power_2_scale=1), TypeError, r"QParams\.power_2_scale must be a bool"),
+        (dict(amax_epsilon=-1.0), ValueError, r"amax_epsilon must be a non-negative float"),
+        (dict(amax_epsilon=float("nan")), ValueError, r"amax_epsilon"),
+        (dict(amax_epsilon="0"), TypeError, r"amax_epsilon"),
+    ],
+)
+def test_qparams_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        QParams(**kwargs)
+
+
+def test_block_role_names_are_checked():
+    with pytest.raises(ValueError, match="role must be x, w or grad"):
+        Float8BlockScaling().block("input")
+    with pytest.raises(ValueError, match="role must be x, w or grad"):
+        MXFP8BlockScaling().block("weight")

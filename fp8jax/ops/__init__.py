@@ -14,6 +14,14 @@ from fp8jax.ops.activation import (
     dactivation_cast_transpose_dbias_reference,
     dactivation_reference,
 )
+from fp8jax.ops.block_scaling import (
+    block_cast_transpose,
+    block_dequantize,
+    block_quantize,
+    block_scaled_matmul,
+    mxfp8_cast_transpose,
+    mxfp8_quantize,
+)
 from fp8jax.ops.cast_transpose import (
     cast_transpose,
     cast_transpose_dbias,
@@ -45,6 +53,10 @@ __all__ = [
     "activation_cast_transpose",
     "activation_cast_transpose_reference",
     "activation_reference",
+    "block_cast_transpose",
+    "block_dequantize",
+    "block_quantize",
+    "block_scaled_matmul",
     "cast_to_representable",
     "cast_transpose",
     "cast_transpose_dbias",
@@ -61,6 +73,8 @@ __all__ = [
     "get_implementation",
     "implementation",
     "layernorm",
+    "mxfp8_cast_transpose",
+    "mxfp8_quantize",
     "norm_backward",
     "norm_backward_reference",
     "norm_forward",

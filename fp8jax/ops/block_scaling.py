@@ -1,0 +1,359 @@
+"""Block-scaled FP8: one scale per block of a tensor instead of one per tensor (issue 21).
+
+Two families, both with TransformerEngine's scale rules (docs/numerics.md, "Block scaling"):
+
+- ``Float8BlockScaling`` (DeepSeek-V3's recipe): 1 x 128 blocks (128 consecutive elements of a
+  row, along the contraction dim) for activations and gradients, 128 x 128 blocks for weights;
+  float32 scales ``fp8_max / amax``, by default rounded down to a power of two.
+- MXFP8: 1 x 32 blocks with E8M0 (power-of-two) scales, ``2**ceil(log2(amax / fp8_max))``.
+
+This module is the ``jnp`` definition of their numerics: the block amax, the scale rules, the
+block quantization in both layouts (a 1 x 128 tensor's transposed copy is quantized again from
+the high-precision values along the other dim; a 128 x 128 tensor's is a transpose of its
+codes and of its scale grid) and the block-scaled GEMM (dequantize per block, float32
+accumulation).
+
+Ragged edges: a dim need not be a multiple of the block. The last block along it is partial;
+its amax is taken over the elements that exist (the same as zero padding), and the scale grid
+has ``ceil(dim / block)`` entries along it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax.ops.quantize import _to_fp8
+from fp8jax.recipe import fp8_max
+
+__all__ = [
+    "BLOCK_1D",
+    "BLOCK_2D",
+    "MXFP8_BLOCK",
+    "block_amax",
+    "block_cast_transpose",
+    "block_dequantize",
+    "block_quantize",
+    "block_scale",
+    "block_scaled_matmul",
+    "e8m0_exponent",
+    "mxfp8_cast_transpose",
+    "mxfp8_quantize",
+]
+
+#: 128 consecutive elements of a row: Float8BlockScaling's activations and gradients.
+BLOCK_1D: tuple[int, int] = (1, 128)
+#: 128 x 128 tiles: Float8BlockScaling's weights.
+BLOCK_2D: tuple[int, int] = (128, 128)
+#: 32 consecutive elements of a row, E8M0 scales: MXFP8.
+MXFP8_BLOCK: tuple[int, int] = (1, 32)
+
+_F32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def _check_block(owner: str, block: Any) -> tuple[int, int]:
+    ok = (
+        isinstance(block, tuple)
+        and len(block) == 2
+        and all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in block)
+        and all(b >= 1 for b in block)
+    )
+    if not ok:
+        raise ValueError(
+            f"{owner}: block must be a pair of positive ints (rows, cols), got {block!r}"
+        )
+    return int(block[0]), int(block[1])
+
+
+def _as_matrix(owner: str, x: jax.Array, block: tuple[int, int]) -> jax.Array:
+    """``x`` as the 2-D matrix its blocks tile: 1-row blocks see every leading dim as rows;
+    taller blocks need a matrix."""
+    if jnp.ndim(x) < 1:
+        raise ValueError(f"{owner}: x must have at least one dim, got a scalar")
+    if block[0] == 1:
+        return jnp.reshape(x, (-1, jnp.shape(x)[-1]))
+    if jnp.ndim(x) != 2:
+        raise ValueError(
+            f"{owner}: x must be a matrix for {block[0]} x {block[1]} blocks, got shape "
+            f"{jnp.shape(x)}"
+        )
+    return x
+
+
+def _grid(shape: tuple[int, int], block: tuple[int, int]) -> tuple[int, int]:
+    return -(-shape[0] // block[0]), -(-shape[1] // block[1])
+
+
+def block_amax(x: jax.Array, block: tuple[int, int]) -> jax.Array:
+    """The amax of each ``block`` of matrix ``x``: float32 ``[ceil(rows / block[0]),
+    ceil(cols / block[1])]``. NaNs are left out (as TransformerEngine's ``fmaxf`` reduction
+    does: one NaN does not decide its block's scale); an inf makes the amax inf."""
+    block = _check_block("block_amax", block)
+    x = _as_matrix("block_amax", x, block)
+    mag = jnp.abs(x.astype(jnp.float32))
+    mag = jnp.where(jnp.isnan(mag), jnp.float32(0), mag)
+    (r, c), (gr, gc) = mag.shape, _grid(mag.shape, block)
+    mag = jnp.pad(mag, ((0, gr * block[0] - r), (0, gc * block[1] - c)))
+    return jnp.max(mag.reshape(gr, block[0], gc, block[1]), axis=(1, 3), initial=jnp.float32(0))
+
+
+def block_scale(
+    amax: jax.Array,
+    fp8_dtype: Any,
+    *,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+    input_dtype: Any = jnp.float32,
+) -> jax.Array:
+    """Float8BlockScaling's scale from a block amax (TransformerEngine's rule):
+
+    1. ``amax = max(amax, amax_epsilon)``;
+    2. an amax of 0, inf or NaN gives scale 1, and so does a subnormal one (below float32's
+       smallest normal: fp8jax's rule, the same on every backend, where TE's GPU kernels would
+       divide by it);
+    3. ``scale = fp8_max / amax`` in float32 (round to nearest); an overflow to inf becomes the
+       largest finite value of ``input_dtype``;
+    4. with ``power_2_scale``, the scale keeps only its exponent: ``2**floor(log2(scale))``.
+
+    The inverse scale stored beside the codes is ``1 / scale`` (exact for a power of two).
+    """
+    amax = jnp.asarray(amax, jnp.float32)
+    amax = jnp.where(amax < np.float32(amax_epsilon), np.float32(amax_epsilon), amax)
+    scale = np.float32(fp8_max(fp8_dtype)) / amax
+    scale = jnp.where(jnp.isinf(scale), np.float32(jnp.finfo(input_dtype).max), scale)
+    if power_2_scale:
+        bits = jax.lax.bitcast_convert_type(scale, jnp.uint32) & jnp.uint32(0xFF800000)
+        scale = jax.lax.bitcast_convert_type(bits, jnp.float32)
+    tiny = amax < np.float32(np.finfo(np.float32).smallest_normal)
+    special = tiny | jnp.isinf(amax) | jnp.isnan(amax)
+    return jnp.where(special, jnp.float32(1), scale)
+
+
+def e8m0_exponent(amax: jax.Array, fp8_dtype: Any) -> jax.Array:
+    """MXFP8's scale from a block amax: the biased E8M0 exponent ``e`` (``uint8``; the scale is
+    ``2**(e - 127)``) of ``v = amax * (1 / fp8_max)`` (float32 product) rounded up to a power of
+    two, ``clip(ceil(log2(v)) + 127, 0, 254)``. NaN gives 255 (E8M0's NaN), inf 254, and an
+    amax of 0 or below float32's smallest normal 0. This is TransformerEngine's
+    ``float_to_e8m0`` and cuBLAS's documented rule, except where ``v`` is subnormal: there ``v``
+    is kept to 24 bits (computed as ``amax * (2**64 / fp8_max)``, so XLA:CPU's flush of
+    subnormals does not zero it) where TE's GPU product would round it to fewer. XLA's own
+    conversion to ``float8_e8m0fnu`` rounds to nearest instead, so it is not used."""
+    rcp = np.float32(1.0) / np.float32(fp8_max(fp8_dtype))
+    amax = jnp.asarray(amax, jnp.float32)
+    small = amax < np.float32(1.0)  # v may be subnormal: compute it 2**64 higher
+    w = amax * jnp.where(small, rcp * np.float32(2.0**64), rcp)
+    bits = jax.lax.bitcast_convert_type(w, jnp.uint32)
+    e = ((bits >> 23) & jnp.uint32(0xFF)).astype(jnp.int32)
+    m = bits & jnp.uint32(0x7FFFFF)
+    # ceil(log2(v)) + 127 for a normal w: its biased exponent, + 1 if any mantissa bit is set
+    biased = e + (m > 0).astype(jnp.int32) - jnp.where(small, 64, 0)
+    out = jnp.clip(biased, 0, 254)
+    out = jnp.where(amax < np.float32(np.finfo(np.float32).smallest_normal), 0, out)
+    out = jnp.where(jnp.isinf(amax), 254, out)
+    out = jnp.where(jnp.isnan(amax), 255, out)
+    return out.astype(jnp.uint8)
+
+
+def _pow2(k: jax.Array) -> jax.Array:
+    """``2**k`` (int32 ``k`` in [-126, 127]) as float32, from its bits."""
+    return jax.lax.bitcast_convert_type(((k + 127) << 23).astype(jnp.uint32), jnp.float32)
+
+
+def _expand(grid: jax.Array, block: tuple[int, int], shape: tuple[int, int]) -> jax.Array:
+    """A per-block array broadcast to every element of a ``shape`` matrix."""
+    full = jnp.repeat(jnp.repeat(grid, block[0], axis=0), block[1], axis=1)
+    return full[: shape[0], : shape[1]]
+
+
+def block_quantize(
+    x: jax.Array,
+    fp8_dtype: Any,
+    block: tuple[int, int] = BLOCK_1D,
+    *,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Float8BlockScaling quantization of ``x``: ``(q, scale_inv)``.
+
+    ``q = saturate(round(x * scale))`` with each element's block scale (:func:`block_scale`
+    of :func:`block_amax`), in ``x``'s shape; ``scale_inv`` float32, one per block. With
+    1-row blocks (``BLOCK_1D``) ``x`` may have any rank >= 1 and ``scale_inv`` has shape
+    ``x.shape[:-1] + (ceil(x.shape[-1] / block[1]),)``; otherwise ``x`` is a matrix and
+    ``scale_inv`` is its block grid.
+
+    >>> import jax.numpy as jnp
+    >>> q, sinv = block_quantize(jnp.arange(256.0).reshape(1, 256), jnp.float8_e4m3fn)
+    >>> sinv  # amax 127 -> scale 2**floor(log2(448 / 127)) = 2; amax 255 -> 1
+    Array([[0.5, 1. ]], dtype=float32)
+    """
+    block = _check_block("block_quantize", block)
+    _as_matrix("block_quantize", x, block)
+    return _block_quantize(x, jnp.dtype(fp8_dtype), block, bool(power_2_scale), float(amax_epsilon))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _block_quantize(x, fp8_dtype, block, power_2_scale, amax_epsilon):
+    m = _as_matrix("block_quantize", x, block)
+    scale = block_scale(
+        block_amax(m, block), fp8_dtype, power_2_scale=power_2_scale,
+        amax_epsilon=amax_epsilon, input_dtype=x.dtype,
+    )  # fmt: skip
+    q = _to_fp8(m.astype(jnp.float32), _expand(scale, block, m.shape), fp8_dtype)
+    sinv = (np.float32(1) / scale).astype(jnp.float32)
+    if block[0] == 1:
+        return q.reshape(jnp.shape(x)), sinv.reshape((*jnp.shape(x)[:-1], sinv.shape[-1]))
+    return q, sinv
+
+
+def mxfp8_quantize(
+    x: jax.Array, fp8_dtype: Any = jnp.float8_e4m3fn, block: tuple[int, int] = MXFP8_BLOCK
+) -> tuple[jax.Array, jax.Array]:
+    """MXFP8 quantization of ``x``: ``(q, scale)`` with ``scale`` of dtype ``float8_e8m0fnu``,
+    one per block (:func:`e8m0_exponent` of :func:`block_amax`) and
+    ``q = saturate(round(x / scale))``; shapes as :func:`block_quantize`'s (``(32, 32)`` blocks:
+    MXFP8BlockScaling's 2-D weight option).
+
+    >>> import jax.numpy as jnp
+    >>> q, s = mxfp8_quantize(jnp.full((1, 32), 3.0))
+    >>> s.astype(jnp.float32)  # 3 / 448 rounded up to a power of two
+    Array([[0.0078125]], dtype=float32)
+    """
+    block = _check_block("mxfp8_quantize", block)
+    _as_matrix("mxfp8_quantize", x, block)
+    return _mxfp8_quantize(x, jnp.dtype(fp8_dtype), block)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _mxfp8_quantize(x, fp8_dtype, block):
+    m = _as_matrix("mxfp8_quantize", x, block)
+    e = e8m0_exponent(block_amax(m, block), fp8_dtype)
+    # The multiplier 2**(127 - e) as two normal factors (2**-127, for e = 254, is subnormal,
+    # which XLA:CPU flushes): each product by a power of two is exact unless it underflows.
+    k = 127 - e.astype(jnp.int32)
+    lo = k // 2
+    xf = m.astype(jnp.float32) * _expand(_pow2(lo), block, m.shape)
+    q = _to_fp8(xf, _expand(_pow2(k - lo), block, m.shape), fp8_dtype)
+    q = jnp.where(_expand(e == 0xFF, block, m.shape), jnp.asarray(jnp.nan, q.dtype), q)
+    scale = jax.lax.bitcast_convert_type(e, jnp.float8_e8m0fnu)
+    if block[0] == 1:
+        return q.reshape(jnp.shape(x)), scale.reshape((*jnp.shape(x)[:-1], scale.shape[-1]))
+    return q, scale
+
+
+def _scale_values(scale: jax.Array) -> jax.Array:
+    """Float32 values of an inverse-scale grid (float32, or E8M0 from its bits)."""
+    if scale.dtype == jnp.float8_e8m0fnu:
+        e = jax.lax.bitcast_convert_type(scale, jnp.uint8).astype(jnp.uint32)
+        bits = jnp.where(e == 0, jnp.uint32(0x00400000), e << 23)
+        value = jax.lax.bitcast_convert_type(bits, jnp.float32)
+        return jnp.where(e == 0xFF, jnp.float32(jnp.nan), value)
+    return scale.astype(jnp.float32)
+
+
+def block_dequantize(
+    q: jax.Array, scale_inv: jax.Array, block: tuple[int, int], out_dtype: Any = jnp.float32
+) -> jax.Array:
+    """``q * scale_inv`` per block, in float32, then ``out_dtype``: the inverse of
+    :func:`block_quantize` and :func:`mxfp8_quantize` (``scale_inv`` float32 or E8M0).
+    An inverse scale below float32's normal range (a block amax under about 1e-36) dequantizes
+    to 0 on XLA:CPU, which flushes subnormal products."""
+    block = _check_block("block_dequantize", block)
+    _as_matrix("block_dequantize", q, block)
+    return _block_dequantize(q, scale_inv, block, jnp.dtype(out_dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _block_dequantize(q, scale_inv, block, out_dtype):
+    m = _as_matrix("block_dequantize", q, block)
+    grid = _grid(m.shape, block)
+    s = _scale_values(jnp.reshape(scale_inv, grid))
+    out = m.astype(jnp.float32) * _expand(s, block, m.shape)
+    return out.reshape(jnp.shape(q)).astype(out_dtype)
+
+
+def block_cast_transpose(
+    x: jax.Array,
+    fp8_dtype: Any,
+    block: tuple[int, int] = BLOCK_1D,
+    *,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Matrix ``x`` [M, K] quantized for a GEMM in both layouts: ``(q, scale_inv, q_t,
+    scale_inv_t)``, ``q`` [M, K] with blocks along K and ``q_t`` [K, M] with blocks along M.
+    1-row blocks: ``q_t`` is quantized again from ``x``'s high-precision values (its blocks
+    run down ``x``'s columns), never transposed from ``q``; square blocks: ``q_t`` and
+    ``scale_inv_t`` are the transposes of ``q`` and ``scale_inv``."""
+    block = _check_block("block_cast_transpose", block)
+    if jnp.ndim(x) != 2:
+        raise ValueError(f"block_cast_transpose: x must be a matrix, got shape {jnp.shape(x)}")
+    kw = dict(block=block, power_2_scale=power_2_scale, amax_epsilon=amax_epsilon)
+    q, sinv = block_quantize(x, fp8_dtype, **kw)
+    if block[0] == block[1]:
+        return q, sinv, q.T, sinv.T
+    if block[0] != 1:
+        raise ValueError(f"block_cast_transpose: block must be 1 x n or square, got {block}")
+    q_t, sinv_t = block_quantize(x.T, fp8_dtype, **kw)
+    return q, sinv, q_t, sinv_t
+
+
+def mxfp8_cast_transpose(
+    x: jax.Array, fp8_dtype: Any = jnp.float8_e4m3fn, block: tuple[int, int] = MXFP8_BLOCK
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`block_cast_transpose` for MXFP8: both layouts quantized from ``x`` (E8M0
+    scales), or transposed for square (32 x 32) blocks."""
+    block = _check_block("mxfp8_cast_transpose", block)
+    if jnp.ndim(x) != 2:
+        raise ValueError(f"mxfp8_cast_transpose: x must be a matrix, got shape {jnp.shape(x)}")
+    q, s = mxfp8_quantize(x, fp8_dtype, block)
+    if block[0] == block[1]:
+        return q, s, q.T, s.T
+    if block[0] != 1:
+        raise ValueError(f"mxfp8_cast_transpose: block must be 1 x n or square, got {block}")
+    q_t, s_t = mxfp8_quantize(x.T, fp8_dtype, block)
+    return q, s, q_t, s_t
+
+
+def block_scaled_matmul(
+    a_q: jax.Array,
+    a_scale_inv: jax.Array,
+    a_block: tuple[int, int],
+    b_q: jax.Array,
+    b_scale_inv: jax.Array,
+    b_block: tuple[int, int],
+    out_dtype: Any = jnp.float32,
+) -> jax.Array:
+    """The block-scaled GEMM ``a @ b.T`` of ``a_q`` [M, K] and ``b_q`` [N, K] (both K-major,
+    as cuBLASLt's FP8 GEMM takes them), each with its blocks' inverse scales: every element
+    dequantized with its block's scale in float32, products accumulated in float32
+    (``precision=HIGHEST``), then ``out_dtype``. The blocks of both operands must tile K alike
+    (the same block size along K), so that each 128-element slice of K has one scale per row
+    of each operand, as the GPU applies them. Two 2-D (square) operands are refused, as
+    cuBLASLt and TransformerEngine refuse them."""
+    a_block = _check_block("block_scaled_matmul", a_block)
+    b_block = _check_block("block_scaled_matmul", b_block)
+    if jnp.ndim(a_q) != 2 or jnp.ndim(b_q) != 2 or jnp.shape(a_q)[1] != jnp.shape(b_q)[1]:
+        raise ValueError(
+            "block_scaled_matmul: a_q [M, K] and b_q [N, K] must be matrices with the same K, "
+            f"got {jnp.shape(a_q)} and {jnp.shape(b_q)}"
+        )
+    if a_block[1] != b_block[1]:
+        raise ValueError(
+            f"block_scaled_matmul: a_block {a_block} and b_block {b_block} must have the same "
+            "size along K"
+        )
+    if a_block[0] > 1 and b_block[0] > 1:
+        raise ValueError(
+            "block_scaled_matmul: both operands have 2-D blocks "
+            f"(a_block {a_block}, b_block {b_block}); at most one may (as in cuBLASLt)"
+        )
+    a = block_dequantize(a_q, a_scale_inv, a_block)
+    b = block_dequantize(b_q, b_scale_inv, b_block)
+    out = jnp.matmul(
+        a, b.T, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+    )
+    return out.astype(out_dtype)
