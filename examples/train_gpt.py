@@ -5,7 +5,9 @@ with ``nn.scan``, causal self-attention, rotary position embeddings, tied byte e
 text is the Python standard library's own ``.py`` sources (every Python has them; split into
 train and validation by file), or any file or folder given with ``--data``. Each run uses the
 same initial params, seed and batch order; by default FP8 with ``DelayedScaling(HYBRID)`` and
-BF16 (the same model with FP8 off), ``--recipes`` adds ``current`` (``Float8CurrentScaling``).
+BF16 (the same model with FP8 off), ``--recipes`` adds ``current`` (``Float8CurrentScaling``),
+``block`` (``Float8BlockScaling``: DeepSeek-V3's 1 x 128 / 128 x 128 blocks) and ``mxfp8``
+(``MXFP8BlockScaling``: 1 x 32 blocks, E8M0 scales).
 
 Writes to ``--out`` (default ``gpt_runs``): ``metrics.csv`` (per step), ``summary.json`` and
 ``summary.md`` (final validation loss of each run, its difference to BF16, tokens/s, device,
@@ -47,7 +49,7 @@ PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
     "gpu-medium": dict(layers=24, hidden=1024, heads=16, mlp=4096, seq=1024, batch=32,
                        steps=5000, lr=3e-4),
 }  # fmt: skip
-RECIPE_NAMES = ("fp8", "bf16", "current")  # RECIPES below
+RECIPE_NAMES = ("fp8", "bf16", "current", "block", "mxfp8")  # RECIPES below
 API_NAMES = ("linen", "nnx")  # APIS below
 
 
@@ -80,13 +82,21 @@ import optax
 from flax import nnx
 
 import fp8jax
-from fp8jax import DelayedScaling, Float8CurrentScaling, Format
+from fp8jax import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Format,
+    MXFP8BlockScaling,
+)
 from fp8jax.flax import Fp8TrainState, TransformerLayer
 
 RECIPES = {
     "fp8": DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
     "bf16": None,
     "current": Float8CurrentScaling(),
+    "block": Float8BlockScaling(),
+    "mxfp8": MXFP8BlockScaling(),
 }
 
 

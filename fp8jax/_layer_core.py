@@ -5,6 +5,11 @@ what the backward reads, and the ``jax.custom_vjp`` wiring of a layer (:func:`la
 probe check, the observations out through the probe's cotangent, cotangents typed as their
 primals under explicit sharding).
 
+Block-scaled recipes (``Float8BlockScaling``, ``MXFP8BlockScaling``) run through the same
+pieces: :func:`cast_t` casts with the role's blocks (:func:`block_cast`: both layouts, a pair of
+scale grids) and each GEMM is the block-scaled one (``_gemm``), with current scaling's unfused
+norm and activation paths.
+
 A layer with ``G`` GEMMs has ``3 G`` tensor roles (:func:`fp8jax.state.gemm_roles`); each GEMM's
 forward here takes its input already in FP8 (from a fused norm or activation kernel, or from
 ``cast_transpose``), casts its kernel, and keeps, as ``uint8`` codes with the checkpoint names of
@@ -31,6 +36,11 @@ from fp8jax.autocast import _current_state
 from fp8jax.ops import _grouped_gemm
 from fp8jax.ops._implementation import get_implementation
 from fp8jax.ops._partition import explicit_mesh
+from fp8jax.ops.block_scaling import (
+    block_cast_transpose,
+    block_scaled_matmul,
+    mxfp8_cast_transpose,
+)
 from fp8jax.ops.cast_transpose import (
     cast_transpose,
     cast_transpose_dbias,
@@ -84,9 +94,21 @@ class Fp8Setup(NamedTuple):
     impl: tuple[tuple[str, str], ...]
     # Who is calling, for error messages ("fp8jax.dense", "DenseGeneral at 'Dense_0'", ...).
     where: str
+    # Block scaling (Float8BlockScaling, MXFP8BlockScaling), else None: per role ("x", "w",
+    # "grad") its block, power-of-two flag and amax epsilon. Block-scaled layers take the
+    # unfused paths of current scaling (current_scaling is True with it).
+    blocks: tuple[tuple[str, tuple[int, int], bool, float], ...] | None = None
+    mxfp8: bool = False
 
     def implementation(self, family: str) -> str:
         return dict(self.impl)[family]
+
+    def block(self, role: str) -> tuple[tuple[int, int], bool, float]:
+        """``(block, power_2_scale, amax_epsilon)`` of ``role`` under block scaling."""
+        for name, block, pow2, eps in self.blocks or ():
+            if name == role:
+                return block, pow2, eps
+        raise ValueError(f"{self.where}: no block scaling for role {role!r}")
 
 
 def _meta_hint(n_roles: int) -> str:
@@ -116,22 +138,18 @@ def resolve(
         return None, None, None
     if recipe is None:
         recipe = state.recipe if state.recipe is not None else DelayedScaling()
-    if isinstance(recipe, (Float8BlockScaling, MXFP8BlockScaling)):
-        raise ValueError(
-            f"{where}: {type(recipe).__name__} is not supported by the layers in this version "
-            "of fp8jax (its quantization and GEMM are in fp8jax.ops.block_scaling); use "
-            "DelayedScaling or Float8CurrentScaling"
-        )
-    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
+    block_recipe = isinstance(recipe, (Float8BlockScaling, MXFP8BlockScaling))
+    if not block_recipe and not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         raise TypeError(
-            f"{where}: recipe must be DelayedScaling or Float8CurrentScaling, got {recipe!r}"
+            f"{where}: recipe must be DelayedScaling, Float8CurrentScaling, Float8BlockScaling "
+            f"or MXFP8BlockScaling, got {recipe!r}"
         )
     if recipe.fp8_format is Format.E5M2:
         raise ValueError(
             f"{where}: Format.E5M2 cannot run GEMMs (FP8 tensor cores have no E5M2 x E5M2 "
             "matmul); use Format.HYBRID or Format.E4M3"
         )
-    current = isinstance(recipe, Float8CurrentScaling)
+    current = isinstance(recipe, Float8CurrentScaling) or block_recipe
     if current:
         scale = jnp.ones((n_roles,), jnp.float32)
     else:
@@ -153,11 +171,24 @@ def resolve(
         fwd_dtype=recipe.fwd_dtype,
         bwd_dtype=recipe.bwd_dtype,
         current_scaling=current,
-        margin=recipe.margin,
+        margin=getattr(recipe, "margin", 0),
         impl=tuple((f, get_implementation(f)) for f in ("cast", "gemm", *families)),
         where=where,
+        blocks=_blocks(recipe) if block_recipe else None,
+        mxfp8=isinstance(recipe, MXFP8BlockScaling),
     )
     return setup, scale, probe
+
+
+def _blocks(recipe: Float8BlockScaling | MXFP8BlockScaling):
+    """Fp8Setup.blocks of a block recipe."""
+    if isinstance(recipe, MXFP8BlockScaling):
+        return tuple((r, recipe.block(r), True, 0.0) for r in ("x", "w", "grad"))
+    q = {"x": recipe.fp8_quant_fwd_inp, "w": recipe.fp8_quant_fwd_weight,
+         "grad": recipe.fp8_quant_bwd_grad}  # fmt: skip
+    return tuple(
+        (r, recipe.block(r), q[r].power_2_scale, q[r].amax_epsilon) for r in ("x", "w", "grad")
+    )
 
 
 def codes(q: jax.Array) -> jax.Array:
@@ -165,9 +196,10 @@ def codes(q: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(q, jnp.uint8)
 
 
-def named(x: jax.Array, i: int) -> jax.Array:
-    """``x`` under the checkpoint name ``CHECKPOINT_NAMES[i]``."""
-    return checkpoint_name(x, CHECKPOINT_NAMES[i])
+def named(x: Any, i: int) -> Any:
+    """``x`` (an array, or a block-scaled tensor's pair of scale grids) under the checkpoint
+    name ``CHECKPOINT_NAMES[i]``."""
+    return jax.tree.map(lambda a: checkpoint_name(a, CHECKPOINT_NAMES[i]), x)
 
 
 def current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
@@ -184,10 +216,14 @@ def scale_for(setup: Fp8Setup, value: jax.Array, scale: jax.Array, fp8_dtype: An
     return current_scale(value, fp8_dtype, setup.margin) if setup.current_scaling else scale
 
 
-def cast_t(setup: Fp8Setup, x: jax.Array, scale: jax.Array, fp8_dtype: Any):
+def cast_t(setup: Fp8Setup, x: jax.Array, scale: jax.Array, fp8_dtype: Any, role: str = "x"):
     """``cast_transpose`` with this call's scale (current scaling: ``x``'s own) -> ``(q, q_t,
     scale_inv, amax)``. "mesh": every amax of the step is reduced over the same devices, so XLA
-    merges all of them into one all-reduce (the value is the tensor's global amax either way)."""
+    merges all of them into one all-reduce (the value is the tensor's global amax either way).
+    Under block scaling ``x`` is cast with ``role``'s blocks and ``scale_inv`` is the pair of
+    scale grids ``(rows, transposed)`` (:func:`block_cast`)."""
+    if setup.blocks is not None:
+        return block_cast(setup, x, fp8_dtype, role)
     return cast_transpose(
         x, scale_for(setup, x, scale, fp8_dtype), fp8_dtype, amax_reduction="mesh",
         implementation=setup.implementation("cast"),
@@ -199,12 +235,70 @@ def cast_dbias(setup: Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool)
     a bias: ``(q, q_t, scale_inv, amax, dbias or None)`` (``cast_transpose_dbias``: one pass
     over ``g``, so the bias gradient costs no second read)."""
     bwd = setup.bwd_dtype
+    if setup.blocks is not None:
+        dbias = jnp.sum(g.astype(jnp.float32), axis=0) if with_bias else None
+        return (*block_cast(setup, g, bwd, "grad"), dbias)
     if not with_bias:
         return (*cast_t(setup, g, scale, bwd), None)
     scale = scale_for(setup, g, scale, bwd)
     return cast_transpose_dbias(
         g, scale, bwd, amax_reduction="mesh", implementation=setup.implementation("cast")
     )
+
+
+def block_cast(setup: Fp8Setup, x: jax.Array, fp8_dtype: Any, role: str):
+    """Matrix ``x`` [M, K] block-scaled for a GEMM with ``role``'s blocks (``"x"``, ``"w"``,
+    ``"grad"``): ``(q [M, K], q_t [K, M], (scale_inv, scale_inv_t), amax)``, both layouts from
+    :mod:`fp8jax.ops.block_scaling` (a 1-row-block tensor's ``q_t`` quantized again from
+    ``x``). MXFP8's E8M0 scales travel as their ``uint8`` bits (as FP8 codes do: see the module
+    docstring); ``amax`` is ``max |x|``, for the layers' observations (nothing reads it: block
+    scaling has no state)."""
+    block, pow2, eps = setup.block(role)
+    if x.ndim != 2:
+        raise ValueError(f"{setup.where}: a block-scaled cast takes a matrix, got {x.shape}")
+    if setup.mxfp8:
+        q, s, q_t, s_t = mxfp8_cast_transpose(x, fp8_dtype, block)
+        s, s_t = (jax.lax.bitcast_convert_type(v, jnp.uint8) for v in (s, s_t))
+    else:
+        q, s, q_t, s_t = block_cast_transpose(
+            x, fp8_dtype, block, power_2_scale=pow2, amax_epsilon=eps
+        )
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), initial=jnp.float32(0))
+    return q, q_t, (s, s_t), amax
+
+
+def _rows(sinv: Any) -> jax.Array:
+    """The scale of a tensor's row-wise copy (per-tensor: the one scale)."""
+    return sinv[0] if isinstance(sinv, tuple) else sinv
+
+
+def _cols(sinv: Any) -> jax.Array:
+    """The scale of a tensor's transposed copy (per-tensor: the one scale)."""
+    return sinv[1] if isinstance(sinv, tuple) else sinv
+
+
+def _gemm(setup: Fp8Setup, a, a_sinv, b, b_sinv, *, roles, dtypes, out_dtype, bias=None,
+          accumulate, reuse=None):  # fmt: skip
+    """``a @ b.T`` of the K-major codes ``a`` [M, K] and ``b`` [N, K]: the FP8 GEMM
+    (:func:`~fp8jax.ops.gemm.gemm_codes`), or under block scaling the block-scaled one with
+    ``roles``' blocks (dequantize per block, float32 accumulation;
+    :func:`~fp8jax.ops.block_scaling.block_scaled_matmul`), plus ``bias`` in float32."""
+    if setup.blocks is None:
+        return gemm_codes(
+            a, b, a_sinv, b_sinv, dtypes=dtypes, out_dtype=out_dtype, bias=bias,
+            accumulate=accumulate, reuse=reuse, implementation=setup.implementation("gemm"),
+        )  # fmt: skip
+    views, scales = [], []
+    for codes_, sinv, dt in ((a, a_sinv, dtypes[0]), (b, b_sinv, dtypes[1])):
+        views.append(jax.lax.bitcast_convert_type(codes_, dt))
+        scales.append(
+            jax.lax.bitcast_convert_type(sinv, jnp.float8_e8m0fnu) if setup.mxfp8 else sinv
+        )
+    (ba, _, _), (bb, _, _) = setup.block(roles[0]), setup.block(roles[1])
+    y = block_scaled_matmul(views[0], scales[0], ba, views[1], scales[1], bb)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(out_dtype)
 
 
 def named_input(q: jax.Array, q_t: jax.Array, sinv: jax.Array, amax: jax.Array):
@@ -236,12 +330,12 @@ def gemm_forward(
     with fast accumulation; both backward GEMMs that use ``w_t`` see the very same value, so an
     FSDP gather of it is shared."""
     fwd = setup.fwd_dtype
-    w_q, w_t, w_sinv, w_amax = cast_t(setup, w, w_scale, fwd)
+    w_q, w_t, w_sinv, w_amax = cast_t(setup, w, w_scale, fwd, role="w")
     w_q, w_t = named(codes(w_q), 1), named(codes(w_t), 3)
     w_sinv, w_amax = named(w_sinv, 4), named(w_amax, 5)
-    y = gemm_codes(
-        x_q, w_t, x_sinv, w_sinv, dtypes=(fwd, fwd), out_dtype=out_dtype, bias=bias,
-        accumulate="fast", implementation=setup.implementation("gemm"),
+    y = _gemm(
+        setup, x_q, _rows(x_sinv), w_t, _cols(w_sinv), roles=("x", "w"), dtypes=(fwd, fwd),
+        out_dtype=out_dtype, bias=bias, accumulate="fast",
     )  # fmt: skip
     return y, w_amax, GemmResiduals(w_q, w_t, w_sinv)
 
@@ -263,14 +357,13 @@ def gemm_backward(
     ``w_dtype``. Every GEMM gets K-major operands; under FSDP the dgrad reuses the forward
     GEMM's gathered ``w_t`` (transposed on each device, no second all-gather)."""
     fwd, bwd = setup.fwd_dtype, setup.bwd_dtype
-    gemm = setup.implementation("gemm")
-    dx = gemm_codes(
-        g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), reuse=(res.w_t, x_t),
-        out_dtype=x_dtype, accumulate="split", implementation=gemm,
+    dx = _gemm(
+        setup, g_q, _rows(g_sinv), res.w_q, _rows(res.w_sinv), roles=("grad", "w"),
+        dtypes=(bwd, fwd), reuse=(res.w_t, x_t), out_dtype=x_dtype, accumulate="split",
     )  # fmt: skip
-    dw = gemm_codes(
-        x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dtype, accumulate="split",
-        implementation=gemm,
+    dw = _gemm(
+        setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"), dtypes=(fwd, bwd),
+        out_dtype=w_dtype, accumulate="split",
     )  # fmt: skip
     return dx, dw
 
@@ -385,6 +478,8 @@ def grouped_forward(s: Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
     copy ``(g, N, hidden)`` a transpose of the codes) -> ``(y, w's amax, residuals)`` as
     :func:`gemm_forward`'s."""
     fwd = s.fwd_dtype
+    if s.blocks is not None:  # the layers take the 2-D path under block scaling
+        raise ValueError(f"{s.where}: a grouped GEMM has no block-scaled form")
     q, sinv, amax = quantize(
         w, scale_for(s, w, scale, fwd), fwd, amax_reduction="mesh",
         implementation=s.implementation("cast"),

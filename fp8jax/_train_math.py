@@ -147,7 +147,7 @@ def update_fp8_variables(fp8_meta: Any, probe_grads: Any, recipe: Recipe) -> Any
 def check_recipe(owner: str, recipe: Any, fp8_meta: Any) -> Recipe:
     if not isinstance(recipe, Recipe):
         raise TypeError(
-            f"{owner}: recipe must be a fp8jax Recipe (DelayedScaling or Float8CurrentScaling), "
+            f"{owner}: recipe must be a fp8jax Recipe (DelayedScaling, Float8CurrentScaling, ...), "
             f"got {recipe!r}"
         )
     nodes = _meta_nodes(fp8_meta)

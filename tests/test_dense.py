@@ -279,17 +279,3 @@ def test_casts_read_float32_params_directly():
     else:
         np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want, np.float32),
                                    rtol=2e-2, atol=1e-2)  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "recipe", [fp8jax.Float8BlockScaling(), fp8jax.MXFP8BlockScaling()], ids=str
-)
-def test_block_scaled_recipes_are_refused_by_the_layers_for_now(recipe):
-    """The block recipes' quantization and GEMM exist (fp8jax.ops.block_scaling); the layers do
-    not take them yet, and say so rather than computing something else."""
-    x, w = jnp.ones((4, 128)), jnp.ones((128, 64))
-    with pytest.raises(ValueError, match=f"{type(recipe).__name__} is not supported by the layers"):
-        fp8jax.dense(x, w, recipe=recipe)
-    with fp8jax.autocast(enabled=True, recipe=recipe):
-        with pytest.raises(ValueError, match=r"fp8jax\.ops\.block_scaling"):
-            fp8jax.layernorm_mlp(x, jnp.ones(128), jnp.zeros(128), w[:, None], jnp.ones((64, 128)))

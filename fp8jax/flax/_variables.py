@@ -62,7 +62,13 @@ import jax.numpy as jnp
 
 from fp8jax._train_math import FP8_META, FP8_PROBE
 from fp8jax.autocast import _register_block_context, get_recipe, is_fp8_enabled
-from fp8jax.recipe import DelayedScaling, Float8CurrentScaling, Recipe
+from fp8jax.recipe import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    MXFP8BlockScaling,
+    Recipe,
+)
 from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles, state_gradient_link
 
 __all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "check_float_array", "fp8_call", "next_call_index"]
@@ -336,17 +342,18 @@ def fp8_call(module: nn.Module, n_roles: int = _N_ROLES) -> Fp8Call:
 
     Must be called from inside a bound module's method (``nn.compact`` or ``setup``-style).
     Outside autocast or with FP8 disabled no variable is read or created; with
-    :class:`~fp8jax.recipe.Float8CurrentScaling` neither is needed.
+    :class:`~fp8jax.recipe.Float8CurrentScaling` or a block-scaled recipe neither is needed.
     """
     recipe = get_recipe()
     if not is_fp8_enabled():
         return Fp8Call(enabled=False, recipe=recipe, meta=None, probe=None, where=_where(module))
-    if isinstance(recipe, Float8CurrentScaling):
+    if isinstance(recipe, (Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling)):
+        # stateless recipes: no FP8 variables, no probe
         return Fp8Call(enabled=True, recipe=recipe, meta=None, probe=None, where=_where(module))
     if not isinstance(recipe, DelayedScaling):
         raise TypeError(
-            f"{_where(module)}: the autocast recipe must be DelayedScaling or "
-            f"Float8CurrentScaling, got {recipe!r}"
+            f"{_where(module)}: the autocast recipe must be DelayedScaling, "
+            f"Float8CurrentScaling, Float8BlockScaling or MXFP8BlockScaling, got {recipe!r}"
         )
     backward_roles(n_roles)  # validates: GEMM triples
     meta = _meta(module, recipe, n_roles)
