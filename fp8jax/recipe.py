@@ -199,6 +199,16 @@ def _check_backward_override(owner: str, value: Any) -> None:
         )
 
 
+def _check_no_fp8_attention(owner: str, recipe: Any, why: str) -> None:
+    """``fp8_dpa`` and ``fp8_mha`` of ``recipe`` must be bools, and ``False`` (``why`` not)."""
+    for name in ("fp8_dpa", "fp8_mha"):
+        object.__setattr__(recipe, name, _check_bool(owner, name, getattr(recipe, name)))
+        if getattr(recipe, name):
+            raise ValueError(
+                f"{owner}.{name}=True is not supported: FP8 attention is {why} (allowed: False)"
+            )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DelayedScaling(Recipe):
     """Delayed scaling: each tensor's scale comes from a rolling history of past amaxes.
@@ -312,20 +322,14 @@ class DelayedScaling(Recipe):
                 "None or a callable (amax, old_scale, fp8_max, recipe) -> new_scale",
             )
 
-        for name in ("reduce_amax", "fp8_dpa", "fp8_mha"):
-            set_(name, _check_bool(owner, name, getattr(self, name)))
+        set_("reduce_amax", _check_bool(owner, "reduce_amax", self.reduce_amax))
         if not self.reduce_amax:
             raise ValueError(
                 f"{owner}.reduce_amax=False is not supported: fp8jax keeps one FP8 state, "
                 "replicated on every device, so every amax is reduced over the devices that "
                 "share its tensor (allowed: True)"
             )
-        for name in ("fp8_dpa", "fp8_mha"):
-            if getattr(self, name):
-                raise ValueError(
-                    f"{owner}.{name}=True is not supported: FP8 attention is not implemented yet "
-                    f"in this version of fp8jax (allowed: False)"
-                )
+        _check_no_fp8_attention(owner, self, "not implemented yet in this version of fp8jax")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -417,16 +421,6 @@ def _check_block_format(owner: str, value: Any) -> None:
             f"{owner}.fp8_format=Format.E5M2 is not supported: pure E5M2 training is not "
             "supported (allowed: Format.E4M3, Format.HYBRID)"
         )
-
-
-def _check_no_fp8_attention(owner: str, recipe: Any) -> None:
-    for name in ("fp8_dpa", "fp8_mha"):
-        object.__setattr__(recipe, name, _check_bool(owner, name, getattr(recipe, name)))
-        if getattr(recipe, name):
-            raise ValueError(
-                f"{owner}.{name}=True is not supported: FP8 attention is not supported with "
-                f"{owner} (allowed: False)"
-            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -522,7 +516,7 @@ class Float8BlockScaling(Recipe):
                     f"{owner}.{name}.use_split_accumulator=False is not supported: block-scaled "
                     "GEMMs accumulate in full float32 (allowed: True)"
                 )
-        _check_no_fp8_attention(owner, self)
+        _check_no_fp8_attention(owner, self, f"not supported with {owner}")
 
     def block(self, role: str) -> tuple[int, int]:
         """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 128)`` or
@@ -574,7 +568,7 @@ class MXFP8BlockScaling(Recipe):
             "enable_2d_quantization",
             _check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization),
         )
-        _check_no_fp8_attention(owner, self)
+        _check_no_fp8_attention(owner, self, f"not supported with {owner}")
 
     def block(self, role: str) -> tuple[int, int]:
         """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 32)``, or
