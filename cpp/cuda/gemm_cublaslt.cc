@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/block_scale_layout.h"
 #include "common/ffi_checks.h"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
@@ -166,6 +167,7 @@ struct AlgoKey {
   bool fast_accum;
   uint32_t align_a, align_b, align_d, align_bias;
   uint64_t workspace;
+  int32_t a_scale_mode, b_scale_mode;  // cuBLASLt's A and B (our b and a)
   auto operator<=>(const AlgoKey&) const = default;
 };
 
@@ -176,6 +178,56 @@ std::map<AlgoKey, cublasLtMatmulAlgo_t>& AlgoCache() {
 }
 
 // ------------------------------------------------------------------ GEMM
+
+}  // namespace
+
+namespace {
+
+// The scale modes of a checked problem (cuBLAS documentation, "Narrow precision data types
+// usage"): both per-tensor, both MXFP8 (VEC32_UE8M0), or 1 x 128 and 128 x 128 blocks with at
+// most one 128 x 128 operand; block modes need split accumulation and M, N multiples of 4; each
+// scale buffer holds what cuBLASLt reads (blockscale::ScaleCount, padding included).
+ffi::Error CheckScaleModes(const GemmProblem& p, GemmArgs* g) {
+  using blockscale::Mode;
+  const auto known = [](int64_t m) {
+    return m == Mode::kScalar || m == Mode::kVec32Ue8m0 || m == Mode::kVec128 ||
+           m == Mode::kBlk128x128;
+  };
+  if (!known(p.a_scale_mode) || !known(p.b_scale_mode)) {
+    return BadArg(kOp,
+                  "a_scale_mode and b_scale_mode must be 0 (per tensor), 2 (VEC32_UE8M0), "
+                  "4 (VEC128_32F) or 5 (BLK128x128_32F)");
+  }
+  const auto a = static_cast<int32_t>(p.a_scale_mode);
+  const auto b = static_cast<int32_t>(p.b_scale_mode);
+  const bool sm90_blocks = (a == Mode::kVec128 || a == Mode::kBlk128x128) &&
+                           (b == Mode::kVec128 || b == Mode::kBlk128x128);
+  const bool pair_ok = (a == Mode::kScalar && b == Mode::kScalar) ||
+                       (a == Mode::kVec32Ue8m0 && b == Mode::kVec32Ue8m0) || sm90_blocks;
+  if (!pair_ok) {
+    return BadArg(kOp,
+                  "a_scale_mode and b_scale_mode: both per tensor (0), both VEC32_UE8M0 "
+                  "(2), or each VEC128_32F (4) or BLK128x128_32F (5)");
+  }
+  if (a == Mode::kBlk128x128 && b == Mode::kBlk128x128) {
+    return BadArg(kOp, "at most one operand may have 128 x 128 block scales (BLK128x128_32F)");
+  }
+  if (a != Mode::kScalar && g->fast_accum) {
+    return BadArg(kOp, "block-scaled GEMMs need split accumulation (fast_accum = 0)");
+  }
+  if (sm90_blocks && (g->m % 4 != 0 || g->n % 4 != 0)) {
+    return BadArg(kOp, "1 x 128 and 128 x 128 block scales need M and N multiples of 4");
+  }
+  if (p.a_scale_count != blockscale::ScaleCount(a, g->m, g->k) ||
+      p.b_scale_count != blockscale::ScaleCount(b, g->n, g->k)) {
+    return BadArg(kOp,
+                  "a_scale_inv and b_scale_inv must hold the scales their modes lay out "
+                  "(blockscale::ScaleCount: 1 per tensor, padding included for blocks)");
+  }
+  g->a_scale_mode = a;
+  g->b_scale_mode = b;
+  return ffi::Error::Success();
+}
 
 }  // namespace
 
@@ -217,7 +269,7 @@ ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g) {
       return BadArg(kOp, "K and N must be multiples of 16 (the Python wrapper pads them)");
     }
   }
-  return ffi::Error::Success();
+  return CheckScaleModes(p, g);
 }
 
 namespace {
@@ -238,9 +290,8 @@ ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
   if (out.dimensions()[0] != p.m || out.dimensions()[1] != p.n) {
     return BadArg(kOp, "output must have shape [M, N]");
   }
-  if (a_scale_inv.element_count() != 1 || b_scale_inv.element_count() != 1) {
-    return BadArg(kOp, "a_scale_inv and b_scale_inv must hold one value each");
-  }
+  p.a_scale_count = static_cast<int64_t>(a_scale_inv.element_count());
+  p.b_scale_count = static_cast<int64_t>(b_scale_inv.element_count());
   p.a_type = a.element_type();
   p.b_type = b.element_type();
   p.out_type = out.element_type();
@@ -277,6 +328,13 @@ ffi::Error BuildGemmSetup(const GemmArgs& g, const GemmPointers& ptr, GemmSetup*
   }
   if (st == CUBLAS_STATUS_SUCCESS) {
     st = SetDesc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale_ptr);
+  }
+  if (g.a_scale_mode != blockscale::kScalar && st == CUBLAS_STATUS_SUCCESS) {
+    // Block scales: cuBLASLt's A is our b, its B our a (int32_t, as documented).
+    st = SetDesc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, g.b_scale_mode);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = SetDesc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, g.a_scale_mode);
+    }
   }
   if (g.has_bias && st == CUBLAS_STATUS_SUCCESS) {
     const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // documented as uint32_t
@@ -421,7 +479,9 @@ ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::
                     ptr.align_a,
                     ptr.align_d,
                     ptr.align_bias,
-                    pg->ws_bytes};
+                    pg->ws_bytes,
+                    g.b_scale_mode,
+                    g.a_scale_mode};
   return AlgoFor(key, pg->handle, pg->setup, &pg->algo);
 }
 

@@ -30,6 +30,12 @@ struct GemmProblem {
   int64_t bias_count = 0;
   int64_t has_bias = 0;
   int64_t fast_accum = 0;
+  // How a_scale_inv and b_scale_inv are laid out (blockscale::Mode, common/block_scale_layout.h)
+  // and how many values each holds.
+  int64_t a_scale_mode = 0;
+  int64_t b_scale_mode = 0;
+  int64_t a_scale_count = 1;
+  int64_t b_scale_count = 1;
 };
 
 // The checked problem in cuBLASLt's terms.
@@ -40,6 +46,8 @@ struct GemmArgs {
   cudaDataType_t a_type{}, b_type{}, d_type{};
   bool has_bias = false;
   bool fast_accum = false;
+  int32_t a_scale_mode = 0;  // blockscale::Mode of our a (cuBLASLt's B) and our b (its A)
+  int32_t b_scale_mode = 0;
 };
 
 // Device addresses the descriptors point at (placeholders in the host test),

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/block_scale_layout.h"
 #include "common/ffi_checks.h"
 #include "cuda/gemm_setup.h"
 #include "xla/ffi/api/ffi.h"
@@ -92,6 +93,8 @@ ffi::Error DescribeGemmSetup(const GemmProblem& problem,
   r.emplace_back("desc.a_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &st));
   r.emplace_back("desc.b_scale_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &st));
   r.emplace_back("desc.bias_pointer", DescPtrAttr(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &st));
+  r.emplace_back("desc.a_scale_mode", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &st));
+  r.emplace_back("desc.b_scale_mode", DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &st));
   if (g.has_bias) {
     r.emplace_back("desc.bias_data_type",
                    DescAttr<int32_t>(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &st));
@@ -119,20 +122,25 @@ ffi::Error DescribeGemmSetup(const GemmProblem& problem,
 
 // The cuBLASLt constants the description uses, by name, so tests compare against the header.
 std::vector<std::pair<std::string, int64_t>> CublasLtConstants() {
-  return {{"CUBLAS_COMPUTE_32F", CUBLAS_COMPUTE_32F},
-          {"CUDA_R_32F", CUDA_R_32F},
-          {"CUDA_R_16F", CUDA_R_16F},
-          {"CUDA_R_16BF", CUDA_R_16BF},
-          {"CUDA_R_8F_E4M3", CUDA_R_8F_E4M3},
-          {"CUDA_R_8F_E5M2", CUDA_R_8F_E5M2},
-          {"CUBLAS_OP_N", CUBLAS_OP_N},
-          {"CUBLAS_OP_T", CUBLAS_OP_T},
-          {"CUBLASLT_ORDER_COL", CUBLASLT_ORDER_COL},
-          {"CUBLASLT_EPILOGUE_DEFAULT", CUBLASLT_EPILOGUE_DEFAULT},
-          {"CUBLASLT_EPILOGUE_BIAS", CUBLASLT_EPILOGUE_BIAS},
-          {"fake_a_scale_inv", static_cast<int64_t>(kFakeAScaleInv)},
-          {"fake_b_scale_inv", static_cast<int64_t>(kFakeBScaleInv)},
-          {"fake_bias", static_cast<int64_t>(kFakeBias)}};
+  return {
+      {"CUBLAS_COMPUTE_32F", CUBLAS_COMPUTE_32F},
+      {"CUDA_R_32F", CUDA_R_32F},
+      {"CUDA_R_16F", CUDA_R_16F},
+      {"CUDA_R_16BF", CUDA_R_16BF},
+      {"CUDA_R_8F_E4M3", CUDA_R_8F_E4M3},
+      {"CUDA_R_8F_E5M2", CUDA_R_8F_E5M2},
+      {"CUBLAS_OP_N", CUBLAS_OP_N},
+      {"CUBLAS_OP_T", CUBLAS_OP_T},
+      {"CUBLASLT_ORDER_COL", CUBLASLT_ORDER_COL},
+      {"CUBLASLT_EPILOGUE_DEFAULT", CUBLASLT_EPILOGUE_DEFAULT},
+      {"CUBLASLT_EPILOGUE_BIAS", CUBLASLT_EPILOGUE_BIAS},
+      {"CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F", CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F},
+      {"CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0", CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0},
+      {"CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F", CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F},
+      {"CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F", CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F},
+      {"fake_a_scale_inv", static_cast<int64_t>(kFakeAScaleInv)},
+      {"fake_b_scale_inv", static_cast<int64_t>(kFakeBScaleInv)},
+      {"fake_bias", static_cast<int64_t>(kFakeBias)}};
 }
 
 // Tries cublasLtCreate (and destroys the handle): "CUBLAS_STATUS_SUCCESS" or the failure's
@@ -176,8 +184,13 @@ nb::dict Pairs(const std::vector<std::pair<std::string, int64_t>>& pairs) {
 
 nb::dict GemmSetupOf(const std::string& a, const std::string& b, const std::string& out, int64_t m,
                      int64_t n, int64_t k, int64_t has_bias, int64_t fast_accum,
-                     const std::string& bias, int64_t bias_count) {
+                     const std::string& bias, int64_t bias_count, int64_t a_scale_mode,
+                     int64_t b_scale_mode, int64_t a_scale_count, int64_t b_scale_count) {
   GemmProblem p;
+  p.a_scale_mode = a_scale_mode;
+  p.b_scale_mode = b_scale_mode;
+  p.a_scale_count = a_scale_count;
+  p.b_scale_count = b_scale_count;
   p.m = m;
   p.n = n;
   p.k = k;
@@ -200,7 +213,16 @@ NB_MODULE(_fp8jax_cuda_testing, m) {
   m.doc() = "fp8jax test support: the cuBLASLt GEMM setup on the host";
   m.def("_gemm_setup", &fp8jax::GemmSetupOf, nb::arg("a"), nb::arg("b"), nb::arg("out"),
         nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("has_bias"), nb::arg("fast_accum"),
-        nb::arg("bias") = "none", nb::arg("bias_count") = 0);
+        nb::arg("bias") = "none", nb::arg("bias_count") = 0, nb::arg("a_scale_mode") = 0,
+        nb::arg("b_scale_mode") = 0, nb::arg("a_scale_count") = 1, nb::arg("b_scale_count") = 1);
+  // Where cuBLASLt reads block scale (r, kb) of a [rows, k] operand (common/block_scale_layout.h),
+  // and how many it reads.
+  m.def("_block_scale_index", [](int32_t mode, int64_t r, int64_t kb, int64_t rows, int64_t k) {
+    return fp8jax::blockscale::ScaleIndex(mode, r, kb, rows, k);
+  });
+  m.def("_block_scale_count", [](int32_t mode, int64_t rows, int64_t k) {
+    return fp8jax::blockscale::ScaleCount(mode, rows, k);
+  });
   m.def("_cublaslt_constants", []() { return fp8jax::Pairs(fp8jax::CublasLtConstants()); });
   m.def("_probe_cublaslt_create", &fp8jax::ProbeCublasLtCreate);
 }

@@ -33,6 +33,7 @@ from fp8jax.recipe import fp8_max
 __all__ = [
     "BLOCK_1D",
     "BLOCK_2D",
+    "CUBLASLT_SCALE_MODES",
     "MXFP8_BLOCK",
     "block_amax",
     "block_cast_transpose",
@@ -40,6 +41,7 @@ __all__ = [
     "block_quantize",
     "block_scale",
     "block_scaled_matmul",
+    "cublaslt_scales",
     "e8m0_exponent",
     "mxfp8_cast_transpose",
     "mxfp8_quantize",
@@ -357,3 +359,56 @@ def block_scaled_matmul(
         a, b.T, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32
     )
     return out.astype(out_dtype)
+
+
+#: cuBLASLt's scale modes (``cublasLtMatmulMatrixScale_t``) by the block they serve.
+CUBLASLT_SCALE_MODES: dict[tuple[int, int], int] = {
+    (1, 128): 4,  # VEC128_32F (sm_90)
+    (128, 128): 5,  # BLK128x128_32F (sm_90)
+    (1, 32): 2,  # VEC32_UE8M0 (MXFP8, sm_100 and later)
+}
+
+
+def _cublaslt_index(mode: int, rows: int, k: int) -> tuple[np.ndarray, int]:
+    """For each entry of the compact scale grid (row-major), where cuBLASLt reads it, and how
+    many scales it reads (common/block_scale_layout.h, ScaleIndex and ScaleCount)."""
+    kb = -(-k // (32 if mode == 2 else 128))
+    if mode == 4:
+        r, j = np.meshgrid(np.arange(rows), np.arange(kb), indexing="ij")
+        return (j * rows + r).ravel(), kb * rows
+    if mode == 5:
+        tiles = -(-rows // 128)
+        kb4 = -(-kb // 4) * 4
+        r, j = np.meshgrid(np.arange(tiles), np.arange(kb), indexing="ij")
+        return (r * kb4 + j).ravel(), tiles * kb4
+    r, j = np.meshgrid(np.arange(rows), np.arange(kb), indexing="ij")
+    tiles_k = -(-kb // 4)
+    idx = ((r // 128) * tiles_k + j // 4) * 512 + (r % 32) * 16 + (r % 128 // 32) * 4 + j % 4
+    return idx.ravel(), (-(-rows // 128) * 128) * (tiles_k * 4)
+
+
+def cublaslt_scales(scale: jax.Array, block: tuple[int, int], rows: int, k: int) -> jax.Array:
+    """An operand's compact scale grid (as :func:`block_quantize` or :func:`mxfp8_quantize`
+    return it, for a [rows, k] K-major operand) in the flat layout cuBLASLt's block-scaled GEMM
+    reads: 1 x 128 blocks "outer-dim-major" (the rows of a K block contiguous; rows must be a
+    multiple of 4), 128 x 128 tiles K-major with a column stride rounded up to 4, MXFP8's E8M0
+    scales in 128 x 4 tiles of 512 bytes; padding is zero (for E8M0, the bits 0)."""
+    block = _check_block("cublaslt_scales", block)
+    if block not in CUBLASLT_SCALE_MODES:
+        raise ValueError(
+            f"cublaslt_scales: block must be one of {list(CUBLASLT_SCALE_MODES)}, got {block}"
+        )
+    mode = CUBLASLT_SCALE_MODES[block]
+    if mode == 4 and rows % 4:
+        raise ValueError(f"cublaslt_scales: 1 x 128 block scales need rows % 4 == 0, got {rows}")
+    idx, count = _cublaslt_index(mode, rows, k)
+    grid = (-(-rows // block[0]), -(-k // block[1]))
+    if tuple(scale.shape) != grid:
+        raise ValueError(f"cublaslt_scales: scale must have shape {grid}, got {scale.shape}")
+    flat = scale.reshape(-1)
+    if flat.dtype == jnp.float8_e8m0fnu:
+        flat = jax.lax.bitcast_convert_type(flat, jnp.uint8)
+    out = jnp.zeros((count,), flat.dtype).at[idx].set(flat)
+    if scale.dtype == jnp.float8_e8m0fnu:
+        out = jax.lax.bitcast_convert_type(out, jnp.float8_e8m0fnu)
+    return out

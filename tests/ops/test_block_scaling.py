@@ -326,3 +326,16 @@ def test_the_error_table_tool_shows_blocks_following_magnitudes():
     assert spread["per-tensor (current)"][0] > 2 * spread["1 x 128, power-of-two"][0]
     assert spread["per-tensor (current)"][1] > 0.01
     assert "| gaussian |" in tool.table(result)
+
+
+def test_cublaslt_scales_checks_its_arguments():
+    s = jnp.ones((8, 2), jnp.float32)
+    with pytest.raises(ValueError, match="block must be one of"):
+        bs.cublaslt_scales(s, (32, 32), 8, 256)
+    with pytest.raises(ValueError, match="rows % 4 == 0"):
+        bs.cublaslt_scales(jnp.ones((6, 2)), bs.BLOCK_1D, 6, 256)
+    with pytest.raises(ValueError, match=r"scale must have shape \(8, 3\)"):
+        bs.cublaslt_scales(s, bs.BLOCK_1D, 8, 300)
+    # 1 x 128 scales, outer-dim-major: the 8 rows of K block 0, then of K block 1
+    flat = bs.cublaslt_scales(jnp.arange(16.0).reshape(8, 2), bs.BLOCK_1D, 8, 256)
+    np.testing.assert_array_equal(np.asarray(flat), np.arange(16.0).reshape(8, 2).T.ravel())

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import itertools
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import load_testing_extension
 
@@ -169,3 +172,115 @@ def test_cuda_registration_passes_traits_and_stages(monkeypatch):
     for _, kw in cuda_calls.values():
         assert int(kw["traits"]) == 1  # COMMAND_BUFFER_COMPATIBLE
     assert set(cuda_calls["fp8jax_gemm"][0]) == {"initialize", "execute"}
+
+
+# ------------------------------------------------------------ block-scaled GEMMs (issue 21)
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _scale_count(mode, rows, k):
+    """The scales cuBLASLt reads (cuBLAS docs, "Narrow precision data types usage")."""
+    if mode == 0:
+        return 1
+    if mode == 4:  # VEC128_32F: rows x ceil(K/128), rows a multiple of 4
+        return rows * _cdiv(k, 128)
+    if mode == 5:  # BLK128x128_32F: K-major, column stride rounded up to 4
+        return _cdiv(rows, 128) * _cdiv(_cdiv(k, 128), 4) * 4
+    return _cdiv(rows, 128) * 128 * _cdiv(_cdiv(k, 32), 4) * 4  # VEC32_UE8M0: 128 x 4 tiles
+
+
+MODE_PAIRS = [(4, 5), (5, 4), (4, 4), (2, 2), (0, 0)]
+
+
+@pytest.mark.parametrize(("a_mode", "b_mode"), MODE_PAIRS)
+def test_block_scale_modes_reach_the_descriptor(a_mode, b_mode):
+    m, n, k = 256, 384, 640
+    s = setup._gemm_setup(
+        "float8_e4m3fn", "float8_e5m2", "bfloat16", m, n, k, 0, 0, a_scale_mode=a_mode,
+        b_scale_mode=b_mode, a_scale_count=_scale_count(a_mode, m, k),
+        b_scale_count=_scale_count(b_mode, n, k),
+    )  # fmt: skip
+    # cuBLASLt's A is our b: the modes swap as the scale pointers do
+    assert (s["desc.a_scale_mode"], s["desc.b_scale_mode"]) == (b_mode, a_mode)
+    c = consts()
+    names = {0: "SCALAR_32F", 2: "VEC32_UE8M0", 4: "VEC128_32F", 5: "BLK128x128_32F"}
+    assert c["CUBLASLT_MATMUL_MATRIX_SCALE_" + names[a_mode]] == a_mode
+    assert s["desc.fast_accum"] == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(a_scale_mode=5, b_scale_mode=5), "at most one operand may have 128 x 128"),
+        (dict(a_scale_mode=4, b_scale_mode=0), "both per tensor"),
+        (dict(a_scale_mode=2, b_scale_mode=4), "both per tensor"),
+        (dict(a_scale_mode=3, b_scale_mode=3), "must be 0 \\(per tensor\\), 2"),
+        (dict(a_scale_mode=4, b_scale_mode=4, fast_accum=1), "need split accumulation"),
+        (dict(a_scale_mode=4, b_scale_mode=4, m=50), "M and N multiples of 4"),
+        (dict(a_scale_mode=4, b_scale_mode=4, a_scale_count=7), "must hold the scales"),
+        (dict(a_scale_count=2), "must hold the scales"),
+    ],
+)
+def test_rejected_block_scale_problems(change, message):
+    m, n, k = change.pop("m", 64), 32, 256
+    args = dict(a="float8_e4m3fn", b="float8_e4m3fn", out="float32", m=m, n=n, k=k, has_bias=0,
+                fast_accum=0)  # fmt: skip
+    args.update({key: v for key, v in change.items() if key == "fast_accum"})
+    modes = {key: v for key, v in change.items() if key.endswith("mode")}
+    a_mode, b_mode = modes.get("a_scale_mode", 0), modes.get("b_scale_mode", 0)
+    known = (0, 2, 4, 5)
+    counts = dict(
+        a_scale_count=_scale_count(a_mode, m, k) if a_mode in known else 1,
+        b_scale_count=_scale_count(b_mode, n, k) if b_mode in known else 1,
+    )
+    counts.update({key: v for key, v in change.items() if key.endswith("count")})
+    with pytest.raises(ValueError, match=message):
+        setup._gemm_setup(**args, **modes, **counts)
+
+
+@pytest.mark.parametrize("mode", [4, 5, 2])
+@pytest.mark.parametrize(("rows", "k"), [(128, 256), (260, 416), (36, 1000)], ids=str)
+def test_block_scale_layouts_agree_with_the_python_side(mode, rows, k):
+    """common/block_scale_layout.h (what a CUDA handler will use) and
+    fp8jax.ops.block_scaling.cublaslt_scales put every scale at the same place: distinct
+    places inside the count, the count as documented."""
+    from fp8jax.ops import block_scaling as bs
+
+    block = {4: (1, 128), 5: (128, 128), 2: (1, 32)}[mode]
+    grid = (_cdiv(rows, block[0]), _cdiv(k, block[1]))
+    count = setup._block_scale_count(mode, rows, k)
+    assert count == _scale_count(mode, rows, k)
+    cpp = [
+        setup._block_scale_index(mode, r, j, rows, k)
+        for r in range(grid[0])
+        for j in range(grid[1])
+    ]
+    assert len(set(cpp)) == len(cpp) and 0 <= min(cpp) and max(cpp) < count
+    values = np.arange(1, grid[0] * grid[1] + 1, dtype=np.float32).reshape(grid)
+    if mode == 2:
+        values = (values % 250 + 1).astype(np.uint8)  # E8M0 bits, never the zero padding
+        scale = jax.lax.bitcast_convert_type(jnp.asarray(values), jnp.float8_e8m0fnu)
+    else:
+        scale = jnp.asarray(values)
+    flat = bs.cublaslt_scales(scale, block, rows, k)
+    assert flat.shape == (count,) and flat.dtype == scale.dtype
+    got = np.asarray(jax.lax.bitcast_convert_type(flat, jnp.uint8) if mode == 2 else flat)
+    np.testing.assert_array_equal(got[cpp], values.ravel())
+    pad = np.ones(count, bool)
+    pad[cpp] = False
+    assert (got[pad] == 0).all()  # cuBLASLt wants zeros outside the matrix
+
+
+def test_the_mxfp8_tile_layout_as_documented():
+    """The 128 x 4 tile of cuBLAS's documentation: row r, K block j at (r % 32) * 16 +
+    (r // 32) * 4 + j inside a 512-byte tile; tiles row-major."""
+    assert setup._block_scale_index(2, 0, 0, 256, 256) == 0
+    assert setup._block_scale_index(2, 1, 0, 256, 256) == 16
+    assert setup._block_scale_index(2, 32, 0, 256, 256) == 4
+    assert setup._block_scale_index(2, 0, 3, 256, 256) == 3
+    assert setup._block_scale_index(2, 0, 4, 256, 512) == 512  # the next tile along K
+    # K = 512 is 16 K blocks, 4 tiles along K: the next row of tiles starts 4 tiles on
+    assert setup._block_scale_index(2, 128, 0, 256, 512) == 4 * 512
