@@ -277,6 +277,20 @@ def _block_dequantize(q, scale_inv, block, out_dtype):
     return out.reshape(jnp.shape(q)).astype(out_dtype)
 
 
+def _both_layouts(owner: str, quantize: Any, x: jax.Array, block: tuple[int, int]):
+    """``(q, scale, q_t, scale_t)`` of matrix ``x`` with ``quantize(x, block) -> (q, scale)``:
+    ``q_t`` quantized again from ``x.T`` for 1-row blocks, transposed for square ones."""
+    block = _check_block(owner, block)
+    if jnp.ndim(x) != 2:
+        raise ValueError(f"{owner}: x must be a matrix, got shape {jnp.shape(x)}")
+    if block[0] != 1 and block[0] != block[1]:
+        raise ValueError(f"{owner}: block must be 1 x n or square, got {block}")
+    q, s = quantize(x, block)
+    if block[0] == block[1]:
+        return q, s, q.T, s.T
+    return (q, s, *quantize(x.T, block))
+
+
 def block_cast_transpose(
     x: jax.Array,
     fp8_dtype: Any,
@@ -290,17 +304,12 @@ def block_cast_transpose(
     1-row blocks: ``q_t`` is quantized again from ``x``'s high-precision values (its blocks
     run down ``x``'s columns), never transposed from ``q``; square blocks: ``q_t`` and
     ``scale_inv_t`` are the transposes of ``q`` and ``scale_inv``."""
-    block = _check_block("block_cast_transpose", block)
-    if jnp.ndim(x) != 2:
-        raise ValueError(f"block_cast_transpose: x must be a matrix, got shape {jnp.shape(x)}")
-    kw = dict(block=block, power_2_scale=power_2_scale, amax_epsilon=amax_epsilon)
-    q, sinv = block_quantize(x, fp8_dtype, **kw)
-    if block[0] == block[1]:
-        return q, sinv, q.T, sinv.T
-    if block[0] != 1:
-        raise ValueError(f"block_cast_transpose: block must be 1 x n or square, got {block}")
-    q_t, sinv_t = block_quantize(x.T, fp8_dtype, **kw)
-    return q, sinv, q_t, sinv_t
+
+    def quantize(v, b):
+        return block_quantize(v, fp8_dtype, b, power_2_scale=power_2_scale,
+                              amax_epsilon=amax_epsilon)  # fmt: skip
+
+    return _both_layouts("block_cast_transpose", quantize, x, block)
 
 
 def mxfp8_cast_transpose(
@@ -308,16 +317,9 @@ def mxfp8_cast_transpose(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """:func:`block_cast_transpose` for MXFP8: both layouts quantized from ``x`` (E8M0
     scales), or transposed for square (32 x 32) blocks."""
-    block = _check_block("mxfp8_cast_transpose", block)
-    if jnp.ndim(x) != 2:
-        raise ValueError(f"mxfp8_cast_transpose: x must be a matrix, got shape {jnp.shape(x)}")
-    q, s = mxfp8_quantize(x, fp8_dtype, block)
-    if block[0] == block[1]:
-        return q, s, q.T, s.T
-    if block[0] != 1:
-        raise ValueError(f"mxfp8_cast_transpose: block must be 1 x n or square, got {block}")
-    q_t, s_t = mxfp8_quantize(x.T, fp8_dtype, block)
-    return q, s, q_t, s_t
+    return _both_layouts(
+        "mxfp8_cast_transpose", lambda v, b: mxfp8_quantize(v, fp8_dtype, b), x, block
+    )
 
 
 def block_scaled_matmul(
