@@ -57,7 +57,7 @@ def _residual_bytes(fn, params, x) -> tuple[int, list[tuple[str, int]]]:
     return sum(b for _, b in items), items
 
 
-def _measure(kind: str, hidden: int, inter: int, tokens: int, acts: tuple[str, ...]):
+def _measure(kind: str, hidden: int, inter: int, tokens: int, acts: tuple[str, ...], recipe=None):
     x = jnp.zeros((tokens, hidden), jnp.bfloat16)
     if kind == "bf16":
         model = Bf16Twin(inter, acts)
@@ -69,23 +69,28 @@ def _measure(kind: str, hidden: int, inter: int, tokens: int, acts: tuple[str, .
         return _residual_bytes(fn, params, x)
     model = LayerNormMLP(intermediate_dim=inter, activations=acts, intermediate_dropout_rate=0.0,
                          dtype=jnp.bfloat16)  # fmt: skip
-    recipe = fp8jax.DelayedScaling(amax_history_len=16)
+    recipe = recipe or fp8jax.DelayedScaling(amax_history_len=16)
     with fp8jax.autocast(enabled=True, recipe=recipe):
         v = model.init(jax.random.key(0), x)
+    state = {k: c for k, c in v.items() if k not in ("params", "fp8_probe")}  # fp8_meta, if any
 
     def fn(p, x):
         with fp8jax.autocast(enabled=True, recipe=recipe):
-            variables = {"params": p[0], "fp8_meta": v["fp8_meta"], "fp8_probe": p[1]}
+            variables = {"params": p[0], **state, **({"fp8_probe": p[1]} if p[1] else {})}
             return model.apply(variables, x)[0]
 
-    return _residual_bytes(fn, (v["params"], v["fp8_probe"]), x)
+    return _residual_bytes(fn, (v["params"], v.get("fp8_probe", {})), x)
 
 
-def run(hidden: int, inter: int, tokens: int, acts: tuple[str, ...]) -> dict[str, Any]:
+def run(
+    hidden: int, inter: int, tokens: int, acts: tuple[str, ...], recipe: Any = None
+) -> dict[str, Any]:
+    """Residual bytes of the FP8 block (``recipe``: default ``DelayedScaling``) and its BF16
+    twin, per token and per layer, and their ratio."""
     out: dict[str, Any] = {}
     for kind in ("fp8", "bf16"):
-        small, items = _measure(kind, hidden, inter, tokens, acts)
-        large, _ = _measure(kind, hidden, inter, 2 * tokens, acts)
+        small, items = _measure(kind, hidden, inter, tokens, acts, recipe)
+        large, _ = _measure(kind, hidden, inter, 2 * tokens, acts, recipe)
         per_token = (large - small) / tokens
         out[kind] = {
             "bytes_per_token": per_token,

@@ -34,11 +34,11 @@ from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import _current_state
 from fp8jax.ops import _grouped_gemm
+from fp8jax.ops._block_gemm import block_gemm
 from fp8jax.ops._implementation import get_implementation
 from fp8jax.ops._partition import explicit_mesh
 from fp8jax.ops.block_scaling import (
     block_cast_transpose,
-    block_scaled_matmul,
     mxfp8_cast_transpose,
 )
 from fp8jax.ops.cast_transpose import (
@@ -256,12 +256,13 @@ def block_cast(setup: Fp8Setup, x: jax.Array, fp8_dtype: Any, role: str):
     block, pow2, eps = setup.block(role)
     if x.ndim != 2:
         raise ValueError(f"{setup.where}: a block-scaled cast takes a matrix, got {x.shape}")
+    impl = setup.implementation("cast")
     if setup.mxfp8:
-        q, s, q_t, s_t = mxfp8_cast_transpose(x, fp8_dtype, block)
+        q, s, q_t, s_t = mxfp8_cast_transpose(x, fp8_dtype, block, implementation=impl)
         s, s_t = (jax.lax.bitcast_convert_type(v, jnp.uint8) for v in (s, s_t))
     else:
         q, s, q_t, s_t = block_cast_transpose(
-            x, fp8_dtype, block, power_2_scale=pow2, amax_epsilon=eps
+            x, fp8_dtype, block, power_2_scale=pow2, amax_epsilon=eps, implementation=impl
         )
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)), initial=jnp.float32(0))
     return q, q_t, (s, s_t), amax
@@ -282,7 +283,8 @@ def _gemm(setup: Fp8Setup, a, a_sinv, b, b_sinv, *, roles, dtypes, out_dtype, bi
     """``a @ b.T`` of the K-major codes ``a`` [M, K] and ``b`` [N, K]: the FP8 GEMM
     (:func:`~fp8jax.ops.gemm.gemm_codes`), or under block scaling the block-scaled one with
     ``roles``' blocks (dequantize per block, float32 accumulation;
-    :func:`~fp8jax.ops.block_scaling.block_scaled_matmul`), plus ``bias`` in float32."""
+    :func:`~fp8jax.ops.block_gemm`: cuBLASLt on a GPU with the scale modes, else
+    XLA's dequantize and float32 dot), plus ``bias`` in float32."""
     if setup.blocks is None:
         return gemm_codes(
             a, b, a_sinv, b_sinv, dtypes=dtypes, out_dtype=out_dtype, bias=bias,
@@ -295,7 +297,8 @@ def _gemm(setup: Fp8Setup, a, a_sinv, b, b_sinv, *, roles, dtypes, out_dtype, bi
             jax.lax.bitcast_convert_type(sinv, jnp.float8_e8m0fnu) if setup.mxfp8 else sinv
         )
     (ba, _, _), (bb, _, _) = setup.block(roles[0]), setup.block(roles[1])
-    y = block_scaled_matmul(views[0], scales[0], ba, views[1], scales[1], bb)
+    y = block_gemm(views[0], scales[0], ba, views[1], scales[1], bb,
+                   implementation=setup.implementation("gemm"))  # fmt: skip
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(out_dtype)

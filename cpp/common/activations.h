@@ -34,51 +34,19 @@ constexpr float kGeluCubic3 = 3.0f * kGeluCubic;  // rounded once, as numpy does
 constexpr float kInvSqrt2 = static_cast<float>(0.70710678118654752440);
 constexpr float kInvSqrt2Pi = static_cast<float>(0.39894228040143267794);
 
-FP8JAX_HD float Mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-FP8JAX_HD float Add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-FP8JAX_HD float Sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-
-FP8JAX_HD float Div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
 // act(a).
 template <int A>
 FP8JAX_HD float Act(float a) {
   if constexpr (A == kGelu) {
-    const float inner = Mul(kSqrt2OverPi, Add(a, Mul(kGeluCubic, Mul(Mul(a, a), a))));
-    return Mul(Mul(0.5f, a), Add(1.0f, tanhf(inner)));
+    const float inner = RnMul(kSqrt2OverPi, RnAdd(a, RnMul(kGeluCubic, RnMul(RnMul(a, a), a))));
+    return RnMul(RnMul(0.5f, a), RnAdd(1.0f, tanhf(inner)));
   } else if constexpr (A == kGeluExact) {
-    return Mul(Mul(0.5f, a), erfcf(Mul(-a, kInvSqrt2)));
+    return RnMul(RnMul(0.5f, a), erfcf(RnMul(-a, kInvSqrt2)));
   } else if constexpr (A == kRelu) {
     // jnp.maximum(a, 0): NaN stays NaN.
     return a > 0.0f ? a : (a != a ? a : 0.0f);
   } else if constexpr (A == kSilu) {
-    return Div(a, Add(1.0f, expf(-a)));
+    return RnDiv(a, RnAdd(1.0f, expf(-a)));
   } else {
     return a;
   }
@@ -88,18 +56,19 @@ FP8JAX_HD float Act(float a) {
 template <int A>
 FP8JAX_HD float DAct(float a) {
   if constexpr (A == kGelu) {
-    const float a2 = Mul(a, a);
-    const float t = tanhf(Mul(kSqrt2OverPi, Add(a, Mul(kGeluCubic, Mul(a2, a)))));
-    const float du = Mul(kSqrt2OverPi, Add(1.0f, Mul(kGeluCubic3, a2)));
-    return Add(Mul(0.5f, Add(1.0f, t)), Mul(Mul(0.5f, a), Mul(Sub(1.0f, Mul(t, t)), du)));
+    const float a2 = RnMul(a, a);
+    const float t = tanhf(RnMul(kSqrt2OverPi, RnAdd(a, RnMul(kGeluCubic, RnMul(a2, a)))));
+    const float du = RnMul(kSqrt2OverPi, RnAdd(1.0f, RnMul(kGeluCubic3, a2)));
+    return RnAdd(RnMul(0.5f, RnAdd(1.0f, t)),
+                 RnMul(RnMul(0.5f, a), RnMul(RnSub(1.0f, RnMul(t, t)), du)));
   } else if constexpr (A == kGeluExact) {
-    const float cdf = Mul(0.5f, erfcf(Mul(-a, kInvSqrt2)));
-    return Add(cdf, Mul(a, Mul(kInvSqrt2Pi, expf(Mul(-0.5f, Mul(a, a))))));
+    const float cdf = RnMul(0.5f, erfcf(RnMul(-a, kInvSqrt2)));
+    return RnAdd(cdf, RnMul(a, RnMul(kInvSqrt2Pi, expf(RnMul(-0.5f, RnMul(a, a))))));
   } else if constexpr (A == kRelu) {
     return a > 0.0f ? 1.0f : 0.0f;
   } else if constexpr (A == kSilu) {
-    const float s = Div(1.0f, Add(1.0f, expf(-a)));
-    return Mul(s, Add(1.0f, Mul(a, Sub(1.0f, s))));
+    const float s = RnDiv(1.0f, RnAdd(1.0f, expf(-a)));
+    return RnMul(s, RnAdd(1.0f, RnMul(a, RnSub(1.0f, s))));
   } else {
     return 1.0f;
   }
@@ -109,7 +78,7 @@ FP8JAX_HD float DAct(float a) {
 template <int A, bool G>
 FP8JAX_HD float Forward(float a, float b) {
   if constexpr (G) {
-    return Mul(Act<A>(a), b);
+    return RnMul(Act<A>(a), b);
   } else {
     return Act<A>(a);
   }
@@ -119,10 +88,10 @@ FP8JAX_HD float Forward(float a, float b) {
 // *db = g * act(a) (gated), or *da = g * act'(a).
 template <int A, bool G>
 FP8JAX_HD void Backward(float g, float a, float b, float* da, float* db) {
-  const float d = Mul(g, DAct<A>(a));
+  const float d = RnMul(g, DAct<A>(a));
   if constexpr (G) {
-    *da = Mul(d, b);
-    *db = Mul(g, Act<A>(a));
+    *da = RnMul(d, b);
+    *db = RnMul(g, Act<A>(a));
   } else {
     *da = d;
   }

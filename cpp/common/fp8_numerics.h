@@ -90,6 +90,39 @@ FP8JAX_HD float RoundHalfEven(float x) {
 // True when x is neither inf nor NaN (an exponent field below all ones).
 FP8JAX_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7F800000u) != 0x7F800000u; }
 
+// Float arithmetic that is never fused, for the definitions the references compute step by
+// step: on the device the _rn intrinsics, which nvcc does not contract into an FMA (its default
+// --fmad=true would otherwise fuse a * b + c differently in different kernels); on the host the
+// plain operators (the CPU build enables no FMA).
+FP8JAX_HD float RnAdd(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+FP8JAX_HD float RnSub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+FP8JAX_HD float RnMul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+FP8JAX_HD float RnDiv(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
 // scale_inv = 1 / scale, with the NaN rule of x86's divss (what the CPU reference computes): a
 // NaN scale gives that NaN, quieted, sign and payload kept. CUDA's division would give the
 // canonical NaN (0x7fffffff); every kernel writes its scale_inv through this.

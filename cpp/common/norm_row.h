@@ -24,38 +24,14 @@
 
 namespace fp8jax {
 
-// The float operations of the norm math, never fused: on the device the _rn
-// intrinsics, which nvcc does not contract into an FMA (its default
-// --fmad=true would otherwise fuse a * b + c differently in different
-// kernels); on the host the plain operators (the CPU build enables no FMA).
-FP8JAX_HD float NAdd(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-FP8JAX_HD float NSub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-FP8JAX_HD float NMul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
+// The norm math uses the never-fused RnAdd, RnSub and RnMul (fp8_numerics.h).
 
 // The kernels' norm_type attribute (fp8jax/ops/norm.py _NORM_CODES).
 enum class NormType : int64_t { kLayerNorm = 0, kRmsNorm = 1 };
 
 // The scale applied: gamma, or 1 + gamma with zero_centered_gamma.
 FP8JAX_HD float NormGamma(float gamma, bool zero_centered) {
-  return zero_centered ? NAdd(gamma, 1.0f) : gamma;
+  return zero_centered ? RnAdd(gamma, 1.0f) : gamma;
 }
 
 // mu = sum / h (the reference divides the float32 sum by float32(h)). On the
@@ -75,23 +51,23 @@ FP8JAX_HD float RowMean(float sum, int64_t h) {
 // from the host's two roundings (sqrt, then divide) by one ulp.
 FP8JAX_HD float RowRsigma(float sum_sq, int64_t h, float epsilon) {
 #if defined(__CUDA_ARCH__)
-  return __frsqrt_rn(NAdd(RowMean(sum_sq, h), epsilon));
+  return __frsqrt_rn(RnAdd(RowMean(sum_sq, h), epsilon));
 #else
-  return 1.0f / sqrtf(NAdd(RowMean(sum_sq, h), epsilon));
+  return 1.0f / sqrtf(RnAdd(RowMean(sum_sq, h), epsilon));
 #endif
 }
 
 // The centred value whose square the variance sums: x - mu (rmsnorm: mu = 0,
 // and x - 0 is x exactly, signed zeros included).
-FP8JAX_HD float NormCentred(float x, float mu) { return NSub(x, mu); }
+FP8JAX_HD float NormCentred(float x, float mu) { return RnSub(x, mu); }
 
 // y of one element, before its rounding to the output dtype. kBeta: layernorm
 // adds beta; rmsnorm adds nothing (not even +0, which would turn -0 into +0).
 template <bool kBeta>
 FP8JAX_HD float NormOut(float x, float mu, float rsigma, float g, float beta) {
-  const float v = NMul(NMul(NormCentred(x, mu), rsigma), g);
+  const float v = RnMul(RnMul(NormCentred(x, mu), rsigma), g);
   if constexpr (kBeta) {
-    return NAdd(v, beta);
+    return RnAdd(v, beta);
   } else {
     return v;
   }
@@ -101,11 +77,11 @@ FP8JAX_HD float NormOut(float x, float mu, float rsigma, float g, float beta) {
 // c1 = sum(dz) / h (layernorm; 0 for rmsnorm), c2 = sum(dz * xhat) / h;
 // dx = rsigma * ((dz - c1) - xhat * c2); dgamma += dy * xhat, dbeta += dy.
 FP8JAX_HD float NormXhat(float x, float mu, float rsigma) {
-  return NMul(NormCentred(x, mu), rsigma);
+  return RnMul(NormCentred(x, mu), rsigma);
 }
 
 FP8JAX_HD float NormDx(float dz, float xhat, float rsigma, float c1, float c2) {
-  return NMul(rsigma, NSub(NSub(dz, c1), NMul(xhat, c2)));
+  return RnMul(rsigma, RnSub(RnSub(dz, c1), RnMul(xhat, c2)));
 }
 
 // The CPU kernel's fixed-order sum: kNormLanes running sums, element i into

@@ -21,6 +21,7 @@
 #include <string>
 #include <utility>
 
+#include "common/block_scale.h"
 #include "common/ffi_checks.h"
 #include "common/norm_row.h"
 #include "xla/ffi/api/ffi.h"
@@ -48,7 +49,9 @@ using F32Out = ::xla::ffi::Result<F32>;           // a float32 result
   X(RmsNormForward, "fp8jax_rmsnorm_forward")                                 \
   X(LayerNormForwardFp8, "fp8jax_layernorm_forward_fp8")                      \
   X(RmsNormForwardFp8, "fp8jax_rmsnorm_forward_fp8")                          \
-  X(NormBackward, "fp8jax_norm_backward")
+  X(NormBackward, "fp8jax_norm_backward")                                     \
+  X(BlockQuantize, "fp8jax_block_quantize")                                   \
+  X(BlockCastTranspose, "fp8jax_block_cast_transpose")
 // clang-format on
 
 namespace fp8jax {
@@ -61,6 +64,8 @@ inline constexpr char kDActivationCastTransposeDbiasOp[] = "dactivation_cast_tra
 inline constexpr char kNormBackwardOp[] = "norm_backward";
 inline constexpr char kCastTransposeOp[] = "cast_transpose";
 inline constexpr char kCastTransposeDbiasOp[] = "cast_transpose_dbias";
+inline constexpr char kBlockQuantizeOp[] = "block_quantize";
+inline constexpr char kBlockCastTransposeOp[] = "block_cast_transpose";
 
 // ---- Shared checks ----
 
@@ -443,6 +448,86 @@ inline ffi::Error CheckNormBackward(const ffi::AnyBuffer& dy, const ffi::AnyBuff
       dbeta.element_count() != gamma.element_count()) {
     return BadArg(op,
                   "dy, dx must be like x; mu, rsigma one value per row; dgamma, dbeta like gamma");
+  }
+  return ffi::Error::Success();
+}
+
+// clang-format off
+// x; block_rows, block_cols, scale_mode, epsilon -> q, scale_inv
+#define FP8JAX_SIGNATURE_BlockQuantize \
+  .Arg<fp8jax::sig::Any>()             \
+  .Attr<int64_t>("block_rows")         \
+  .Attr<int64_t>("block_cols")         \
+  .Attr<int64_t>("scale_mode")         \
+  .Attr<float>("epsilon")              \
+  .Ret<fp8jax::sig::Any>()             \
+  .Ret<fp8jax::sig::Any>()
+
+// x; block_rows, block_cols, scale_mode, epsilon -> q, scale_inv, q_t, scale_inv_t
+#define FP8JAX_SIGNATURE_BlockCastTranspose \
+  .Arg<fp8jax::sig::Any>()                  \
+  .Attr<int64_t>("block_rows")              \
+  .Attr<int64_t>("block_cols")              \
+  .Attr<int64_t>("scale_mode")              \
+  .Attr<float>("epsilon")                   \
+  .Ret<fp8jax::sig::Any>()                  \
+  .Ret<fp8jax::sig::Any>()                  \
+  .Ret<fp8jax::sig::Any>()                  \
+  .Ret<fp8jax::sig::Any>()
+// clang-format on
+
+// A block-scaled cast of x [..., M, K] (common/block_scale.h): the blocks the kernels take, a
+// known scale mode, codes of x's size and one scale per block (float32, or E8M0 for MXFP8).
+// Fills `c` (untransposed) from x's dims.
+inline ffi::Error CheckBlockCast(const char* op, const ffi::AnyBuffer& x, int64_t block_rows,
+                                 int64_t block_cols, int64_t scale_mode, float epsilon,
+                                 const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale_inv,
+                                 block::Cast* c) {
+  const auto dims = x.dimensions();
+  if (dims.size() < 1) return BadArg(op, "x must have at least one dim");
+  if (!block::KernelBlock(block_rows, block_cols)) {
+    return BadArg(op, "block dims must be powers of two up to 128, of at least 32 elements");
+  }
+  if (scale_mode < 0 || scale_mode > 2) return BadArg(op, "scale_mode must be 0, 1 or 2");
+  if (!(epsilon >= 0.0f) || !IsFinite(epsilon)) return BadArg(op, "epsilon must be >= 0");
+  c->cols = dims[dims.size() - 1];
+  c->rows = dims.size() >= 2 ? dims[dims.size() - 2] : 1;
+  c->groups = 1;
+  for (size_t i = 0; i + 2 < dims.size(); ++i) c->groups *= dims[i];
+  c->br = block_rows;
+  c->bc = block_cols;
+  c->mode = static_cast<block::ScaleMode>(scale_mode);
+  c->epsilon = epsilon;
+  const ffi::DataType want =
+      c->mode == block::ScaleMode::kE8m0 ? ffi::DataType::F8E8M0FNU : ffi::DataType::F32;
+  if (q.element_count() != x.element_count()) return BadArg(op, "q must have x's size");
+  if (scale_inv.element_type() != want || scale_inv.element_count() != c->groups * c->GridSize()) {
+    return BadArg(op, "scale_inv must hold one scale per block (float32, E8M0 for scale_mode 2)");
+  }
+  return ffi::Error::Success();
+}
+
+// block_cast_transpose: block_quantize's, plus q_t like q and scale_inv_t one scale per block of
+// x.T (blocks block_cols x block_rows of x).
+inline ffi::Error CheckBlockCastTranspose(const ffi::AnyBuffer& x, int64_t block_rows,
+                                          int64_t block_cols, int64_t scale_mode, float epsilon,
+                                          const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale_inv,
+                                          const ffi::AnyBuffer& qt,
+                                          const ffi::AnyBuffer& scale_inv_t, block::Cast* c,
+                                          block::Cast* ct) {
+  const char* op = kBlockCastTransposeOp;
+  FP8JAX_RETURN_IF_ERROR(
+      CheckBlockCast(op, x, block_rows, block_cols, scale_mode, epsilon, q, scale_inv, c));
+  *ct = *c;
+  ct->br = c->bc;
+  ct->bc = c->br;
+  ct->transposed = true;
+  if (qt.element_type() != q.element_type() || qt.element_count() != q.element_count()) {
+    return BadArg(op, "q_t must be like q");
+  }
+  if (scale_inv_t.element_type() != scale_inv.element_type() ||
+      scale_inv_t.element_count() != ct->groups * ct->GridSize()) {
+    return BadArg(op, "scale_inv_t must hold one scale per block of x.T");
   }
   return ffi::Error::Success();
 }

@@ -156,7 +156,7 @@ __device__ __forceinline__ void GroupSum(float (&v)[N], int threads_per_row, flo
 #pragma unroll
   for (int n = 0; n < N; ++n) {
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) v[n] = NAdd(v[n], __shfl_xor_sync(0xFFFFFFFFu, v[n], o));
+    for (int o = 16; o > 0; o /= 2) v[n] = RnAdd(v[n], __shfl_xor_sync(0xFFFFFFFFu, v[n], o));
   }
   if (threads_per_row == 32) return;  // block-uniform
   const int warp = threadIdx.x / 32;
@@ -170,7 +170,7 @@ __device__ __forceinline__ void GroupSum(float (&v)[N], int threads_per_row, flo
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     float s = red[n * kMaxWarps + first];
-    for (int w = 1; w < warps; ++w) s = NAdd(s, red[n * kMaxWarps + first + w]);
+    for (int w = 1; w < warps; ++w) s = RnAdd(s, red[n * kMaxWarps + first + w]);
     v[n] = s;
   }
   __syncthreads();  // red may be written again by the next call
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormForwardKernel(FwdArgs a) {
         LoadVec<W, kVector>(a.x, base + c0, n, v);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          if (j < n) s[0] = NAdd(s[0], v[j]);
+          if (j < n) s[0] = RnAdd(s[0], v[j]);
         }
       }
       GroupSum(s, p.threads_per_row, red);
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormForwardKernel(FwdArgs a) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float d = NormCentred(v[j], mu);
-        if (j < n) sq[0] = NAdd(sq[0], NMul(d, d));
+        if (j < n) sq[0] = RnAdd(sq[0], RnMul(d, d));
       }
     }
     GroupSum(sq, p.threads_per_row, red);
@@ -412,9 +412,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             if (j < n) {
-              const float dz = NMul(dy[j], gm[k][j]);
-              s[0] = NAdd(s[0], dz);
-              s[1] = NAdd(s[1], NMul(dz, NormXhat(x[j], mu, rs)));
+              const float dz = RnMul(dy[j], gm[k][j]);
+              s[0] = RnAdd(s[0], dz);
+              s[1] = RnAdd(s[1], RnMul(dz, NormXhat(x[j], mu, rs)));
             }
           }
         }
@@ -434,9 +434,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
           for (int j = 0; j < VEC; ++j) {
             if (j < n) {
               const float xhat = NormXhat(x[j], mu, rs);
-              dg[k][j] = NAdd(dg[k][j], NMul(dy[j], xhat));
-              if constexpr (kLayer) db[k][j] = NAdd(db[k][j], dy[j]);
-              x[j] = NormDx(NMul(dy[j], gm[k][j]), xhat, rs, c1, c2);
+              dg[k][j] = RnAdd(dg[k][j], RnMul(dy[j], xhat));
+              if constexpr (kLayer) db[k][j] = RnAdd(db[k][j], dy[j]);
+              x[j] = NormDx(RnMul(dy[j], gm[k][j]), xhat, rs, c1, c2);
             }
           }
           StoreVec<W, kVector>(a.dx, base + c0, n, x);

@@ -218,6 +218,12 @@ ffi::Error CheckScaleModes(const GemmProblem& p, GemmArgs* g) {
   if (sm90_blocks && (g->m % 4 != 0 || g->n % 4 != 0)) {
     return BadArg(kOp, "1 x 128 and 128 x 128 block scales need M and N multiples of 4");
   }
+  const auto scale_type = [](int32_t mode) {
+    return mode == Mode::kVec32Ue8m0 ? ffi::DataType::F8E8M0FNU : ffi::DataType::F32;
+  };
+  if (p.a_scale_type != scale_type(a) || p.b_scale_type != scale_type(b)) {
+    return BadArg(kOp, "a_scale_inv and b_scale_inv must be float32 (E8M0 for VEC32_UE8M0)");
+  }
   if (p.a_scale_count != blockscale::ScaleCount(a, g->m, g->k) ||
       p.b_scale_count != blockscale::ScaleCount(b, g->n, g->k)) {
     return BadArg(kOp,
@@ -230,6 +236,18 @@ ffi::Error CheckScaleModes(const GemmProblem& p, GemmArgs* g) {
 }
 
 }  // namespace
+
+std::string ScaleModeUnsupported(int32_t mode, int cc_major, int64_t cublaslt_version) {
+  using blockscale::Mode;
+  if (mode == Mode::kVec128 || mode == Mode::kBlk128x128) {
+    if (cc_major != 9) return "1 x 128 and 128 x 128 block scales need an sm_90 (Hopper) GPU";
+    if (cublaslt_version < 120900) return "1 x 128 and 128 x 128 block scales need cuBLAS 12.9";
+  } else if (mode == Mode::kVec32Ue8m0) {
+    if (cc_major < 10) return "MXFP8 (VEC32_UE8M0) scales need an sm_100 or later GPU";
+    if (cublaslt_version < 120800) return "MXFP8 (VEC32_UE8M0) scales need cuBLAS 12.8";
+  }
+  return "";
+}
 
 // The dtype, dimension and flag checks, on a problem description alone (the
 // host tests call this through DescribeGemmSetup).
@@ -275,9 +293,9 @@ ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g) {
 namespace {
 
 ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                         const ffi::Buffer<ffi::F32>& a_scale_inv,
-                         const ffi::Buffer<ffi::F32>& b_scale_inv, const ffi::AnyBuffer& bias,
-                         int64_t has_bias, int64_t fast_accum, const ffi::AnyBuffer& out,
+                         const ffi::AnyBuffer& a_scale_inv, const ffi::AnyBuffer& b_scale_inv,
+                         const ffi::AnyBuffer& bias, int64_t has_bias, int64_t fast_accum,
+                         int64_t a_scale_mode, int64_t b_scale_mode, const ffi::AnyBuffer& out,
                          GemmArgs* g) {
   if (a.dimensions().size() != 2 || b.dimensions().size() != 2 || out.dimensions().size() != 2) {
     return BadArg(kOp, "a, b and the output must be 2-D");
@@ -290,8 +308,12 @@ ffi::Error CheckGemmArgs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
   if (out.dimensions()[0] != p.m || out.dimensions()[1] != p.n) {
     return BadArg(kOp, "output must have shape [M, N]");
   }
+  p.a_scale_mode = a_scale_mode;
+  p.b_scale_mode = b_scale_mode;
   p.a_scale_count = static_cast<int64_t>(a_scale_inv.element_count());
   p.b_scale_count = static_cast<int64_t>(b_scale_inv.element_count());
+  p.a_scale_type = a_scale_inv.element_type();
+  p.b_scale_type = b_scale_inv.element_type();
   p.a_type = a.element_type();
   p.b_type = b.element_type();
   p.out_type = out.element_type();
@@ -423,14 +445,37 @@ struct PreparedGemm {
   bool empty = false;
 };
 
+// The current device's support of block scale modes (ScaleModeUnsupported), as an error.
+// cudaDeviceGetAttribute enqueues nothing, so it is allowed during a graph capture.
+ffi::Error CheckModesOnDevice(const GemmArgs& g) {
+  if (g.a_scale_mode == blockscale::kScalar && g.b_scale_mode == blockscale::kScalar) {
+    return ffi::Error::Success();
+  }
+  int device = 0, major = 0;
+  FP8JAX_RETURN_IF_ERROR(CurrentDevice(kOp, &device));
+  if (const cudaError_t err =
+          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      err != cudaSuccess) {
+    return CudaError(kOp, "cudaDeviceGetAttribute(ComputeCapabilityMajor)", err);
+  }
+  const int64_t version = static_cast<int64_t>(cublasLtGetVersion());
+  for (const int32_t mode : {g.a_scale_mode, g.b_scale_mode}) {
+    if (const std::string why = ScaleModeUnsupported(mode, major, version); !why.empty()) {
+      return ffi::Error(ffi::ErrorCode::kUnimplemented, std::string("fp8jax gemm: ") + why);
+    }
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-                       const ffi::Buffer<ffi::F32>& a_scale_inv,
-                       const ffi::Buffer<ffi::F32>& b_scale_inv, const ffi::AnyBuffer& bias,
-                       int64_t has_bias, int64_t fast_accum, ffi::AnyBuffer& out,
+                       const ffi::AnyBuffer& a_scale_inv, const ffi::AnyBuffer& b_scale_inv,
+                       const ffi::AnyBuffer& bias, int64_t has_bias, int64_t fast_accum,
+                       int64_t a_scale_mode, int64_t b_scale_mode, ffi::AnyBuffer& out,
                        ffi::Buffer<ffi::U8>& workspace, PreparedGemm* pg) {
   GemmArgs& g = pg->g;
-  FP8JAX_RETURN_IF_ERROR(
-      CheckGemmArgs(a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum, out, &g));
+  FP8JAX_RETURN_IF_ERROR(CheckGemmArgs(a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum,
+                                       a_scale_mode, b_scale_mode, out, &g));
+  FP8JAX_RETURN_IF_ERROR(CheckModesOnDevice(g));
   if (g.m == 0 || g.n == 0) {
     pg->empty = true;
     return ffi::Error::Success();
@@ -439,8 +484,8 @@ ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::
   pg->b_ptr = b.untyped_data();
   pg->d_ptr = out.untyped_data();
   GemmPointers ptr;
-  ptr.a_scale_inv = a_scale_inv.typed_data();
-  ptr.b_scale_inv = b_scale_inv.typed_data();
+  ptr.a_scale_inv = a_scale_inv.untyped_data();
+  ptr.b_scale_inv = b_scale_inv.untyped_data();
   ptr.bias = g.has_bias ? bias.untyped_data() : nullptr;
   ptr.align_a = AlignmentOf(pg->a_ptr);
   ptr.align_b = AlignmentOf(pg->b_ptr);
@@ -488,24 +533,27 @@ ffi::Error PrepareGemm(cudaStream_t stream, const ffi::AnyBuffer& a, const ffi::
 // Initialize stage: outside any graph capture; fills the handle and
 // algorithm caches for exactly the buffers execute will get.
 ffi::Error GemmInitialize(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                          ffi::Buffer<ffi::F32> a_scale_inv, ffi::Buffer<ffi::F32> b_scale_inv,
+                          ffi::AnyBuffer a_scale_inv, ffi::AnyBuffer b_scale_inv,
                           ffi::AnyBuffer bias, int64_t has_bias, int64_t fast_accum,
+                          int64_t a_scale_mode, int64_t b_scale_mode,
                           ffi::Result<ffi::AnyBuffer> out,
                           ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   PreparedGemm pg;
-  return PrepareGemm(stream, a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum, *out,
-                     *workspace, &pg);
+  return PrepareGemm(stream, a, b, a_scale_inv, b_scale_inv, bias, has_bias, fast_accum,
+                     a_scale_mode, b_scale_mode, *out, *workspace, &pg);
 }
 
 // Execute stage: after initialize, PrepareGemm only builds stack descriptors
 // and reads the caches.
 ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                    ffi::Buffer<ffi::F32> a_scale_inv, ffi::Buffer<ffi::F32> b_scale_inv,
-                    ffi::AnyBuffer bias, int64_t has_bias, int64_t fast_accum,
-                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+                    ffi::AnyBuffer a_scale_inv, ffi::AnyBuffer b_scale_inv, ffi::AnyBuffer bias,
+                    int64_t has_bias, int64_t fast_accum, int64_t a_scale_mode,
+                    int64_t b_scale_mode, ffi::Result<ffi::AnyBuffer> out,
+                    ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   PreparedGemm pg;
   FP8JAX_RETURN_IF_ERROR(PrepareGemm(stream, a, b, a_scale_inv, b_scale_inv, bias, has_bias,
-                                     fast_accum, *out, *workspace, &pg));
+                                     fast_accum, a_scale_mode, b_scale_mode, *out, *workspace,
+                                     &pg));
   if (pg.empty) return ffi::Error::Success();
   const float alpha = 1.0f;
   const float beta = 0.0f;
@@ -522,18 +570,20 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
 namespace ffi = xla::ffi;
 
 // The same binding for both stages.
-#define FP8JAX_GEMM_BINDING(BIND)                         \
-  ffi::Ffi::BIND()                                        \
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()           \
-      .Arg<ffi::AnyBuffer>()        /* a [M, K] FP8 */    \
-      .Arg<ffi::AnyBuffer>()        /* b [N, K] FP8 */    \
-      .Arg<ffi::Buffer<ffi::F32>>() /* a_scale_inv */     \
-      .Arg<ffi::Buffer<ffi::F32>>() /* b_scale_inv */     \
-      .Arg<ffi::AnyBuffer>()        /* bias [N] or [0] */ \
-      .Attr<int64_t>("has_bias")    /* 0 or 1 */          \
-      .Attr<int64_t>("fast_accum")  /* 0 or 1 */          \
-      .Ret<ffi::AnyBuffer>()        /* out [M, N] */      \
-      .Ret<ffi::Buffer<ffi::U8>>()  /* workspace */
+#define FP8JAX_GEMM_BINDING(BIND)                           \
+  ffi::Ffi::BIND()                                          \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()             \
+      .Arg<ffi::AnyBuffer>()         /* a [M, K] FP8 */     \
+      .Arg<ffi::AnyBuffer>()         /* b [N, K] FP8 */     \
+      .Arg<ffi::AnyBuffer>()         /* a_scale_inv */      \
+      .Arg<ffi::AnyBuffer>()         /* b_scale_inv */      \
+      .Arg<ffi::AnyBuffer>()         /* bias [N] or [0] */  \
+      .Attr<int64_t>("has_bias")     /* 0 or 1 */           \
+      .Attr<int64_t>("fast_accum")   /* 0 or 1 */           \
+      .Attr<int64_t>("a_scale_mode") /* blockscale::Mode */ \
+      .Attr<int64_t>("b_scale_mode") /* blockscale::Mode */ \
+      .Ret<ffi::AnyBuffer>()         /* out [M, N] */       \
+      .Ret<ffi::Buffer<ffi::U8>>()   /* workspace */
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda, fp8jax::GemmInitialize,
                               FP8JAX_GEMM_BINDING(BindInitialize));

@@ -36,6 +36,9 @@ struct GemmProblem {
   int64_t b_scale_mode = 0;
   int64_t a_scale_count = 1;
   int64_t b_scale_count = 1;
+  // The scales' dtypes: float32, or E8M0 for VEC32_UE8M0 (MXFP8).
+  xla::ffi::DataType a_scale_type = xla::ffi::DataType::F32;
+  xla::ffi::DataType b_scale_type = xla::ffi::DataType::F32;
 };
 
 // The checked problem in cuBLASLt's terms.
@@ -71,6 +74,12 @@ struct GemmSetup {
 
 // The dtype, dimension and flag checks, on a problem description alone.
 xla::ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g);
+
+// Why a GPU of compute capability `cc_major`.x with cuBLASLt `cublaslt_version`
+// (cublasLtGetVersion()) cannot run scale mode `mode` (blockscale::Mode), or "" when it can:
+// VEC128_32F and BLK128x128_32F need sm_90 (Hopper) and cuBLAS 12.9, VEC32_UE8M0 (MXFP8)
+// sm_100 or later and cuBLAS 12.8; per-tensor scales run everywhere the FP8 GEMM does.
+std::string ScaleModeUnsupported(int32_t mode, int cc_major, int64_t cublaslt_version);
 
 // Everything before cublasLtMatmul for a checked problem; host-only.
 xla::ffi::Error BuildGemmSetup(const GemmArgs& g, const GemmPointers& ptr, GemmSetup* s);

@@ -160,6 +160,7 @@ ffi::DataType DataTypeOf(const std::string& name) {
   if (name == "bfloat16") return ffi::DataType::BF16;
   if (name == "float16") return ffi::DataType::F16;
   if (name == "int8") return ffi::DataType::S8;
+  if (name == "float8_e8m0fnu") return ffi::DataType::F8E8M0FNU;
   if (name == "none") return ffi::DataType::INVALID;
   throw std::invalid_argument("unknown dtype name '" + name + "'");
 }
@@ -185,8 +186,16 @@ nb::dict Pairs(const std::vector<std::pair<std::string, int64_t>>& pairs) {
 nb::dict GemmSetupOf(const std::string& a, const std::string& b, const std::string& out, int64_t m,
                      int64_t n, int64_t k, int64_t has_bias, int64_t fast_accum,
                      const std::string& bias, int64_t bias_count, int64_t a_scale_mode,
-                     int64_t b_scale_mode, int64_t a_scale_count, int64_t b_scale_count) {
+                     int64_t b_scale_mode, int64_t a_scale_count, int64_t b_scale_count,
+                     const std::string& a_scale_dtype, const std::string& b_scale_dtype) {
   GemmProblem p;
+  // "": the dtype the mode takes (E8M0 for VEC32_UE8M0, else float32)
+  const auto scale_type = [](const std::string& name, int64_t mode) {
+    if (!name.empty()) return DataTypeOf(name);
+    return mode == blockscale::kVec32Ue8m0 ? ffi::DataType::F8E8M0FNU : ffi::DataType::F32;
+  };
+  p.a_scale_type = scale_type(a_scale_dtype, a_scale_mode);
+  p.b_scale_type = scale_type(b_scale_dtype, b_scale_mode);
   p.a_scale_mode = a_scale_mode;
   p.b_scale_mode = b_scale_mode;
   p.a_scale_count = a_scale_count;
@@ -214,7 +223,11 @@ NB_MODULE(_fp8jax_cuda_testing, m) {
   m.def("_gemm_setup", &fp8jax::GemmSetupOf, nb::arg("a"), nb::arg("b"), nb::arg("out"),
         nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("has_bias"), nb::arg("fast_accum"),
         nb::arg("bias") = "none", nb::arg("bias_count") = 0, nb::arg("a_scale_mode") = 0,
-        nb::arg("b_scale_mode") = 0, nb::arg("a_scale_count") = 1, nb::arg("b_scale_count") = 1);
+        nb::arg("b_scale_mode") = 0, nb::arg("a_scale_count") = 1, nb::arg("b_scale_count") = 1,
+        nb::arg("a_scale_dtype") = "", nb::arg("b_scale_dtype") = "");
+  // Why a GPU (compute capability major) and cuBLASLt version cannot run a scale mode ("": can).
+  m.def("_scale_mode_unsupported", &fp8jax::ScaleModeUnsupported, nb::arg("mode"),
+        nb::arg("cc_major"), nb::arg("cublaslt_version"));
   // Where cuBLASLt reads block scale (r, kb) of a [rows, k] operand (common/block_scale_layout.h),
   // and how many it reads.
   m.def("_block_scale_index", [](int32_t mode, int64_t r, int64_t kb, int64_t rows, int64_t k) {

@@ -3,6 +3,7 @@
 :func:`implementation` chooses, per op family, the kernel or XLA's compilation of the reference.
 """
 
+from fp8jax.ops._block_gemm import block_gemm
 from fp8jax.ops._implementation import get_implementation, implementation
 from fp8jax.ops.activation import (
     activation,
@@ -16,8 +17,10 @@ from fp8jax.ops.activation import (
 )
 from fp8jax.ops.block_scaling import (
     block_cast_transpose,
+    block_cast_transpose_reference,
     block_dequantize,
     block_quantize,
+    block_quantize_reference,
     block_scaled_matmul,
     mxfp8_cast_transpose,
     mxfp8_quantize,
@@ -54,8 +57,11 @@ __all__ = [
     "activation_cast_transpose_reference",
     "activation_reference",
     "block_cast_transpose",
+    "block_cast_transpose_reference",
     "block_dequantize",
+    "block_gemm",
     "block_quantize",
+    "block_quantize_reference",
     "block_scaled_matmul",
     "cast_to_representable",
     "cast_transpose",

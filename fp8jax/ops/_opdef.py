@@ -48,6 +48,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp8jax import _ffi
 from fp8jax.ops import _implementation, _partition
@@ -74,8 +75,10 @@ def like(
     ``dims``: the output is made of some of ``operand``'s dims: its trailing dims are
     ``operand``'s dims ``dims`` (negative indices, e.g. ``(-3, -1)`` for ``[m, k, n] ->
     [m, n]``), its leading dims are ``operand``'s dims before its last ``core`` (default: the
-    most negative of ``dims``), vmap's batch dims; shape and sharding follow."""
-    if dims is not None:
+    most negative of ``dims``), vmap's batch dims; shape and sharding follow. With ``shape``
+    too, the output has that shape and ``dims`` give only its sharding (e.g. a grid of block
+    scales, split like the dims it counts blocks of)."""
+    if dims is not None and shape is None:
         n_lead = operand.ndim - (core if core is not None else max(-d for d in dims))
         shape = (*operand.shape[:n_lead], *(operand.shape[d] for d in dims))
     elif shape is None:
@@ -136,6 +139,10 @@ class OpDef:
         device from the local blocks, passed as one more operand and aliased to one more
         result, which is dropped. A buffer XLA allocates, rather than the handler at run time,
         keeps the CUDA handler command-buffer (CUDA graph) compatible.
+      coarse: ``(**params) -> {factor: (base factor, block)}``: output factors that count
+        ``block``-sized blocks of an operand factor (a grid of block scales): split like the
+        base factor, and only where each device's part of the base dim is a multiple of
+        ``block`` (else a ValueError: a block would straddle two devices).
       view, unview: run another op's handler on a free view of the operands (e.g. a ``[m, g,
         n]`` gradient as the ``[m, g * n]`` matrix a 2-D kernel reads): ``view(*operands,
         **params)`` gives the operands the handler sees (``outputs`` and ``workspace`` describe
@@ -155,6 +162,7 @@ class OpDef:
     sum_over: Mapping[int, int] = dataclasses.field(default_factory=dict)
     need_replication: tuple[str, ...] = ()
     workspace: Callable[..., jax.ShapeDtypeStruct] | None = None
+    coarse: Callable[..., Mapping[str, tuple[str, int]]] | None = None
     view: Callable[..., tuple[jax.Array, ...]] | None = None
     unview: Callable[..., tuple[jax.Array, ...]] | None = None
 
@@ -246,11 +254,11 @@ def _partitioned(
     params: tuple[tuple[str, Any], ...],
     reduction: str,
     n_batch: int,
-    ndims: tuple[int, ...],
+    shapes: tuple[tuple[int, ...], ...],
 ) -> Callable[..., tuple[Any, ...]]:
     """The kernel wrapped in ``custom_partitioning`` with the plan its factors imply. Cached, so
     a jit cache sees one partitioned function per configuration."""
-    ins, outs = op._specs(n_batch, ndims)
+    ins, outs = op._specs(n_batch, tuple(len(s) for s in shapes))
     batch = set(_partition.factors("g", n_batch))
     kernel = _kernel(op, params)
 
@@ -258,6 +266,10 @@ def _partitioned(
         first = arg_shapes[0]
         dims = _partition.dim_axes(first.sharding, first.shape)
         axes = {f: a for f, a in zip(ins[0], dims, strict=True) if f not in op.need_replication}
+        if op.coarse is not None:
+            for name, (base, size) in op.coarse(**dict(params)).items():
+                d = ins[0].index(base) - len(ins[0])
+                axes[name] = _whole_blocks(op, mesh, d, first.shape[d], axes.get(base, ()), size)
 
         def split(spec):
             return _partition.named(mesh, tuple(axes.get(f, ()) for f in spec))
@@ -275,8 +287,60 @@ def _partitioned(
             local = _partition.reduce_outputs(kernel, pmax, psum)
         return [split(s) for s in ins], [split(s) for s in outs], local
 
-    rule = op.rule(n_batch, *ndims)
-    return _partition.partitioned(kernel, plan, rule, need_replication=op.need_replication)
+    if op.coarse is None:
+        rule, sizes = op.rule(n_batch, *(len(s) for s in shapes)), {}
+    else:
+        rule, sizes = _coarse_rule(ins, outs, shapes[0], op.coarse(**dict(params)))
+    return _partition.partitioned(
+        kernel, plan, rule, need_replication=op.need_replication, factor_sizes=sizes
+    )
+
+
+def _coarse_rule(ins, outs, shape, coarse):
+    """The Shardy rule of an op with coarse factors, and its factor sizes: a coarse factor of
+    block 1 is its base factor; one whose base dim is a multiple of its block splits the base
+    into the compound ``(name name_in)`` wherever the base occurs, so that propagation splits
+    the grid like the dim; others (a ragged dim, or one block: never split) stay independent
+    factors."""
+    rename, compound, sizes = {}, {}, {}
+    for name, (base, block) in coarse.items():
+        if block == 1:
+            rename[name] = base
+            continue
+        dim = shape[ins[0].index(base)]
+        if dim % block or dim == block:  # ragged, or one block (Shardy wants no size-1 part)
+            continue
+        if base in compound:  # a second coarse factor with the same base
+            prev = compound[base]
+            if sizes[f"{prev}_in"] == block:
+                rename[name] = prev
+            continue
+        compound[base] = name
+        sizes[f"{name}_in"] = block
+
+    def spell(spec):
+        out = []
+        for f in spec:
+            f = rename.get(f, f)
+            out.append(f"({compound[f]} {compound[f]}_in)" if f in compound else f)
+        return " ".join(out)
+
+    return f"{', '.join(map(spell, ins))} -> {', '.join(map(spell, outs))}", sizes
+
+
+def _whole_blocks(op: OpDef, mesh, d: int, size: int, axes: tuple[str, ...], block: int):
+    """``axes``, the mesh axes splitting dim ``d`` (of ``size``) of the first operand, when each
+    device's part holds whole ``block``-sized blocks; else a ValueError naming the op, the dim,
+    the sizes and the fix."""
+    shards = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+    if shards > 1 and (size % shards or (size // shards) % block):
+        raise ValueError(
+            f"{op.name}: dim {d} of x (size {size}) is split {shards} ways (mesh axes {axes}), "
+            f"so a device's part ({size // shards}) is not a multiple of the block ({block}) and "
+            "a block would straddle two devices. Split it so each device holds a multiple of "
+            f"{block} elements of it, or keep it whole (replicated) for this op."
+        )
+    return axes
 
 
 def _batched(
@@ -285,7 +349,7 @@ def _batched(
     """The op for operands with ``n_batch`` leading vmap dims (what ``batchable_call`` wants)."""
 
     def call(*operands):
-        ndims = tuple(x.ndim for x in operands)
-        return _partitioned(op, params, reduction, n_batch, ndims)(*operands)
+        shapes = tuple(tuple(x.shape) for x in operands)
+        return _partitioned(op, params, reduction, n_batch, shapes)(*operands)
 
     return call

@@ -205,6 +205,7 @@ def partitioned(
     rule: str,
     *,
     need_replication: tuple[str, ...] = (),
+    factor_sizes: dict[str, int] | None = None,
 ) -> Callable[..., tuple[jax.Array, ...]]:
     """Wraps ``kernel`` (arrays in, tuple of arrays out) in ``custom_partitioning``.
 
@@ -213,7 +214,8 @@ def partitioned(
     shardings and each device runs the plan's function on its blocks (traced with the mesh
     axes bound, so it may use collectives over them). ``rule`` is the Shardy sharding rule that
     propagation uses; it must agree with the plan (same factor for a dimension that keeps its
-    sharding); ``need_replication`` names its factors that must not be split.
+    sharding); ``need_replication`` names its factors that must not be split;
+    ``factor_sizes`` gives the sizes of factors used only inside compound factors.
     """
     op = custom_partitioning(kernel)
 
@@ -235,6 +237,7 @@ def partitioned(
         infer_sharding_from_operands=infer_sharding_from_operands,
         sharding_rule=rule,
         need_replication_factors=need_replication,
+        **(factor_sizes or {}),
     )
 
     def call(*args):

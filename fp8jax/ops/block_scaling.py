@@ -11,7 +11,10 @@ This module is the ``jnp`` definition of their numerics: the block amax, the sca
 block quantization in both layouts (a 1 x 128 tensor's transposed copy is quantized again from
 the high-precision values along the other dim; a 128 x 128 tensor's is a transpose of its
 codes and of its scale grid) and the block-scaled GEMM (dequantize per block, float32
-accumulation).
+accumulation). The casts are also ops (``block_quantize``, ``block_cast_transpose``): CPU and
+CUDA kernels bit-identical to :func:`block_quantize_reference` and
+:func:`block_cast_transpose_reference`, with vmap, the ``"cast"`` family's kernel/XLA switch and
+a sharding rule (each device casts its part; a split dim must hold whole blocks on each device).
 
 Ragged edges: a dim need not be a multiple of the block. The last block along it is partial;
 its amax is taken over the elements that exist (the same as zero padding), and the scale grid
@@ -27,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops.quantize import _to_fp8
+from fp8jax.ops import _checks, _opdef
+from fp8jax.ops.quantize import _SPECIAL_CODES, _to_fp8
 from fp8jax.recipe import fp8_max
 
 __all__ = [
@@ -37,12 +41,15 @@ __all__ = [
     "MXFP8_BLOCK",
     "block_amax",
     "block_cast_transpose",
+    "block_cast_transpose_reference",
     "block_dequantize",
     "block_quantize",
+    "block_quantize_reference",
     "block_scale",
     "block_scaled_matmul",
     "cublaslt_scales",
     "e8m0_exponent",
+    "kernel_block",
     "mxfp8_cast_transpose",
     "mxfp8_quantize",
 ]
@@ -69,6 +76,17 @@ def _check_block(owner: str, block: Any) -> tuple[int, int]:
             f"{owner}: block must be a pair of positive ints (rows, cols), got {block!r}"
         )
     return int(block[0]), int(block[1])
+
+
+def _check_rank(owner: str, x: Any, block: tuple[int, int]) -> None:
+    """A cast takes any rank >= 1 with 1-row blocks, rank >= 2 (leading dims: separate
+    matrices) with taller blocks."""
+    need = 1 if block[0] == 1 else 2
+    if jnp.ndim(x) < need:
+        raise ValueError(
+            f"{owner}: x must have at least {need} dims for {block[0]} x {block[1]} blocks, got "
+            f"shape {jnp.shape(x)}"
+        )
 
 
 def _as_matrix(owner: str, x: jax.Array, block: tuple[int, int]) -> jax.Array:
@@ -171,6 +189,176 @@ def _expand(grid: jax.Array, block: tuple[int, int], shape: tuple[int, int]) -> 
     return full[: shape[0], : shape[1]]
 
 
+# Scale modes, as the kernels' "scale_mode" attribute (common/block_scale.h).
+_F32, _POW2, _E8M0 = 0, 1, 2
+
+
+def _quantize_matrix(m, fp8_dtype, block, scale_mode, amax_epsilon):
+    """``(q, scale grid)`` of matrix ``m``: float32 inverse scales, or E8M0 scales."""
+    amax = block_amax(m, block)
+    if scale_mode == _E8M0:
+        e = e8m0_exponent(amax, fp8_dtype)
+        # The multiplier 2**(127 - e) as two normal factors (2**-127, for e = 254, is subnormal,
+        # which XLA:CPU flushes): each product by a power of two is exact unless it underflows.
+        k = 127 - e.astype(jnp.int32)
+        lo = k // 2
+        xf = m.astype(jnp.float32) * _expand(_pow2(lo), block, m.shape)
+        q = _to_fp8(xf, _expand(_pow2(k - lo), block, m.shape), fp8_dtype)
+        # A NaN scale (e = 255) makes its block's codes the format's NaN. Selected as bits: a
+        # select on FP8 values goes through float32 on XLA:CPU, which turns E5M2's NaN 0x7E
+        # (and -NaN) into 0x7F.
+        bits = jax.lax.bitcast_convert_type(q, jnp.uint8)
+        nan = np.uint8(_SPECIAL_CODES[jnp.dtype(fp8_dtype)][1])
+        bits = jnp.where(_expand(e == 0xFF, block, m.shape), nan, bits)
+        q = jax.lax.bitcast_convert_type(bits, q.dtype)
+        return q, jax.lax.bitcast_convert_type(e, jnp.float8_e8m0fnu)
+    scale = block_scale(
+        amax, fp8_dtype, power_2_scale=scale_mode == _POW2, amax_epsilon=amax_epsilon,
+        input_dtype=m.dtype,
+    )  # fmt: skip
+    q = _to_fp8(m.astype(jnp.float32), _expand(scale, block, m.shape), fp8_dtype)
+    return q, (np.float32(1) / scale).astype(jnp.float32)
+
+
+def _grid_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
+    """The scale grid of an array of ``shape`` (its leading dims are separate matrices; a
+    vector is one row)."""
+    if len(shape) == 1:
+        return (-(-shape[0] // block[1]),)
+    return (*shape[:-2], *_grid(shape[-2:], block))
+
+
+def block_quantize_reference(
+    x: jax.Array, *, fp8_dtype: Any, block: tuple[int, int], scale_mode: int,
+    amax_epsilon: float,
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """Pure-jnp reference of the block-scaled cast of ``x`` [..., M, K] (each leading index a
+    separate matrix; a vector is one row): ``(q, scale)``, ``scale`` the float32 inverse scales
+    (``scale_mode`` 0: ``fp8_max / amax``, 1: that rounded down to a power of two) or the E8M0
+    scales (2), shaped ``[..., ceil(M / block[0]), ceil(K / block[1])]``."""
+    shape = jnp.shape(x)
+    m = jnp.reshape(x, (1, 1, -1) if len(shape) == 1 else (-1, *shape[-2:]))
+    q, s = jax.vmap(lambda a: _quantize_matrix(a, fp8_dtype, block, scale_mode, amax_epsilon))(m)
+    return q.reshape(shape), s.reshape(_grid_shape(shape, block))
+
+
+def block_cast_transpose_reference(
+    x: jax.Array, *, fp8_dtype: Any, block: tuple[int, int], scale_mode: int,
+    amax_epsilon: float,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """Pure-jnp reference of the both-layouts cast of ``x`` [..., M, K]: ``(q, scale, q_t,
+    scale_t)``, ``(q_t, scale_t)`` the cast of ``x``'s transpose [..., K, M] with the same
+    blocks (for square blocks, the transposes of ``q`` and ``scale``)."""
+    kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=amax_epsilon)
+    return (*block_quantize_reference(x, **kw),
+            *block_quantize_reference(jnp.swapaxes(x, -1, -2), **kw))  # fmt: skip
+
+
+def _attrs(*, fp8_dtype, block, scale_mode, amax_epsilon):
+    del fp8_dtype
+    return {
+        "block_rows": np.int64(block[0]),
+        "block_cols": np.int64(block[1]),
+        "scale_mode": np.int64(scale_mode),
+        "epsilon": np.float32(amax_epsilon),
+    }
+
+
+def _scale_dtype(scale_mode: int) -> Any:
+    return jnp.float8_e8m0fnu if scale_mode == _E8M0 else jnp.float32
+
+
+def _quantize_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
+    del amax_epsilon
+    dims = (-1,) if x.ndim == 1 else (-2, -1)
+    grid = _grid_shape(x.shape, block)
+    return (_opdef.like(x, fp8_dtype),
+            _opdef.like(x, _scale_dtype(scale_mode), shape=grid, dims=dims))  # fmt: skip
+
+
+def _cast_transpose_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
+    del amax_epsilon
+    grid_t = _grid_shape((*x.shape[:-2], x.shape[-1], x.shape[-2]), block)
+    kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=0.0)
+    return (
+        *_quantize_outputs(x, **kw),
+        _opdef.like(x, fp8_dtype, transpose=True),
+        _opdef.like(x, _scale_dtype(scale_mode), shape=grid_t, dims=(-1, -2)),
+    )
+
+
+def _quantize_factors(x_ndim: int) -> tuple[list[str], list[str]]:
+    if x_ndim == 1:
+        return ["k"], ["k", "kb"]
+    x = f"{_opdef.lead(x_ndim - 2)} m k"
+    return [x], [x, f"{_opdef.lead(x_ndim - 2)} mb kb"]
+
+
+def _cast_transpose_factors(x_ndim: int) -> tuple[list[str], list[str]]:
+    lead = _opdef.lead(x_ndim - 2)
+    x = f"{lead} m k"
+    return [x], [x, f"{lead} mb kb", f"{lead} k m", f"{lead} kt mt"]
+
+
+def _quantize_coarse(*, block, **_):
+    return {"mb": ("m", block[0]), "kb": ("k", block[1])}
+
+
+def _cast_transpose_coarse(*, block, **_):
+    # q_t's grid counts x's K in blocks of block[0] and x's M in blocks of block[1]
+    return {**_quantize_coarse(block=block), "kt": ("k", block[0]), "mt": ("m", block[1])}
+
+
+# The block-scaled casts as ops (fp8jax.ops._opdef): their kernels, vmap, the kernel/XLA switch
+# ("cast" family), and sharding: every dim may be split, a scale grid's dims like the dims whose
+# blocks they count, provided each device holds whole blocks (else a ValueError). No collective.
+_BLOCK_QUANTIZE = _opdef.OpDef(
+    name="block_quantize",
+    family="cast",
+    target="fp8jax_block_quantize",
+    reference=block_quantize_reference,
+    outputs=_quantize_outputs,
+    factors=_quantize_factors,
+    attrs=_attrs,
+    coarse=_quantize_coarse,
+)
+_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
+    name="block_cast_transpose",
+    family="cast",
+    target="fp8jax_block_cast_transpose",
+    reference=block_cast_transpose_reference,
+    outputs=_cast_transpose_outputs,
+    factors=_cast_transpose_factors,
+    attrs=_attrs,
+    coarse=_cast_transpose_coarse,
+)
+
+
+def kernel_block(block: tuple[int, int]) -> bool:
+    """Whether the block-scaled cast kernels take ``block``: both dims powers of two up to 128,
+    at least 32 elements (every block the recipes use). Other blocks run the reference."""
+    return all(0 < b <= 128 and b & (b - 1) == 0 for b in block) and block[0] * block[1] >= 32
+
+
+def _run(op, owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementation):
+    x = _checks.wide_array(owner, "x", x)
+    dt = _checks.fp8_dtype_arg(owner, "fp8_dtype", fp8_dtype)
+    eps = float(amax_epsilon)
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{owner}: amax_epsilon must be a finite float >= 0, got {amax_epsilon!r}")
+    if not kernel_block(block):
+        if implementation == "kernel":
+            raise ValueError(
+                f"{owner}: the kernel takes blocks whose dims are powers of two up to 128, of "
+                f"at least 32 elements; got block {block} (use implementation='xla')"
+            )
+        implementation = "xla"
+    return op(
+        x, fp8_dtype=dt, block=block, scale_mode=scale_mode, amax_epsilon=eps,
+        implementation=implementation,
+    )  # fmt: skip
+
+
 def block_quantize(
     x: jax.Array,
     fp8_dtype: Any,
@@ -178,14 +366,18 @@ def block_quantize(
     *,
     power_2_scale: bool = True,
     amax_epsilon: float = 0.0,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Float8BlockScaling quantization of ``x``: ``(q, scale_inv)``.
 
     ``q = saturate(round(x * scale))`` with each element's block scale (:func:`block_scale`
     of :func:`block_amax`), in ``x``'s shape; ``scale_inv`` float32, one per block. With
     1-row blocks (``BLOCK_1D``) ``x`` may have any rank >= 1 and ``scale_inv`` has shape
-    ``x.shape[:-1] + (ceil(x.shape[-1] / block[1]),)``; otherwise ``x`` is a matrix and
-    ``scale_inv`` is its block grid.
+    ``x.shape[:-1] + (ceil(x.shape[-1] / block[1]),)``; otherwise ``x`` has rank >= 2, its
+    leading dims index separate matrices, and ``scale_inv`` is each matrix's block grid,
+    ``[..., ceil(M / block[0]), ceil(K / block[1])]``. ``implementation``: ``"kernel"`` or ``"xla"``
+    (:func:`block_quantize_reference`), as for :func:`fp8jax.ops.quantize` (family
+    ``"cast"``); blocks the kernel does not take (:func:`kernel_block`) run the reference.
 
     >>> import jax.numpy as jnp
     >>> q, sinv = block_quantize(jnp.arange(256.0).reshape(1, 256), jnp.float8_e4m3fn)
@@ -193,31 +385,23 @@ def block_quantize(
     Array([[0.5, 1. ]], dtype=float32)
     """
     block = _check_block("block_quantize", block)
-    _as_matrix("block_quantize", x, block)
-    return _block_quantize(x, jnp.dtype(fp8_dtype), block, bool(power_2_scale), float(amax_epsilon))
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _block_quantize(x, fp8_dtype, block, power_2_scale, amax_epsilon):
-    m = _as_matrix("block_quantize", x, block)
-    scale = block_scale(
-        block_amax(m, block), fp8_dtype, power_2_scale=power_2_scale,
-        amax_epsilon=amax_epsilon, input_dtype=x.dtype,
-    )  # fmt: skip
-    q = _to_fp8(m.astype(jnp.float32), _expand(scale, block, m.shape), fp8_dtype)
-    sinv = (np.float32(1) / scale).astype(jnp.float32)
-    if block[0] == 1:
-        return q.reshape(jnp.shape(x)), sinv.reshape((*jnp.shape(x)[:-1], sinv.shape[-1]))
-    return q, sinv
+    _check_rank("block_quantize", x, block)
+    mode = _POW2 if power_2_scale else _F32
+    return _run(_BLOCK_QUANTIZE, "block_quantize", x, fp8_dtype, block, mode, amax_epsilon,
+                implementation)  # fmt: skip
 
 
 def mxfp8_quantize(
-    x: jax.Array, fp8_dtype: Any = jnp.float8_e4m3fn, block: tuple[int, int] = MXFP8_BLOCK
+    x: jax.Array,
+    fp8_dtype: Any = jnp.float8_e4m3fn,
+    block: tuple[int, int] = MXFP8_BLOCK,
+    *,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """MXFP8 quantization of ``x``: ``(q, scale)`` with ``scale`` of dtype ``float8_e8m0fnu``,
     one per block (:func:`e8m0_exponent` of :func:`block_amax`) and
     ``q = saturate(round(x / scale))``; shapes as :func:`block_quantize`'s (``(32, 32)`` blocks:
-    MXFP8BlockScaling's 2-D weight option).
+    MXFP8BlockScaling's 2-D weight option); ``implementation`` as there.
 
     >>> import jax.numpy as jnp
     >>> q, s = mxfp8_quantize(jnp.full((1, 32), 3.0))
@@ -225,25 +409,9 @@ def mxfp8_quantize(
     Array([[0.0078125]], dtype=float32)
     """
     block = _check_block("mxfp8_quantize", block)
-    _as_matrix("mxfp8_quantize", x, block)
-    return _mxfp8_quantize(x, jnp.dtype(fp8_dtype), block)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _mxfp8_quantize(x, fp8_dtype, block):
-    m = _as_matrix("mxfp8_quantize", x, block)
-    e = e8m0_exponent(block_amax(m, block), fp8_dtype)
-    # The multiplier 2**(127 - e) as two normal factors (2**-127, for e = 254, is subnormal,
-    # which XLA:CPU flushes): each product by a power of two is exact unless it underflows.
-    k = 127 - e.astype(jnp.int32)
-    lo = k // 2
-    xf = m.astype(jnp.float32) * _expand(_pow2(lo), block, m.shape)
-    q = _to_fp8(xf, _expand(_pow2(k - lo), block, m.shape), fp8_dtype)
-    q = jnp.where(_expand(e == 0xFF, block, m.shape), jnp.asarray(jnp.nan, q.dtype), q)
-    scale = jax.lax.bitcast_convert_type(e, jnp.float8_e8m0fnu)
-    if block[0] == 1:
-        return q.reshape(jnp.shape(x)), scale.reshape((*jnp.shape(x)[:-1], scale.shape[-1]))
-    return q, scale
+    _check_rank("mxfp8_quantize", x, block)
+    return _run(_BLOCK_QUANTIZE, "mxfp8_quantize", x, fp8_dtype, block, _E8M0, 0.0,
+                implementation)  # fmt: skip
 
 
 def _scale_values(scale: jax.Array) -> jax.Array:
@@ -277,18 +445,14 @@ def _block_dequantize(q, scale_inv, block, out_dtype):
     return out.reshape(jnp.shape(q)).astype(out_dtype)
 
 
-def _both_layouts(owner: str, quantize: Any, x: jax.Array, block: tuple[int, int]):
-    """``(q, scale, q_t, scale_t)`` of matrix ``x`` with ``quantize(x, block) -> (q, scale)``:
-    ``q_t`` quantized again from ``x.T`` for 1-row blocks, transposed for square ones."""
+def _both_layouts(owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementation):
     block = _check_block(owner, block)
-    if jnp.ndim(x) != 2:
-        raise ValueError(f"{owner}: x must be a matrix, got shape {jnp.shape(x)}")
+    if jnp.ndim(x) < 2:
+        raise ValueError(f"{owner}: x must have at least 2 dims, got shape {jnp.shape(x)}")
     if block[0] != 1 and block[0] != block[1]:
         raise ValueError(f"{owner}: block must be 1 x n or square, got {block}")
-    q, s = quantize(x, block)
-    if block[0] == block[1]:
-        return q, s, q.T, s.T
-    return (q, s, *quantize(x.T, block))
+    return _run(_BLOCK_CAST_TRANSPOSE, owner, x, fp8_dtype, block, scale_mode, amax_epsilon,
+                implementation)  # fmt: skip
 
 
 def block_cast_transpose(
@@ -298,28 +462,30 @@ def block_cast_transpose(
     *,
     power_2_scale: bool = True,
     amax_epsilon: float = 0.0,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Matrix ``x`` [M, K] quantized for a GEMM in both layouts: ``(q, scale_inv, q_t,
-    scale_inv_t)``, ``q`` [M, K] with blocks along K and ``q_t`` [K, M] with blocks along M.
+    """``x`` [..., M, K] (leading dims: separate matrices) quantized for a GEMM in both
+    layouts: ``(q, scale_inv, q_t, scale_inv_t)``, ``q`` [M, K] with blocks along K and ``q_t``
+    [K, M] with blocks along M.
     1-row blocks: ``q_t`` is quantized again from ``x``'s high-precision values (its blocks
     run down ``x``'s columns), never transposed from ``q``; square blocks: ``q_t`` and
-    ``scale_inv_t`` are the transposes of ``q`` and ``scale_inv``."""
-
-    def quantize(v, b):
-        return block_quantize(v, fp8_dtype, b, power_2_scale=power_2_scale,
-                              amax_epsilon=amax_epsilon)  # fmt: skip
-
-    return _both_layouts("block_cast_transpose", quantize, x, block)
+    ``scale_inv_t`` are the transposes of ``q`` and ``scale_inv``. One op (one read of ``x``
+    per layout on a GPU); ``implementation`` as for :func:`block_quantize`."""
+    mode = _POW2 if power_2_scale else _F32
+    return _both_layouts("block_cast_transpose", x, fp8_dtype, block, mode, amax_epsilon,
+                         implementation)  # fmt: skip
 
 
 def mxfp8_cast_transpose(
-    x: jax.Array, fp8_dtype: Any = jnp.float8_e4m3fn, block: tuple[int, int] = MXFP8_BLOCK
+    x: jax.Array,
+    fp8_dtype: Any = jnp.float8_e4m3fn,
+    block: tuple[int, int] = MXFP8_BLOCK,
+    *,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """:func:`block_cast_transpose` for MXFP8: both layouts quantized from ``x`` (E8M0
     scales), or transposed for square (32 x 32) blocks."""
-    return _both_layouts(
-        "mxfp8_cast_transpose", lambda v, b: mxfp8_quantize(v, fp8_dtype, b), x, block
-    )
+    return _both_layouts("mxfp8_cast_transpose", x, fp8_dtype, block, _E8M0, 0.0, implementation)
 
 
 def block_scaled_matmul(
@@ -371,22 +537,20 @@ CUBLASLT_SCALE_MODES: dict[tuple[int, int], int] = {
 }
 
 
-def _cublaslt_index(mode: int, rows: int, k: int) -> tuple[np.ndarray, int]:
-    """For each entry of the compact scale grid (row-major), where cuBLASLt reads it, and how
-    many scales it reads (common/block_scale_layout.h, ScaleIndex and ScaleCount)."""
-    kb = -(-k // (32 if mode == 2 else 128))
-    if mode == 4:
-        r, j = np.meshgrid(np.arange(rows), np.arange(kb), indexing="ij")
-        return (j * rows + r).ravel(), kb * rows
-    if mode == 5:
-        tiles = -(-rows // 128)
-        kb4 = -(-kb // 4) * 4
-        r, j = np.meshgrid(np.arange(tiles), np.arange(kb), indexing="ij")
-        return (r * kb4 + j).ravel(), tiles * kb4
-    r, j = np.meshgrid(np.arange(rows), np.arange(kb), indexing="ij")
-    tiles_k = -(-kb // 4)
-    idx = ((r // 128) * tiles_k + j // 4) * 512 + (r % 32) * 16 + (r % 128 // 32) * 4 + j % 4
-    return idx.ravel(), (-(-rows // 128) * 128) * (tiles_k * 4)
+def _cublaslt_layout(mode: int, grid: jax.Array) -> jax.Array:
+    """The compact scale grid (row-major, ``[rows or row tiles, K blocks]``) in cuBLASLt's flat
+    layout (common/block_scale_layout.h, ScaleIndex and ScaleCount), by reshapes, transposes
+    and zero padding only (no gather or scatter, so it traces to no constants)."""
+    r, kb = grid.shape
+    if mode == 4:  # outer-dim-major: scale (r, j) at j * rows + r
+        return grid.T.reshape(-1)
+    if mode == 5:  # K-major with a column stride rounded up to 4: (r, j) at r * kb4 + j
+        return jnp.pad(grid, ((0, 0), (0, -(-kb // 4) * 4 - kb))).reshape(-1)
+    # MXFP8: 128 x 4 tiles of 512 scales; in a tile, (r, j) at (r % 32) * 16 + (r % 128 // 32)
+    # * 4 + j % 4; tiles row-major over (r // 128, j // 4)
+    rt, kt = -(-r // 128), -(-kb // 4)
+    g = jnp.pad(grid, ((0, rt * 128 - r), (0, kt * 4 - kb)))
+    return g.reshape(rt, 4, 32, kt, 4).transpose(0, 3, 2, 1, 4).reshape(-1)
 
 
 def cublaslt_scales(scale: jax.Array, block: tuple[int, int], rows: int, k: int) -> jax.Array:
@@ -403,14 +567,10 @@ def cublaslt_scales(scale: jax.Array, block: tuple[int, int], rows: int, k: int)
     mode = CUBLASLT_SCALE_MODES[block]
     if mode == 4 and rows % 4:
         raise ValueError(f"cublaslt_scales: 1 x 128 block scales need rows % 4 == 0, got {rows}")
-    idx, count = _cublaslt_index(mode, rows, k)
     grid = (-(-rows // block[0]), -(-k // block[1]))
     if tuple(scale.shape) != grid:
         raise ValueError(f"cublaslt_scales: scale must have shape {grid}, got {scale.shape}")
-    flat = scale.reshape(-1)
-    if flat.dtype == jnp.float8_e8m0fnu:
-        flat = jax.lax.bitcast_convert_type(flat, jnp.uint8)
-    out = jnp.zeros((count,), flat.dtype).at[idx].set(flat)
     if scale.dtype == jnp.float8_e8m0fnu:
-        out = jax.lax.bitcast_convert_type(out, jnp.float8_e8m0fnu)
-    return out
+        bits = _cublaslt_layout(mode, jax.lax.bitcast_convert_type(scale, jnp.uint8))
+        return jax.lax.bitcast_convert_type(bits, jnp.float8_e8m0fnu)
+    return _cublaslt_layout(mode, scale)

@@ -224,6 +224,8 @@ def _cuda_2d(
         bias_arg,
         has_bias=np.int64(fuse_bias),
         fast_accum=np.int64(fast_accum),
+        a_scale_mode=np.int64(0),  # per-tensor scales (block scales: fp8jax.ops._block_gemm)
+        b_scale_mode=np.int64(0),
     )
     out = out[:, :n] if out.shape[1] != n else out
     if bias is not None and not fuse_bias:  # float32 output: the reference's float32 add

@@ -91,3 +91,63 @@ def test_no_amax_is_reduced_across_devices(layout):
     # the same check sees per-tensor scaling's amax reduction
     fn, args = _sharded(fp8jax.Float8CurrentScaling(), layout)
     assert _max_all_reduces(fn.lower(*args).compile().as_text())
+
+
+# ---------------------------------------------------------------- the cast ops on a mesh
+
+from fp8jax.ops import block_scaling as bs  # noqa: E402
+
+_CASTS = {
+    "block": lambda v: bs.block_cast_transpose(v, jnp.float8_e4m3fn),
+    "block-2d": lambda v: bs.block_cast_transpose(v, jnp.float8_e4m3fn, bs.BLOCK_2D),
+    "mxfp8": lambda v: bs.mxfp8_cast_transpose(v),
+}
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a
+
+
+@pytest.mark.parametrize("cast", list(_CASTS))
+@pytest.mark.parametrize("spec", [P("data", None), P(None, "model"), P("data", "model")], ids=str)
+def test_block_casts_split_where_each_device_holds_whole_blocks(cast, spec):
+    """Rows and columns split into parts of whole blocks (256 / 2 and 512 / 4 = 128): each device
+    casts its part, with no collective, and the result equals one device's bit for bit."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    x = rand((256, 512), seed=7) * 3
+    want = jax.jit(_CASTS[cast])(x)
+    xs = jax.device_put(x, NamedSharding(mesh, spec))
+    fn = jax.jit(_CASTS[cast])
+    got = fn(xs)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(_bits(g), _bits(w))
+    hlo = fn.lower(xs).compile().as_text()
+    assert not re.search(r"all-reduce|all-gather|all-to-all|collective-permute", hlo)
+
+
+@pytest.mark.parametrize(
+    ("cast", "shape", "spec", "dim"),
+    [
+        ("block", (64, 256), P(("data", "model"), None), "dim -2 of x \\(size 64\\) is split 8"),
+        ("block", (256, 256), P(None, ("data", "model")), "dim -1 of x \\(size 256\\) is split 8"),
+        ("mxfp8", (256, 64), P(None, ("data", "model")), "dim -1 of x \\(size 64\\) is split 8"),
+        ("block-2d", (128, 256), P("model", None), "dim -2 of x \\(size 128\\) is split 4"),
+    ],
+)
+def test_a_block_straddling_two_devices_is_a_clear_error(cast, shape, spec, dim):
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    xs = jax.device_put(rand(shape), NamedSharding(mesh, spec))
+    with pytest.raises(Exception, match=f"block_cast_transpose: {dim} ways .* straddle"):
+        jax.jit(_CASTS[cast])(xs)
+
+
+@pytest.mark.parametrize("cast", ["block", "block-2d"])
+def test_a_split_finer_than_the_blocks_fails_in_the_partitioner(cast):
+    """256 rows are two 128-row blocks; split 4 ways, Shardy cuts the block-count factor of the
+    rule into sub-axes, which JAX's partitioner refuses before fp8jax's check can run: still an
+    error, never a result, but JAX's message (docs/sharding.md says so)."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    xs = jax.device_put(rand((256, 512)), NamedSharding(mesh, P("model", None)))
+    with pytest.raises(Exception):  # noqa: B017  (JAX's internal error)
+        jax.jit(_CASTS[cast])(xs)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _samples import M, Sample
 from _shared import rand
 
 from fp8jax.ops import block_scaling as bs
@@ -285,11 +286,18 @@ def test_bad_blocks_name_the_argument(block):
         bs.block_quantize(rand((2, 128)), E4M3, block)
 
 
-def test_square_blocks_need_a_matrix():
-    with pytest.raises(ValueError, match="x must be a matrix for 128 x 128 blocks"):
-        bs.block_quantize(rand((2, 128, 128)), E4M3, bs.BLOCK_2D)
-    with pytest.raises(ValueError, match="x must be a matrix"):
-        bs.block_cast_transpose(rand((2, 2, 128)), E4M3)
+def test_square_blocks_need_two_dims_and_leading_dims_are_separate_matrices():
+    with pytest.raises(ValueError, match="x must have at least 2 dims for 128 x 128 blocks"):
+        bs.block_quantize(rand((128,)), E4M3, bs.BLOCK_2D)
+    with pytest.raises(ValueError, match="x must have at least 2 dims"):
+        bs.block_cast_transpose(rand((128,)), E4M3)
+    x = rand((3, 130, 140), seed=4)
+    q, s = bs.block_quantize(x, E4M3, bs.BLOCK_2D)
+    assert s.shape == (3, 2, 2)
+    for i in range(3):
+        qi, si = bs.block_quantize(x[i], E4M3, bs.BLOCK_2D)
+        np.testing.assert_array_equal(_bits(q[i]), _bits(qi))
+        np.testing.assert_array_equal(np.asarray(s[i]), np.asarray(si))
 
 
 def test_jit_and_vmap_give_the_same_bits():
@@ -339,3 +347,153 @@ def test_cublaslt_scales_checks_its_arguments():
     # 1 x 128 scales, outer-dim-major: the 8 rows of K block 0, then of K block 1
     flat = bs.cublaslt_scales(jnp.arange(16.0).reshape(8, 2), bs.BLOCK_1D, 8, 256)
     np.testing.assert_array_equal(np.asarray(flat), np.arange(16.0).reshape(8, 2).T.ravel())
+
+
+# ------------------------------------------------------------------ the kernels
+# block_quantize and block_cast_transpose are ops (CPU and CUDA kernels beside the references
+# above); the conformance suite runs their samples below (kernel == reference bit for bit, vmap,
+# 8 devices, the CUDA kernel on the host). Here: the values and edges the samples miss.
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a
+
+
+def _special(shape, dtype, seed=0) -> jax.Array:
+    """Normal values with whole blocks of zeros, tiny (subnormal-amax) values, huge values,
+    and NaN, +-inf and signed zeros scattered in."""
+    r = np.random.default_rng(seed)
+    x = r.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1, shape[-1])
+    flat[0, :] = 0.0
+    flat[1 % len(flat), :] *= 1e-39  # every |x| below float32's smallest normal
+    top = 3e38 if dtype == jnp.float32 else 6e4
+    flat[2 % len(flat), :] = np.clip(flat[2 % len(flat), :], -1, 1) * top
+    flat[-1, : shape[-1] // 2] *= 1e-30
+    idx = r.integers(0, x.size, 12)
+    x.reshape(-1)[idx] = [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0] * 2
+    return jnp.asarray(x, dtype)
+
+
+SPECIAL_BLOCKS = [
+    ((1, 128), "pow2"), ((1, 128), "f32"), ((128, 128), "pow2"), ((1, 32), "mx"),
+    ((32, 32), "mx"), ((128, 1), "f32"), ((4, 8), "pow2"),
+]  # fmt: skip
+
+
+def _casts(x, fp8, block, mode, implementation):
+    """Both layouts where the block allows (1-row or square), else the one layout."""
+    kw = {"implementation": implementation}
+    if mode != "mx":
+        kw["power_2_scale"] = mode == "pow2"
+    both = block[0] in (1, block[1])
+    if mode == "mx":
+        fn = bs.mxfp8_cast_transpose if both else bs.mxfp8_quantize
+    else:
+        fn = bs.block_cast_transpose if both else bs.block_quantize
+    return fn(x, fp8, block, **kw)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=str)
+@pytest.mark.parametrize(("block", "mode"), SPECIAL_BLOCKS, ids=str)
+def test_kernels_equal_the_reference_on_special_values(block, mode, dtype):
+    x = _special((140, 260), dtype, seed=block[0] + block[1])
+    for fp8 in (E4M3, E5M2):
+        got = _casts(x, fp8, block, mode, "kernel")
+        want = _casts(x, fp8, block, mode, "xla")
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
+def test_epsilon_and_non_power_of_two_scales_on_the_kernel():
+    x = _special((64, 300), jnp.bfloat16, seed=3)
+    for i in ("kernel", "xla"):
+        q, s = bs.block_quantize(x, E5M2, power_2_scale=False, amax_epsilon=1e-3,
+                                 implementation=i)  # fmt: skip
+        if i == "kernel":
+            kq, ks = q, s
+    np.testing.assert_array_equal(_bits(kq), _bits(q))
+    np.testing.assert_array_equal(_bits(ks), _bits(s))
+    assert np.all(np.asarray(ks)[0] == np.float32(1e-3) / np.float32(57344.0))  # a zero row
+
+
+def test_blocks_the_kernel_does_not_take_run_the_reference():
+    assert bs.kernel_block((1, 128)) and bs.kernel_block((128, 128)) and bs.kernel_block((1, 32))
+    assert not bs.kernel_block((1, 16)) and not bs.kernel_block((2, 3))
+    assert not bs.kernel_block((1, 256))
+    x = rand((6, 50), seed=5)
+    q, s = bs.block_quantize(x, E4M3, (2, 3))  # default: falls back to the reference
+    rq, rs = bs.block_quantize(x, E4M3, (2, 3), implementation="xla")
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(rs))
+    with pytest.raises(ValueError, match=r"block_quantize: the kernel takes blocks .* got block"):
+        bs.block_quantize(x, E4M3, (2, 3), implementation="kernel")
+
+
+@pytest.mark.parametrize("eps", [-1.0, float("nan"), float("inf")])
+def test_bad_epsilon_names_the_argument(eps):
+    with pytest.raises(ValueError, match="block_quantize: amax_epsilon must be"):
+        bs.block_quantize(rand((2, 128)), E4M3, amax_epsilon=eps)
+
+
+def test_bad_dtypes_name_the_argument():
+    with pytest.raises(TypeError, match="fp8_dtype"):
+        bs.block_quantize(rand((2, 128)), jnp.int8)
+    with pytest.raises(TypeError, match="x"):
+        bs.mxfp8_quantize(jnp.zeros((2, 128), jnp.int32))
+
+
+def test_the_kernel_is_one_custom_call_per_cast():
+    x = rand((256, 384))
+    hlo = jax.jit(lambda v: bs.block_cast_transpose(v, E4M3)).lower(x).as_text()
+    assert hlo.count("fp8jax_block_cast_transpose") == 1
+    hlo = jax.jit(lambda v: bs.mxfp8_quantize(v)).lower(x).as_text()
+    assert hlo.count("fp8jax_block_quantize") == 1
+
+
+# ------------------------------------------------------------------ the conformance sample
+
+
+def _heavy(r, shape, dtype):
+    """Normal values with magnitudes over many binades (every block its own scale)."""
+    x = r.standard_normal(shape) * np.exp(r.standard_normal(shape) * 3)
+    top = float(jnp.finfo(dtype).max)
+    return jnp.asarray(np.clip(x, -top, top).astype(np.float32), dtype)
+
+
+def _sample_block_quantize(key):
+    r = np.random.default_rng(key)
+    q, mx = bs.block_quantize, bs.mxfp8_quantize
+    return {
+        "1x128-f32-e4m3": Sample(q, (_heavy(r, (M, 300), jnp.float32), E4M3)),
+        "1x128-bf16-e5m2-f32scale": Sample(
+            q,
+            (_heavy(r, (M, 260), jnp.bfloat16), E5M2),
+            {"power_2_scale": False, "amax_epsilon": 1e-4},
+        ),
+        "128x128-f32-rank3": Sample(q, (_heavy(r, (8, 130, 140), jnp.float32), E4M3, (128, 128))),
+        "mxfp8-1x32-f16": Sample(mx, (_heavy(r, (M, 100), jnp.float16), E4M3)),
+        "mxfp8-32x32-bf16-rank3": Sample(
+            mx, (_heavy(r, (8, 40, 70), jnp.bfloat16), E5M2, (32, 32))
+        ),
+    }
+
+
+def _sample_block_cast_transpose(key):
+    r = np.random.default_rng(key)
+    ct, mx = bs.block_cast_transpose, bs.mxfp8_cast_transpose
+    return {
+        # 1-row blocks: q_t's blocks run down M, so the leading (split) dim is a batch dim
+        "1x128-bf16-e4m3-rank3": Sample(ct, (_heavy(r, (8, 20, 300), jnp.bfloat16), E4M3)),
+        "128x128-f32-rank3": Sample(ct, (_heavy(r, (8, 130, 140), jnp.float32), E5M2, (128, 128))),
+        "mxfp8-1x32-f32-rank3": Sample(mx, (_heavy(r, (8, 40, 100), jnp.float32), E4M3)),
+        "mxfp8-32x32-f16-rank3": Sample(mx, (_heavy(r, (8, 40, 70), jnp.float16), E4M3, (32, 32))),
+    }
+
+
+SAMPLES = {
+    "block_quantize": _sample_block_quantize,
+    "block_cast_transpose": _sample_block_cast_transpose,
+}

@@ -1,0 +1,173 @@
+// CUDA FFI handlers of the block-scaled casts: block_quantize and block_cast_transpose (same
+// targets and bits as cpp/cpu/cpu_block_scaling.cc; the numerics and layouts are
+// common/block_scale.h's).
+//
+// One kernel, BlockCastKernel, writes one layout: each thread block walks 128 x 128 tiles of x
+// (whole blocks each, as block::KernelBlock requires) in three steps, with a barrier between them:
+//   1. amax: the tile is cut into units of br rows x 32 columns, one warp per unit; each lane
+//      takes the max down its column (a warp reads 32 consecutive elements of a row at a time)
+//      and the lanes of one block combine theirs with xor shuffles; one lane per block and unit
+//      stores the partial max in shared memory (each slot has one writer; no atomics);
+//   2. scales: one thread per block combines its units' partial maxima (bc / 32 of them when
+//      bc > 32), makes the scale, stores its inverse (or the E8M0 exponent) in the grid and the
+//      scale in shared memory;
+//   3. codes: row-major over the tile for the [M, K] layout; column by column for the transposed
+//      [K, M] layout, so that a warp writes 32 consecutive codes (the reads hit the tile step 1
+//      brought into the cache).
+// block_cast_transpose launches it twice: the blocks br x bc into q, and bc x br transposed into
+// q_t. Ragged edges: elements past the matrix count as 0 for the amax and are not written.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/block_scale.h"
+#include "common/dispatch.h"
+#include "common/ffi_checks.h"
+#include "common/fp8_device_convert.h"
+#include "common/fp8_numerics.h"
+#include "common/op_table.h"
+#include "common/wide.h"
+#include "cuda/cuda_device.cuh"
+#include "cuda/cuda_handler.h"
+#include "cuda/cuda_util.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace fp8jax {
+namespace {
+
+constexpr int kTile = static_cast<int>(block::kTile);
+constexpr int kBlockThreads = 256;
+constexpr int kWarps = kBlockThreads / 32;
+constexpr int kUnitCols = 32;
+
+// The code of x under its block's scale (f32 modes: the scale; E8M0: the exponent's bits).
+template <typename F>
+__device__ __forceinline__ uint8_t BlockCode(float x, uint32_t scale_bits, bool e8m0) {
+  if (!e8m0) return CvtFp8<F>(x, __uint_as_float(scale_bits));
+  const uint8_t e = static_cast<uint8_t>(scale_bits);
+  if (e == 0xFF) return F::kNanCode;
+  const int k = 127 - static_cast<int>(e);
+  const int lo = k >= 0 ? k / 2 : -((1 - k) / 2);
+  return CvtFp8<F>(RnMul(x, block::Pow2(lo)), block::Pow2(k - lo));
+}
+
+// At least 4 resident blocks per SM (64 registers a thread): without the bound, ptxas for sm_121
+// kept the float16 instances at 40 registers and spilled 4 bytes.
+template <WideKind W, typename F>
+__global__ void __launch_bounds__(kBlockThreads, 4)
+    BlockCastKernel(const void* __restrict__ x, uint8_t* __restrict__ q,
+                    void* __restrict__ scale_inv, block::Cast c) {
+  __shared__ uint32_t partial[block::kMaxTileBlocks];
+  __shared__ uint32_t scale_bits[block::kMaxTileBlocks];
+  const int br = static_cast<int>(c.br), bc = static_cast<int>(c.bc);
+  const int lanes_per_block = bc < kUnitCols ? bc : kUnitCols;  // lanes of a unit in one block
+  const int units = (kTile / br) * (kTile / kUnitCols);
+  const int parts = bc > kUnitCols ? bc / kUnitCols : 1;  // units a block spans
+  const int blocks_per_row = kTile / bc, tile_blocks = (kTile / br) * blocks_per_row;
+  const bool e8m0 = c.mode == block::ScaleMode::kE8m0;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t tiles_per_matrix = c.TileRows() * c.TileCols();
+  for (int64_t t = blockIdx.x; t < c.Tiles(); t += gridDim.x) {
+    const int64_t g = t / tiles_per_matrix;
+    const int64_t r0 = (t % tiles_per_matrix) / c.TileCols() * kTile;
+    const int64_t c0 = t % c.TileCols() * kTile;
+    const int64_t base = g * c.rows * c.cols;
+    // 1. each unit's partial block maxima
+    for (int u = warp; u < units; u += kWarps) {
+      const int64_t row = r0 + u / (kTile / kUnitCols) * br;
+      const int64_t col = c0 + u % (kTile / kUnitCols) * kUnitCols + lane;
+      uint32_t m = 0;
+      for (int r = 0; r < br; ++r) {
+        if (row + r < c.rows && col < c.cols) {
+          m = max(m, block::AmaxBits(LoadWide<W, FastHalf>(x, base + (row + r) * c.cols + col)));
+        }
+      }
+      for (int width = 1; width < lanes_per_block; width *= 2) {
+        const float other = __shfl_xor_sync(0xFFFFFFFFu, __uint_as_float(m), width);
+        m = max(m, __float_as_uint(other));
+      }
+      if (lane % lanes_per_block == 0) {
+        // slot (part k of block b) at k * tile_blocks + b: the lanes that store write
+        // consecutive words, and step 2's threads read consecutive words
+        const int i = u / (kTile / kUnitCols), col0 = u % (kTile / kUnitCols) * kUnitCols + lane;
+        const int k = bc > kUnitCols ? col0 % bc / kUnitCols : 0;
+        partial[k * tile_blocks + i * blocks_per_row + col0 / bc] = m;
+      }
+    }
+    __syncthreads();
+    // 2. the scales: block b (row i, column j of the tile's blocks) has bc / 32 partial maxima
+    // when bc > 32 (one per unit it spans), else one
+    for (int b = static_cast<int>(threadIdx.x); b < tile_blocks; b += kBlockThreads) {
+      const int i = b / blocks_per_row, j = b % blocks_per_row;
+      uint32_t m = 0;
+      for (int k = 0; k < parts; ++k) m = max(m, partial[k * tile_blocks + b]);
+      const float amax = __uint_as_float(m);
+      const int64_t gi = r0 / br + i, gj = c0 / bc + j;
+      const bool in_grid = gi < c.GridRows() && gj < c.GridCols();
+      if (e8m0) {
+        const uint8_t e = block::E8m0Exponent(amax, F::kMax);
+        scale_bits[b] = e;
+        if (in_grid) static_cast<uint8_t*>(scale_inv)[c.ScaleIndex(g, gi, gj)] = e;
+      } else {
+        const float s = block::BlockScale(amax, F::kMax, block::InputMax<W>(),
+                                          c.mode == block::ScaleMode::kPow2, c.epsilon);
+        scale_bits[b] = __float_as_uint(s);
+        if (in_grid)
+          static_cast<float*>(scale_inv)[c.ScaleIndex(g, gi, gj)] = block::InverseScale(s);
+      }
+    }
+    __syncthreads();
+    // 3. the codes, in the order of the layout written
+    for (int e = static_cast<int>(threadIdx.x); e < kTile * kTile; e += kBlockThreads) {
+      const int r = c.transposed ? e % kTile : e / kTile;
+      const int col = c.transposed ? e / kTile : e % kTile;
+      if (r0 + r < c.rows && c0 + col < c.cols) {
+        const float v = LoadWide<W, FastHalf>(x, base + (r0 + r) * c.cols + c0 + col);
+        const uint32_t s = scale_bits[r / br * blocks_per_row + col / bc];
+        q[c.CodeIndex(g, r0 + r, c0 + col)] = BlockCode<F>(v, s, e8m0);
+      }
+    }
+    __syncthreads();  // the next tile reuses partial and scale_bits
+  }
+}
+
+ffi::Error BlockCast(cudaStream_t stream, const char* op, const ffi::AnyBuffer& x,
+                     const block::Cast& c, ffi::AnyBuffer& q, ffi::AnyBuffer& scale_inv) {
+  if (c.Tiles() == 0) return ffi::Error::Success();
+  return DispatchWideFp8(
+      op, WideKindOf(x.element_type()), Fp8KindOf(q.element_type()), [&]<WideKind W, typename F>() {
+        auto* kernel = BlockCastKernel<W, F>;
+        int64_t resident = 0;
+        FP8JAX_RETURN_IF_ERROR(
+            ResidentBlocks(op, reinterpret_cast<const void*>(kernel), kBlockThreads, &resident));
+        const int64_t grid = c.Tiles() < resident ? c.Tiles() : resident;
+        return Launch(op, kernel, grid, kBlockThreads, stream, x.untyped_data(),
+                      static_cast<uint8_t*>(q.untyped_data()), scale_inv.untyped_data(), c);
+      });
+}
+
+ffi::Error BlockQuantizeImpl(cudaStream_t stream, sig::Any x, int64_t block_rows,
+                             int64_t block_cols, int64_t scale_mode, float epsilon, sig::AnyOut q,
+                             sig::AnyOut scale_inv) {
+  block::Cast c;
+  FP8JAX_RETURN_IF_ERROR(CheckBlockCast(kBlockQuantizeOp, x, block_rows, block_cols, scale_mode,
+                                        epsilon, *q, *scale_inv, &c));
+  return BlockCast(stream, kBlockQuantizeOp, x, c, *q, *scale_inv);
+}
+
+ffi::Error BlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int64_t block_rows,
+                                  int64_t block_cols, int64_t scale_mode, float epsilon,
+                                  sig::AnyOut q, sig::AnyOut scale_inv, sig::AnyOut qt,
+                                  sig::AnyOut scale_inv_t) {
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(x, block_rows, block_cols, scale_mode, epsilon, *q,
+                                                 *scale_inv, *qt, *scale_inv_t, &c, &ct));
+  FP8JAX_RETURN_IF_ERROR(BlockCast(stream, kBlockCastTransposeOp, x, c, *q, *scale_inv));
+  return BlockCast(stream, kBlockCastTransposeOp, x, ct, *qt, *scale_inv_t);
+}
+
+}  // namespace
+}  // namespace fp8jax
+
+FP8JAX_CUDA_HANDLER(BlockQuantize, fp8jax::BlockQuantizeImpl);
+FP8JAX_CUDA_HANDLER(BlockCastTranspose, fp8jax::BlockCastTransposeImpl);

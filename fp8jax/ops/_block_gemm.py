@@ -1,0 +1,170 @@
+"""``block_gemm``: the block-scaled FP8 GEMM, cuBLASLt on a GPU that has the scale modes, beside
+its XLA reference (:func:`~fp8jax.ops.block_scaling.block_scaled_matmul`).
+
+``a_q`` [M, K] and ``b_q`` [N, K] are K-major FP8 codes, each with its compact scale grid (as
+:func:`~fp8jax.ops.block_scaling.block_quantize` and ``mxfp8_quantize`` return it) and its
+block; ``out[M, N]`` is every element dequantized with its block's scale, products summed in
+float32 (docs/numerics.md, "Block scaling").
+
+Per platform (:func:`jax.lax.platform_dependent`):
+
+- CPU, and any platform but CUDA: the reference, XLA's dequantize and float32 dot.
+- CUDA, with the ``"gemm"`` family's ``"kernel"`` implementation: the ``fp8jax_gemm`` custom call
+  (cuBLASLt) with the operands' scale modes (``VEC128_32F`` for 1 x 128 blocks,
+  ``BLK128x128_32F`` for 128 x 128, ``VEC32_UE8M0`` for MXFP8) and split accumulation; K, M and N
+  are zero-padded to multiples of 16 (zero codes add exact zeros; a 1-row-block operand's scale
+  grid gets rows of 1 for its padded rows), the scales are laid out as cuBLASLt reads them
+  (:func:`~fp8jax.ops.block_scaling.cublaslt_scales`) and the result is sliced back. A GPU
+  without a mode (1 x 128 or 128 x 128 blocks need sm_90; MXFP8 needs sm_100 or later) runs the
+  reference instead, decided when the function is traced from the first GPU's compute
+  capability; the handler checks the device again and fails with kUnimplemented, never a wrong
+  result, if it lacks the mode.
+
+On a mesh (the CUDA kernel path): ``a``'s rows stay split as they are (data and sequence
+parallelism: each device multiplies its rows, no collective) where each device holds whole
+blocks of them; everything else (``b``, and a split K) is gathered first, as XLA does for a dot
+whose K it cannot split.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fp8jax import _ffi, _support
+from fp8jax.ops import _implementation, _partition
+from fp8jax.ops.block_scaling import (
+    CUBLASLT_SCALE_MODES,
+    _check_block,
+    block_scaled_matmul,
+    cublaslt_scales,
+)
+from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES
+
+__all__ = ["block_gemm", "scale_mode_unsupported"]
+
+_implementation.register_family("gemm", "block_gemm")
+
+
+def scale_mode_unsupported(mode: int, cc_major: int) -> str:
+    """Why a GPU of compute capability ``cc_major``.x cannot run cuBLASLt scale mode ``mode``
+    (``""``: it can); the handler's own check (``ScaleModeUnsupported``, cpp/cuda/gemm_cublaslt.cc),
+    less the cuBLAS version, which the build fixes (13.1)."""
+    if mode in (4, 5) and cc_major != 9:
+        return "1 x 128 and 128 x 128 block scales need an sm_90 (Hopper) GPU"
+    if mode == 2 and cc_major < 10:
+        return "MXFP8 (VEC32_UE8M0) scales need an sm_100 or later GPU"
+    return ""
+
+
+def _gpu_runs(modes: tuple[int, int]) -> bool:
+    """Whether this process's GPU runs both scale modes; ``True`` when it has no GPU (a program
+    lowered for CUDA elsewhere: the handler checks the device it runs on)."""
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:
+        return True
+    cc = _support._capability(devices[0])
+    return cc is None or not any(scale_mode_unsupported(m, cc[0]) for m in modes)
+
+
+def _pad_to(x: jax.Array, rows: int, cols: int, value: Any = 0) -> jax.Array:
+    pad = ((0, rows - x.shape[0]), (0, cols - x.shape[1]))
+    return x if pad == ((0, 0), (0, 0)) else jnp.pad(x, pad, constant_values=value)
+
+
+def _round_up(x: int, multiple: int = PAD_MULTIPLE) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _operand(q, scale, block, rows_p, k_p):
+    """One operand padded to ``rows_p`` x ``k_p`` with its scales in cuBLASLt's layout. Padding
+    to multiples of 16 adds no block along K, nor along the rows of 128-row blocks; a 1-row-block
+    grid gets one row of scale 1 per padded row (E8M0: 127, i.e. 1)."""
+    q = _pad_to(q, rows_p, k_p)
+    if block[0] == 1:
+        one = np.uint8(127) if scale.dtype == jnp.float8_e8m0fnu else np.float32(1)
+        bits = lax.bitcast_convert_type(scale, jnp.uint8) if one.dtype == np.uint8 else scale
+        bits = _pad_to(bits, rows_p, bits.shape[1], one)
+        scale = lax.bitcast_convert_type(bits, scale.dtype) if one.dtype == np.uint8 else bits
+    return q, cublaslt_scales(scale, block, rows_p, k_p)
+
+
+def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype):
+    (m, k), n = a_q.shape, b_q.shape[0]
+    m_p, n_p, k_p = _round_up(m), _round_up(n), _round_up(k)
+    a_q, a_sl = _operand(a_q, a_s, a_block, m_p, k_p)
+    b_q, b_sl = _operand(b_q, b_s, b_block, n_p, k_p)
+    out_types = (
+        jax.ShapeDtypeStruct((m_p, n_p), out_dtype),
+        jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8),
+    )
+    out, _ = jax.ffi.ffi_call("fp8jax_gemm", out_types)(
+        a_q, b_q, a_sl, b_sl, jnp.zeros((0,), out_dtype),
+        has_bias=np.int64(0), fast_accum=np.int64(0),
+        a_scale_mode=np.int64(CUBLASLT_SCALE_MODES[a_block]),
+        b_scale_mode=np.int64(CUBLASLT_SCALE_MODES[b_block]),
+    )  # fmt: skip
+    return out[:m, :n]
+
+
+@functools.cache
+def _partitioned_cuda(a_block, b_block, out_dtype):
+    """The CUDA path, split along ``a``'s rows on a mesh (see the module docstring)."""
+
+    def local(a_q, a_s, b_q, b_s):
+        return (_cuda_2d(a_q, a_s, b_q, b_s, a_block=a_block, b_block=b_block,
+                         out_dtype=out_dtype),)  # fmt: skip
+
+    def plan(mesh, arg_shapes):
+        a = arg_shapes[0]
+        m_axes = _partition.dim_axes(a.sharding, a.shape)[0]
+        shards = int(np.prod([mesh.shape[x] for x in m_axes], dtype=np.int64))
+        if a.shape[0] % shards or (a.shape[0] // shards) % a_block[0]:
+            m_axes = ()  # a device would hold part of a block: gather the rows
+        rows, rep = _partition.named(mesh, (m_axes, ())), _partition.named(mesh, ((), ()))
+        return [rows, rows, rep, rep], [rows], local
+
+    rule = "m k, ma ka, n k, nb kb -> m n"
+    call = _partition.partitioned(local, plan, rule, need_replication=("k", "ka", "n", "nb", "kb"))
+    return lambda *args: call(*args)[0]
+
+
+def block_gemm(
+    a_q: jax.Array,
+    a_scale_inv: jax.Array,
+    a_block: tuple[int, int],
+    b_q: jax.Array,
+    b_scale_inv: jax.Array,
+    b_block: tuple[int, int],
+    out_dtype: Any = jnp.float32,
+    *,
+    implementation: str | None = None,
+) -> jax.Array:
+    """``a @ b.T`` of block-scaled K-major FP8 codes (see the module docstring): the arguments
+    and the result of :func:`~fp8jax.ops.block_scaling.block_scaled_matmul`, on cuBLASLt where
+    the GPU has the scale modes. ``implementation``: ``"kernel"`` or ``"xla"`` (the reference on
+    every platform); default: the enclosing :func:`fp8jax.ops.implementation` choice for
+    ``"gemm"``."""
+    a_block = _check_block("block_gemm", a_block)
+    b_block = _check_block("block_gemm", b_block)
+    impl = _implementation.choose("block_gemm", "gemm", implementation)
+    modes = (CUBLASLT_SCALE_MODES.get(a_block), CUBLASLT_SCALE_MODES.get(b_block))
+    supported = None not in modes and a_block[1] == b_block[1]
+    if impl == "xla" or not supported or not _gpu_runs(modes):
+        return block_scaled_matmul(a_q, a_scale_inv, a_block, b_q, b_scale_inv, b_block,
+                                   out_dtype)  # fmt: skip
+
+    def reference(a_q, a_s, b_q, b_s):
+        return block_scaled_matmul(a_q, a_s, a_block, b_q, b_s, b_block, out_dtype)
+
+    jax.eval_shape(reference, a_q, a_scale_inv, b_q, b_scale_inv)  # the argument checks
+    _ffi.ensure_registered()
+    cuda = _partitioned_cuda(a_block, b_block, jnp.dtype(out_dtype))
+    return lax.platform_dependent(a_q, a_scale_inv, b_q, b_scale_inv, cuda=cuda,
+                                  default=reference)  # fmt: skip
