@@ -119,3 +119,57 @@ def test_bad_operands_name_the_argument():
         bg.block_gemm(b, b_s, (128, 128), b, b_s, (128, 128))
     with pytest.raises(ValueError, match="implementation"):
         bg.block_gemm(a, a_s, (1, 128), b, b_s, (128, 128), implementation="fast")
+
+
+# ------------------------------------------------ the CUDA branch, with an emulated handler
+
+_BLOCK_OF_MODE = {4: (1, 128), 5: (128, 128), 2: (1, 32)}
+
+
+def _layout_index(mode, rows, k):
+    """For each compact grid entry (row-major), where cuBLASLt reads it: the documented layouts,
+    written out as index formulas (cuBLAS docs, "Narrow precision data types usage")."""
+    kb = -(-k // (32 if mode == 2 else 128))
+    grid_rows = -(-rows // 128) if mode == 5 else rows
+    r, j = np.meshgrid(np.arange(grid_rows), np.arange(kb), indexing="ij")
+    if mode == 4:
+        return j * rows + r
+    if mode == 5:
+        return r * (-(-kb // 4) * 4) + j
+    return ((r // 128) * -(-kb // 4) + j // 4) * 512 + (r % 32) * 16 + (r % 128 // 32) * 4 + j % 4
+
+
+def _emulated_block_kernel(target, result_types):
+    """The CUDA handler's contract for block scales: padded operands, split accumulation, each
+    scale buffer in cuBLASLt's layout (decoded here with the index formulas above)."""
+    assert target == "fp8jax_gemm"
+    out_type, _ = result_types
+
+    def call(a, b, a_sl, b_sl, bias, *, has_bias, fast_accum, a_scale_mode, b_scale_mode):
+        (m, k), n = a.shape, b.shape[0]
+        assert m % 16 == 0 and n % 16 == 0 and k % 16 == 0 and b.shape[1] == k
+        assert has_bias == 0 and fast_accum == 0 and bias.shape == (0,)
+        grids = []
+        for flat, mode, rows in ((a_sl, int(a_scale_mode), m), (b_sl, int(b_scale_mode), n)):
+            idx = _layout_index(mode, rows, k)
+            grids.append(jnp.asarray(flat)[idx])
+        out = bs.block_scaled_matmul(a, grids[0], _BLOCK_OF_MODE[int(a_scale_mode)], b,
+                                     grids[1], _BLOCK_OF_MODE[int(b_scale_mode)],
+                                     out_type.dtype)  # fmt: skip
+        return out, jnp.zeros(result_types[1].shape, result_types[1].dtype)
+
+    return call
+
+
+@pytest.mark.parametrize("combo", list(COMBOS))
+@pytest.mark.parametrize("shape", [(100, 70, 300), (16, 32, 256), (3, 5, 40)], ids=str)
+def test_cuda_branch_with_an_emulated_handler(combo, shape, monkeypatch):
+    """The CUDA branch's padding, scale layouts and slicing, run on CPU: the result equals the
+    reference on the unpadded operands bit for bit."""
+    m, n, k = shape
+    aq, a_s, a_block, bq, b_s, b_block = _operands(combo, m=m, n=n, k=k, seed=m + n)
+    want = bs.block_scaled_matmul(aq, a_s, a_block, bq, b_s, b_block, jnp.bfloat16)
+    monkeypatch.setattr(jax.ffi, "ffi_call", _emulated_block_kernel)
+    got = bg._cuda_2d(aq, a_s, bq, b_s, a_block=a_block, b_block=b_block, out_dtype=jnp.bfloat16)
+    assert got.shape == (m, n) and got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))

@@ -233,7 +233,9 @@ def _emulated_kernel(target, result_types):
     assert target == "fp8jax_gemm"
     out_type, ws_type = result_types
 
-    def call(a, b, a_scale_inv, b_scale_inv, bias, *, has_bias, fast_accum):
+    def call(a, b, a_scale_inv, b_scale_inv, bias, *, has_bias, fast_accum, a_scale_mode,
+             b_scale_mode):  # fmt: skip
+        assert a_scale_mode == b_scale_mode == 0  # per-tensor (block scales: test_block_gemm.py)
         m, k = a.shape
         n = b.shape[0]
         assert k % 16 == 0 and n % 16 == 0 and b.shape[1] == k, "K and N must be padded"
