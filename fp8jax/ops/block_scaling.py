@@ -549,7 +549,12 @@ def _cublaslt_layout(mode: int, grid: jax.Array) -> jax.Array:
     # MXFP8: 128 x 4 tiles of 512 scales; in a tile, (r, j) at (r % 32) * 16 + (r % 128 // 32)
     # * 4 + j % 4; tiles row-major over (r // 128, j // 4)
     rt, kt = -(-r // 128), -(-kb // 4)
-    g = jnp.pad(grid, ((0, rt * 128 - r), (0, kt * 4 - kb)))
+    if grid.dtype == jnp.float8_e8m0fnu:  # zero padding is the bits 0 (E8M0 has no zero)
+        bits = jax.lax.bitcast_convert_type(grid, jnp.uint8)
+        bits = jnp.pad(bits, ((0, rt * 128 - r), (0, kt * 4 - kb)))
+        g = jax.lax.bitcast_convert_type(bits, jnp.float8_e8m0fnu)
+    else:
+        g = jnp.pad(grid, ((0, rt * 128 - r), (0, kt * 4 - kb)))
     return g.reshape(rt, 4, 32, kt, 4).transpose(0, 3, 2, 1, 4).reshape(-1)
 
 
@@ -570,7 +575,4 @@ def cublaslt_scales(scale: jax.Array, block: tuple[int, int], rows: int, k: int)
     grid = (-(-rows // block[0]), -(-k // block[1]))
     if tuple(scale.shape) != grid:
         raise ValueError(f"cublaslt_scales: scale must have shape {grid}, got {scale.shape}")
-    if scale.dtype == jnp.float8_e8m0fnu:
-        bits = _cublaslt_layout(mode, jax.lax.bitcast_convert_type(scale, jnp.uint8))
-        return jax.lax.bitcast_convert_type(bits, jnp.float8_e8m0fnu)
     return _cublaslt_layout(mode, scale)

@@ -48,8 +48,8 @@ def test_block_recipes_meet_their_targets(name, recipe):
     r = {"block_recipes": {recipe: {"layers": {name: c}, "residual_ratio": 0.0}}}
     assert structure.block_failures(r) == [], c
     assert c["casts"] == c["casts_expected"]
-    assert set(c["custom_calls"]) >= {"fp8jax_block_cast_transpose"}
-    assert "fp8jax_gemm" not in c["custom_calls"]  # the block GEMM is XLA's, for now
+    assert set(c["custom_calls"]) >= {"fp8jax_block_cast_transpose", "fp8jax_gemm"}
+    assert 0 < c["gemms"] <= c["gemms_expected"]  # cuBLASLt's block-scaled GEMM (block_gemm)
 
 
 @pytest.mark.parametrize("recipe", list(structure.BLOCK_RECIPES))
@@ -63,10 +63,10 @@ def test_block_recipes_residual_bytes(recipe):
 
 
 def test_a_block_recipe_regression_fails():
-    layer = {"casts": 7, "casts_expected": 6, "fp8_xla_transposes": 1, "fp8_xla_casts": 0,
-             "state_updates": 0}  # fmt: skip
+    layer = {"gemms": 0, "gemms_expected": 6, "casts": 7, "casts_expected": 6,
+             "fp8_xla_transposes": 1, "fp8_xla_casts": 0, "state_updates": 0}  # fmt: skip
     bad = {"block": {"layers": {"dense": layer}, "residual_ratio": 0.7}}
-    assert len(structure.block_failures({"block_recipes": bad})) == 3
+    assert len(structure.block_failures({"block_recipes": bad})) == 4
 
 
 def test_suite_lists_and_summarises_the_benchmarks():

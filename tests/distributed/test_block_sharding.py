@@ -24,13 +24,14 @@ import fp8jax
 
 pytestmark = needs_devices(8)
 
-ROWS, HIDDEN, MLP = 256, 256, 512
+ROWS, HIDDEN, MLP = 1024, 256, 512  # 128 rows a device when the rows are split 8 ways
 RECIPES = {"block": fp8jax.Float8BlockScaling(), "mxfp8": fp8jax.MXFP8BlockScaling()}
 # name: (x, w1 (hidden, 1, mlp), w2 (mlp, hidden)) specs on a ("data", "model") = (2, 4) mesh
 LAYOUTS = {
     "data": (P("data", None), P(), P()),
     "tensor": (P("data", None), P(None, None, "model"), P("model", None)),  # K of GEMM 2 split
     "fsdp": (P("data", None), P("data", None, None), P("data", None)),
+    "sequence": (P(("data", "model"), None), P(), P()),  # rows (tokens) over every device
 }
 
 
@@ -43,18 +44,27 @@ def _loss(recipe):
     return jax.value_and_grad(loss, (0, 1, 2, 3))
 
 
-def _args():
-    return (rand((ROWS, HIDDEN), 1), 1 + 0.1 * rand((HIDDEN,), 2), rand((HIDDEN, 1, MLP), 3) * 0.06,
+def _args(rows=ROWS):
+    return (rand((rows, HIDDEN), 1), 1 + 0.1 * rand((HIDDEN,), 2), rand((HIDDEN, 1, MLP), 3) * 0.06,
             rand((MLP, HIDDEN), 4) * 0.04)  # fmt: skip
 
 
-def _sharded(recipe, layout):
+def _sharded(recipe, layout, rows=ROWS):
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
     xs, w1s, w2s = LAYOUTS[layout]
     shard = [NamedSharding(mesh, s) for s in (xs, P(), w1s, w2s)]
     fn = jax.jit(_loss(recipe), in_shardings=shard)
-    args = [jax.device_put(a, s) for a, s in zip(_args(), shard, strict=True)]
+    args = [jax.device_put(a, s) for a, s in zip(_args(rows), shard, strict=True)]
     return fn, args
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_too_few_rows_a_device_for_the_transposed_blocks_is_a_clear_error(name):
+    """The weight gradient contracts the rows: x's transposed copy has blocks of 128 (32) rows,
+    so each device must hold a multiple of them; 256 rows over 8 devices is 32 a device."""
+    fn, args = _sharded(RECIPES[name], "sequence", rows=256 if name == "block" else 64)
+    with pytest.raises(Exception, match=r"block_cast_transpose: dim -2 of x .* straddle"):
+        fn(*args)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
