@@ -156,7 +156,7 @@ def test_a_block_straddling_two_devices_is_a_clear_error(cast, shape, spec, dim)
 def test_a_split_finer_than_the_blocks_fails_in_the_partitioner(cast):
     """256 rows are two 128-row blocks; split 4 ways, Shardy cuts the block-count factor of the
     rule into sub-axes, which JAX's partitioner refuses before fp8jax's check can run: still an
-    error, never a result, but JAX's message (docs/sharding.md says so)."""
+    error, never a result, but JAX's message (docs/numerics.md, "Block scaling", says so)."""
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
     xs = jax.device_put(rand((256, 512)), NamedSharding(mesh, P("model", None)))
     with pytest.raises(Exception):  # noqa: B017  (JAX's internal error)
