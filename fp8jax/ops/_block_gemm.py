@@ -44,7 +44,7 @@ from fp8jax.ops.block_scaling import (
     block_scaled_matmul,
     cublaslt_scales,
 )
-from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES
+from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, _round_up
 
 __all__ = ["block_gemm", "scale_mode_unsupported"]
 
@@ -78,26 +78,22 @@ def _pad_to(x: jax.Array, rows: int, cols: int, value: Any = 0) -> jax.Array:
     return x if pad == ((0, 0), (0, 0)) else jnp.pad(x, pad, constant_values=value)
 
 
-def _round_up(x: int, multiple: int = PAD_MULTIPLE) -> int:
-    return -(-x // multiple) * multiple
-
-
 def _operand(q, scale, block, rows_p, k_p):
     """One operand padded to ``rows_p`` x ``k_p`` with its scales in cuBLASLt's layout. Padding
     to multiples of 16 adds no block along K, nor along the rows of 128-row blocks; a 1-row-block
     grid gets one row of scale 1 per padded row (E8M0: 127, i.e. 1)."""
     q = _pad_to(q, rows_p, k_p)
-    if block[0] == 1:
-        one = np.uint8(127) if scale.dtype == jnp.float8_e8m0fnu else np.float32(1)
-        bits = lax.bitcast_convert_type(scale, jnp.uint8) if one.dtype == np.uint8 else scale
-        bits = _pad_to(bits, rows_p, bits.shape[1], one)
-        scale = lax.bitcast_convert_type(bits, scale.dtype) if one.dtype == np.uint8 else bits
+    if block[0] == 1 and scale.dtype == jnp.float8_e8m0fnu:  # padded as bits: 127 is 2**0
+        bits = _pad_to(lax.bitcast_convert_type(scale, jnp.uint8), rows_p, scale.shape[1], 127)
+        scale = lax.bitcast_convert_type(bits, scale.dtype)
+    elif block[0] == 1:
+        scale = _pad_to(scale, rows_p, scale.shape[1], np.float32(1))
     return q, cublaslt_scales(scale, block, rows_p, k_p)
 
 
 def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype):
     (m, k), n = a_q.shape, b_q.shape[0]
-    m_p, n_p, k_p = _round_up(m), _round_up(n), _round_up(k)
+    m_p, n_p, k_p = (_round_up(d, PAD_MULTIPLE) for d in (m, n, k))
     a_q, a_sl = _operand(a_q, a_s, a_block, m_p, k_p)
     b_q, b_sl = _operand(b_q, b_s, b_block, n_p, k_p)
     out_types = (
@@ -124,8 +120,7 @@ def _partitioned_cuda(a_block, b_block, out_dtype):
     def plan(mesh, arg_shapes):
         a = arg_shapes[0]
         m_axes = _partition.dim_axes(a.sharding, a.shape)[0]
-        shards = int(np.prod([mesh.shape[x] for x in m_axes], dtype=np.int64))
-        if a.shape[0] % shards or (a.shape[0] // shards) % a_block[0]:
+        if not _partition.whole_blocks(mesh, m_axes, a.shape[0], a_block[0]):
             m_axes = ()  # a device would hold part of a block: gather the rows
         rows, rep = _partition.named(mesh, (m_axes, ())), _partition.named(mesh, ((), ()))
         return [rows, rows, rep, rep], [rows], local

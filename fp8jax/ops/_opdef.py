@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fp8jax import _ffi
 from fp8jax.ops import _implementation, _partition
@@ -332,8 +332,8 @@ def _whole_blocks(op: OpDef, mesh, d: int, size: int, axes: tuple[str, ...], blo
     """``axes``, the mesh axes splitting dim ``d`` (of ``size``) of the first operand, when each
     device's part holds whole ``block``-sized blocks; else a ValueError naming the op, the dim,
     the sizes and the fix."""
-    shards = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
-    if shards > 1 and (size % shards or (size // shards) % block):
+    if not _partition.whole_blocks(mesh, axes, size, block):
+        shards = math.prod(mesh.shape[a] for a in axes)
         raise ValueError(
             f"{op.name}: dim {d} of x (size {size}) is split {shards} ways (mesh axes {axes}), "
             f"so a device's part ({size // shards}) is not a multiple of the block ({block}) and "

@@ -116,6 +116,14 @@ def splitting_axes(mesh: Mesh, dims: DimAxes) -> tuple[str, ...]:
     return tuple(a for d in dims for a in d if mesh.shape[a] > 1)
 
 
+def whole_blocks(mesh: Mesh, axes: Sequence[str], size: int, block: int) -> bool:
+    """Whether a dim of ``size`` split over mesh ``axes`` leaves every device whole ``block``-sized
+    blocks of it: an unsplit dim always does (a ragged last block stays on its one device), a
+    split one when it divides evenly into parts that are multiples of ``block``."""
+    shards = math.prod(mesh.shape[a] for a in axes)
+    return shards == 1 or (size % shards == 0 and (size // shards) % block == 0)
+
+
 def amax_axes(mesh: Mesh, dims: DimAxes, reduction: str) -> tuple[str, ...]:
     """The mesh axes an amax of a tensor split as ``dims`` is max-reduced over.
 

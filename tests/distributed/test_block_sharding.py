@@ -136,6 +136,29 @@ def test_block_casts_split_where_each_device_holds_whole_blocks(cast, spec):
     assert not re.search(r"all-reduce|all-gather|all-to-all|collective-permute", hlo)
 
 
+@pytest.mark.parametrize("cast", list(_CASTS))
+def test_a_ragged_dim_left_whole_beside_a_split_one(cast):
+    """Columns 300 (ragged for every block) unsplit, rows split into whole blocks: no straddle
+    error (an unsplit dim keeps its ragged last block on each device), the one-device bits."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    x = rand((256, 300), seed=3) * 3
+    want = jax.jit(_CASTS[cast])(x)
+    got = jax.jit(_CASTS[cast])(jax.device_put(x, NamedSharding(mesh, P("data", None))))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
+def test_the_whole_blocks_predicate():
+    from fp8jax.ops import _partition
+
+    mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+    assert _partition.whole_blocks(mesh, (), 300, 128)  # unsplit: ragged is fine
+    assert _partition.whole_blocks(mesh, ("data",), 256, 128)
+    assert not _partition.whole_blocks(mesh, ("model",), 256, 128)  # parts of 64
+    assert not _partition.whole_blocks(mesh, ("data",), 257, 1)  # uneven parts
+    assert _partition.whole_blocks(mesh, ("data", "model"), 1024, 128)
+
+
 @pytest.mark.parametrize(
     ("cast", "shape", "spec", "dim"),
     [
