@@ -7,8 +7,8 @@ primals under explicit sharding).
 
 Block-scaled recipes (``Float8BlockScaling``, ``MXFP8BlockScaling``) run through the same
 pieces: :func:`cast_t` casts with the role's blocks (:func:`block_cast`: both layouts, a pair of
-scale grids) and each GEMM is the block-scaled one (``_gemm``), with current scaling's unfused
-norm and activation paths.
+scale grids; fused with the bias gradient and the MLP's activation as the per-tensor casts are)
+and each GEMM is the block-scaled one (``_gemm``), with current scaling's unfused norm path.
 
 A layer with ``G`` GEMMs has ``3 G`` tensor roles (:func:`fp8jax.state.gemm_roles`); each GEMM's
 forward here takes its input already in FP8 (from a fused norm or activation kernel, or from
@@ -37,6 +37,14 @@ from fp8jax.ops import _grouped_gemm
 from fp8jax.ops._block_gemm import block_gemm
 from fp8jax.ops._implementation import get_implementation
 from fp8jax.ops._partition import explicit_mesh
+from fp8jax.ops.block_fused import (
+    activation_block_cast_transpose,
+    activation_mxfp8_cast_transpose,
+    block_cast_transpose_dbias,
+    dactivation_block_cast_transpose_dbias,
+    dactivation_mxfp8_cast_transpose_dbias,
+    mxfp8_cast_transpose_dbias,
+)
 from fp8jax.ops.block_scaling import (
     block_cast_transpose,
     mxfp8_cast_transpose,
@@ -236,8 +244,9 @@ def cast_dbias(setup: Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool)
     over ``g``, so the bias gradient costs no second read)."""
     bwd = setup.bwd_dtype
     if setup.blocks is not None:
-        dbias = jnp.sum(g.astype(jnp.float32), axis=0) if with_bias else None
-        return (*block_cast(setup, g, bwd, "grad"), dbias)
+        if with_bias:
+            return block_cast(setup, g, bwd, "grad", with_dbias=True)
+        return (*block_cast(setup, g, bwd, "grad"), None)
     if not with_bias:
         return (*cast_t(setup, g, scale, bwd), None)
     scale = scale_for(setup, g, scale, bwd)
@@ -246,26 +255,53 @@ def cast_dbias(setup: Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool)
     )
 
 
-def block_cast(setup: Fp8Setup, x: jax.Array, fp8_dtype: Any, role: str):
+def block_cast(
+    setup: Fp8Setup,
+    x: jax.Array | tuple[jax.Array, jax.Array],
+    fp8_dtype: Any,
+    role: str,
+    *,
+    with_dbias: bool = False,
+    activations: tuple[str, ...] | None = None,
+):
     """Matrix ``x`` [M, K] block-scaled for a GEMM with ``role``'s blocks (``"x"``, ``"w"``,
     ``"grad"``): ``(q [M, K], q_t [K, M], (scale_inv, scale_inv_t), amax)``, both layouts from
     :mod:`fp8jax.ops.block_scaling` (a 1-row-block tensor's ``q_t`` quantized again from
-    ``x``). MXFP8's E8M0 scales travel as their ``uint8`` bits (as FP8 codes do: see the module
-    docstring); ``amax`` is ``max |x|``, for the layers' observations (nothing reads it: block
-    scaling has no state)."""
+    ``x``), plus ``x``'s float32 column sums when ``with_dbias``, in the same op
+    (:func:`~fp8jax.ops.block_cast_transpose_dbias`). With ``activations``, ``x`` is an MLP's
+    first GEMM output [M, k, N] and its activation is cast, in one op
+    (:func:`~fp8jax.ops.activation_block_cast_transpose`); or ``x`` is the pair ``(da [M, N],
+    h [M, k, N])`` and the activation's gradient ``[M, k N]`` is cast with its column sums
+    (:func:`~fp8jax.ops.dactivation_block_cast_transpose_dbias`; ``N`` a multiple of the
+    block's columns, so that its per-half blocks are the matrix's). MXFP8's E8M0 scales travel
+    as their ``uint8`` bits (as FP8 codes do: see the module docstring). ``amax`` is NaN, "not
+    observed": block scaling has no state to observe for, so no pass over ``x`` computes it."""
     block, pow2, eps = setup.block(role)
-    if x.ndim != 2:
-        raise ValueError(f"{setup.where}: a block-scaled cast takes a matrix, got {x.shape}")
-    impl = setup.implementation("cast")
-    if setup.mxfp8:
-        q, s, q_t, s_t = mxfp8_cast_transpose(x, fp8_dtype, block, implementation=impl)
-        s, s_t = (jax.lax.bitcast_convert_type(v, jnp.uint8) for v in (s, s_t))
+    kw = dict(implementation=setup.implementation("cast"))
+    if not setup.mxfp8:
+        kw.update(power_2_scale=pow2, amax_epsilon=eps)
+    if isinstance(x, tuple):  # the activation's gradient (da, h): q [M, k I], dbias [k I]
+        fused = dactivation_mxfp8_cast_transpose_dbias if setup.mxfp8 else (
+            dactivation_block_cast_transpose_dbias)  # fmt: skip
+        kw["implementation"] = setup.implementation("activation")
+        m, k, i = x[1].shape
+        q, s, q_t, s_t, dbias = fused(*x, activations, fp8_dtype, block, **kw)
+        out = (q.reshape(m, k * i), s.reshape(s.shape[0], -1), q_t.reshape(k * i, m),
+               s_t.reshape(-1, s_t.shape[-1]), dbias.reshape(k * i))  # fmt: skip
+    elif activations is not None:
+        fused = activation_mxfp8_cast_transpose if setup.mxfp8 else activation_block_cast_transpose
+        kw["implementation"] = setup.implementation("activation")
+        out = fused(x, activations, fp8_dtype, block, **kw)
+    elif with_dbias:
+        fused = mxfp8_cast_transpose_dbias if setup.mxfp8 else block_cast_transpose_dbias
+        out = fused(x, fp8_dtype, block, **kw)
     else:
-        q, s, q_t, s_t = block_cast_transpose(
-            x, fp8_dtype, block, power_2_scale=pow2, amax_epsilon=eps, implementation=impl
-        )
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), initial=jnp.float32(0))
-    return q, q_t, (s, s_t), amax
+        cast = mxfp8_cast_transpose if setup.mxfp8 else block_cast_transpose
+        out = cast(x, fp8_dtype, block, **kw)
+    q, s, q_t, s_t = out[:4]
+    if setup.mxfp8:
+        s, s_t = (jax.lax.bitcast_convert_type(v, jnp.uint8) for v in (s, s_t))
+    return (q, q_t, (s, s_t), jnp.float32(jnp.nan), *out[4:])
 
 
 def _rows(sinv: Any) -> jax.Array:

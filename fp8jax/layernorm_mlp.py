@@ -65,10 +65,13 @@ class _Config(NamedTuple):
 
 def _activation_fp8(cfg: _Config, h: jax.Array, scale: jax.Array, mask: jax.Array | None):
     """The activation of ``h`` [M, k, I] cast to FP8: ``(q [M, I], q_t [I, M], sinv, amax)``.
-    One fused kernel, unless current scaling (the scale needs the output's amax first) or a
-    dropout mask (applied between the activation and the cast) split it in two."""
+    One fused kernel (block scaling: the block-scaled one), unless current scaling (the scale
+    needs the output's amax first) or a dropout mask (applied between the activation and the
+    cast) split it in two."""
     s = cfg.setup
     impl = s.implementation("activation")
+    if s.blocks is not None and mask is None:  # one fused op, as delayed scaling's
+        return core.block_cast(s, h, s.fwd_dtype, "x", activations=cfg.activations)
     if s.current_scaling or mask is not None:
         a = activation(h, cfg.activations, implementation=impl)
         if mask is not None:
@@ -82,10 +85,14 @@ def _activation_fp8(cfg: _Config, h: jax.Array, scale: jax.Array, mask: jax.Arra
 def _dactivation_fp8(cfg: _Config, da: jax.Array, h: jax.Array, scale: jax.Array):
     """The activation's gradient cast to FP8, 2-D: ``(q [M, k I], q_t [k I, M], sinv, amax,
     dbias float32[k I])``; with ``cfg.grouped`` 3-D: ``q [M, k, I]``, ``q_t [k, I, M]``, dbias
-    ``[k, I]``."""
+    ``[k, I]``. One fused kernel, block scaling's included (where ``I`` holds whole blocks),
+    unless current scaling split it in two (the scale needs the gradient's amax first)."""
     s = cfg.setup
     m, k, i = h.shape
     impl = s.implementation("activation")
+    if s.blocks is not None and not cfg.grouped and i % s.block("grad")[0][1] == 0:
+        # one fused op; its per-half blocks are the [m, k i] matrix's when i holds whole blocks
+        return core.block_cast(s, (da, h), s.bwd_dtype, "grad", activations=cfg.activations)
     if s.current_scaling:
         dh = dactivation(da, h, cfg.activations, implementation=impl).reshape(m, k * i)
         return core.cast_dbias(s, dh, scale, True)

@@ -89,3 +89,14 @@ def float32_matmuls():
 def rand():
     """:func:`_shared.rand` (``rand(shape, seed=0, scale=1.0)``); module-level code imports it."""
     return _shared.rand
+
+
+def pytest_collection_modifyitems(config, items):
+    """``FP8JAX_TEST_FIRST`` (space-separated test files, relative to the repo root): their tests
+    run before the others, in collection order otherwise (tools/gpu_check.sh puts what no GPU
+    has run yet first, so that a short device lease reaches it)."""
+    import os
+
+    first = {Path(p).resolve() for p in os.environ.get("FP8JAX_TEST_FIRST", "").split()}
+    if first:
+        items.sort(key=lambda item: Path(str(item.fspath)).resolve() not in first)

@@ -2,7 +2,8 @@
 # The GPU check: bash tools/gpu_check.sh [OUT [PYTEST_ARGS...]]   (OUT defaults to ./out,
 # PYTEST_ARGS to "tests -x")
 #
-# For a short device lease: GPU_CHECK_PYTEST_TIMEOUT (seconds) stops pytest and goes on to the
+# The tests of GPU_CHECK_FIRST (default: the block-scaled tests; "" for none) run before the
+# others. For a short device lease: GPU_CHECK_PYTEST_TIMEOUT (seconds) stops pytest and goes on to the
 # benchmarks; GPU_CHECK_BENCHES ("gemm norm implementations") runs only those benchmarks/NAME.py
 # (cast_bandwidth always runs); BENCH_TIMEOUT (default 300) bounds each benchmark.
 #
@@ -39,6 +40,10 @@ OUT="${1:-out}"
 shift || true
 PYTEST_ARGS=("$@")
 [[ ${#PYTEST_ARGS[@]} -gt 0 ]] || PYTEST_ARGS=(tests -x)
+# What no GPU has run yet runs first (tests/conftest.py orders by FP8JAX_TEST_FIRST), so that a
+# short lease still reaches it: the block-scaled GEMM on cuBLASLt (scale modes and layouts), the
+# block cast kernels and their fused forms, the layers under the block recipes.
+export FP8JAX_TEST_FIRST="${GPU_CHECK_FIRST-tests/ops/test_block_gemm.py tests/ops/test_block_fused.py tests/ops/test_block_scaling.py tests/test_block_layers.py tests/test_block_training.py}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python}"

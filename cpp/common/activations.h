@@ -84,17 +84,30 @@ FP8JAX_HD float Forward(float a, float b) {
   }
 }
 
-// The gradient for output gradient g: *da = g * act'(a) * b and
-// *db = g * act(a) (gated), or *da = g * act'(a).
+// The gradient's first half for output gradient g: g * act'(a) * b (gated),
+// or g * act'(a).
 template <int A, bool G>
-FP8JAX_HD void Backward(float g, float a, float b, float* da, float* db) {
+FP8JAX_HD float BackwardA(float g, float a, float b) {
   const float d = RnMul(g, DAct<A>(a));
   if constexpr (G) {
-    *da = RnMul(d, b);
-    *db = RnMul(g, Act<A>(a));
+    return RnMul(d, b);
   } else {
-    *da = d;
+    return d;
   }
+}
+
+// A gated gradient's second half: g * act(a).
+template <int A>
+FP8JAX_HD float BackwardB(float g, float a) {
+  return RnMul(g, Act<A>(a));
+}
+
+// The gradient for output gradient g: *da = BackwardA, and *db = BackwardB
+// when gated.
+template <int A, bool G>
+FP8JAX_HD void Backward(float g, float a, float b, float* da, float* db) {
+  *da = BackwardA<A, G>(g, a, b);
+  if constexpr (G) *db = BackwardB<A>(g, a);
 }
 
 // Whether (act, gated) is an activation the kernels have: a known code, and

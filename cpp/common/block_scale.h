@@ -87,13 +87,14 @@ FP8JAX_HD uint8_t E8m0Exponent(float amax, float fp8_max) {
 
 // The FP8 code of x under the E8M0 scale 2**(e - 127): x * 2**(127 - e), the multiplier applied
 // as two normal factors 2**lo and 2**(k - lo) (lo = floor(k / 2)), each product exact unless it
-// underflows. e = 255 (NaN scale) gives the format's NaN.
-template <typename F>
-FP8JAX_HD uint8_t MxQuantizeValue(float x, uint8_t e) {
+// underflows; `quantize(v, scale)` is the platform's code of v * scale (the CPU's QuantizeValue,
+// the GPU's conversion instruction: the same bits). e = 255 (NaN scale) gives the format's NaN.
+template <typename F, typename Quantize>
+FP8JAX_HD uint8_t MxQuantizeValue(float x, uint8_t e, Quantize quantize) {
   if (e == 0xFF) return F::kNanCode;
   const int k = 127 - static_cast<int>(e);
   const int lo = k >= 0 ? k / 2 : -((1 - k) / 2);
-  return QuantizeValue<F>(RnMul(x, Pow2(lo)), Pow2(k - lo));
+  return quantize(RnMul(x, Pow2(lo)), Pow2(k - lo));
 }
 
 // The float32 value of the inverse scale stored beside the codes: 1 / scale.
@@ -109,17 +110,24 @@ struct Cast {
   ScaleMode mode = ScaleMode::kPow2;
   float epsilon = 0.0f;
   bool transposed = false;  // codes [K, M], grid [ceil(K / bc), ceil(M / br)]
+  // Untransposed layout only: matrices come in runs of `interleave` whose rows are interleaved,
+  // [..., M, interleave, K] (a gated activation's gradient, [m, 2, n]); grid likewise.
+  int64_t interleave = 1;
 
   FP8JAX_HD int64_t GridRows() const { return (rows + br - 1) / br; }
   FP8JAX_HD int64_t GridCols() const { return (cols + bc - 1) / bc; }
   FP8JAX_HD int64_t GridSize() const { return GridRows() * GridCols(); }
   // Where block (i, j) of matrix g keeps its scale.
   FP8JAX_HD int64_t ScaleIndex(int64_t g, int64_t i, int64_t j) const {
-    return g * GridSize() + (transposed ? j * GridRows() + i : i * GridCols() + j);
+    if (transposed) return g * GridSize() + j * GridRows() + i;
+    const int64_t run = g / interleave, k = g % interleave;
+    return ((run * GridRows() + i) * interleave + k) * GridCols() + j;
   }
   // Where element (r, c) of matrix g keeps its code.
   FP8JAX_HD int64_t CodeIndex(int64_t g, int64_t r, int64_t c) const {
-    return g * rows * cols + (transposed ? c * rows + r : r * cols + c);
+    if (transposed) return g * rows * cols + c * rows + r;
+    const int64_t run = g / interleave, k = g % interleave;
+    return ((run * rows + r) * interleave + k) * cols + c;
   }
   // The CUDA kernel's kTile x kTile tiles.
   FP8JAX_HD int64_t TileRows() const { return (rows + kTile - 1) / kTile; }

@@ -1,20 +1,25 @@
-// CPU FFI handlers of the block-scaled casts: block_quantize and block_cast_transpose
-// (common/block_scale.h has the numerics and the layouts; fp8jax/ops/block_scaling.py the
-// references they equal bit for bit).
+// CPU FFI handlers of the block-scaled casts: block_quantize, block_cast_transpose and its fused
+// forms, block_cast_transpose_dbias, activation_block_cast_transpose and
+// dactivation_block_cast_transpose_dbias (common/block_scale.h has
+// the numerics and the layouts, common/block_sources.h what the fused forms quantize and the dbias
+// order; fp8jax/ops/block_scaling.py and block_fused.py the references they equal).
 //
-// Work is split by block rows: a task takes br rows of one matrix, finds the amax of each block
-// along them (one row-major pass), makes the scales, then writes the codes (row-major, or column
-// by column for the transposed layout, so the [K, M] codes are written in order).
+// Work is split by block rows: a task takes br rows of one matrix, computes their values once
+// (the source), finds the amax of each block along them, makes the scales, then writes the codes
+// (row-major, or column by column for the transposed layout, so the [K, M] codes are written in
+// order).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "common/block_scale.h"
+#include "common/block_sources.h"
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
 #include "common/op_table.h"
 #include "common/wide.h"
+#include "cpu/cpu_cast_transpose.h"  // ColumnTotals
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -22,26 +27,32 @@
 namespace fp8jax {
 namespace {
 
-template <WideKind W, typename F>
-void BlockCastCompute(ffi::ThreadPool* pool, const void* x, const block::Cast& c, uint8_t* q,
+using block::ActSource;
+using block::DActSource;
+using block::DirectSource;
+
+// One layout of a block-scaled cast of `src`'s values (block_sources.h).
+template <WideKind W, typename F, typename Source>
+void BlockCastCompute(ffi::ThreadPool* pool, const Source& src, const block::Cast& c, uint8_t* q,
                       void* scale_inv) {
   const int64_t grid_rows = c.GridRows(), grid_cols = c.GridCols();
   const int64_t strips = c.groups * grid_rows;
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, c.br * c.cols));
   ParallelFor(pool, strips, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> values(c.br * c.cols);  // the strip's values, computed once
     std::vector<uint32_t> amax(grid_cols);
     std::vector<float> scale(grid_cols);
     std::vector<uint8_t> expo(grid_cols);
     for (int64_t strip = begin; strip < end; ++strip) {
       const int64_t g = strip / grid_rows, i = strip % grid_rows;
       const int64_t r0 = i * c.br, r1 = std::min(c.rows, r0 + c.br);
-      const int64_t base = g * c.rows * c.cols;
       std::fill(amax.begin(), amax.end(), 0u);
       for (int64_t r = r0; r < r1; ++r) {
+        float* row = values.data() + (r - r0) * c.cols;
         for (int64_t col = 0; col < c.cols; ++col) {
-          const uint32_t a = block::AmaxBits(LoadWide<W>(x, base + r * c.cols + col));
+          row[col] = src(g, r, col);
           uint32_t& m = amax[col / c.bc];
-          m = std::max(m, a);
+          m = std::max(m, block::AmaxBits(row[col]));
         }
       }
       for (int64_t j = 0; j < grid_cols; ++j) {
@@ -57,10 +68,10 @@ void BlockCastCompute(ffi::ThreadPool* pool, const void* x, const block::Cast& c
         }
       }
       const auto code = [&](int64_t r, int64_t col) {
-        const float v = LoadWide<W>(x, base + r * c.cols + col);
+        const float v = values[(r - r0) * c.cols + col];
         const int64_t j = col / c.bc;
         q[c.CodeIndex(g, r, col)] = c.mode == block::ScaleMode::kE8m0
-                                        ? block::MxQuantizeValue<F>(v, expo[j])
+                                        ? block::MxQuantizeValue<F>(v, expo[j], QuantizeValue<F>)
                                         : QuantizeValue<F>(v, scale[j]);
       };
       if (c.transposed) {
@@ -76,11 +87,37 @@ void BlockCastCompute(ffi::ThreadPool* pool, const void* x, const block::Cast& c
   });
 }
 
+// Both layouts of the cast of `src` (q: blocks br x bc; q_t: bc x br of the transpose), and with
+// a dbias buffer its column sums: the tiles' partials (block::TileColumnSum) into `partial`
+// [groups, row tiles, cols], then the column totals in the order of the other dbias kernels.
+template <WideKind W, typename F, typename Source>
+void BlockCastBoth(ffi::ThreadPool* pool, const Source& src, const block::Cast& c,
+                   const block::Cast& ct, ffi::AnyBuffer& q, ffi::AnyBuffer& scale_inv,
+                   ffi::AnyBuffer& qt, ffi::AnyBuffer& scale_inv_t, float* dbias = nullptr,
+                   float* partial = nullptr) {
+  BlockCastCompute<W, F>(pool, src, c, static_cast<uint8_t*>(q.untyped_data()),
+                         scale_inv.untyped_data());
+  BlockCastCompute<W, F>(pool, src, ct, static_cast<uint8_t*>(qt.untyped_data()),
+                         scale_inv_t.untyped_data());
+  if (dbias == nullptr) return;
+  const int64_t tiles = (c.rows + block::kTile - 1) / block::kTile;
+  ParallelFor(pool, c.groups * tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t g = item / tiles, r0 = item % tiles * block::kTile;
+      for (int64_t col = 0; col < c.cols; ++col) {
+        partial[item * c.cols + col] = block::TileColumnSum(src, g, r0, c.rows, col);
+      }
+    }
+  });
+  ColumnTotals(pool, partial, c.groups, tiles, c.cols, dbias);
+}
+
 ffi::Error BlockCast(ffi::ThreadPool* pool, const char* op, const ffi::AnyBuffer& x,
                      const block::Cast& c, ffi::AnyBuffer& q, ffi::AnyBuffer& scale_inv) {
   return DispatchWideFp8(
       op, WideKindOf(x.element_type()), Fp8KindOf(q.element_type()), [&]<WideKind W, typename F>() {
-        BlockCastCompute<W, F>(pool, x.untyped_data(), c, static_cast<uint8_t*>(q.untyped_data()),
+        const DirectSource<W, ExactHalf> src{x.untyped_data(), c.rows, c.cols};
+        BlockCastCompute<W, F>(pool, src, c, static_cast<uint8_t*>(q.untyped_data()),
                                scale_inv.untyped_data());
         return ffi::Error::Success();
       });
@@ -99,11 +136,85 @@ ffi::Error BlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, int64_t bloc
                                   int64_t block_cols, int64_t scale_mode, float epsilon,
                                   sig::AnyOut q, sig::AnyOut scale_inv, sig::AnyOut qt,
                                   sig::AnyOut scale_inv_t) {
+  const char* op = kBlockCastTransposeOp;
   block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(x, block_rows, block_cols, scale_mode, epsilon, *q,
-                                                 *scale_inv, *qt, *scale_inv_t, &c, &ct));
-  FP8JAX_RETURN_IF_ERROR(BlockCast(&pool, kBlockCastTransposeOp, x, c, *q, *scale_inv));
-  return BlockCast(&pool, kBlockCastTransposeOp, x, ct, *qt, *scale_inv_t);
+  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
+                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           const DirectSource<W, ExactHalf> src{x.untyped_data(), c.rows, c.cols};
+                           BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt,
+                                               *scale_inv_t);
+                           return ffi::Error::Success();
+                         });
+}
+
+// The workspace arrives as the last operand and leaves, aliased, as the last result.
+ffi::Error BlockCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any x, sig::F32,
+                                       int64_t block_rows, int64_t block_cols, int64_t scale_mode,
+                                       float epsilon, sig::AnyOut q, sig::AnyOut scale_inv,
+                                       sig::AnyOut qt, sig::AnyOut scale_inv_t, sig::F32Out dbias,
+                                       sig::F32Out workspace) {
+  const char* op = kBlockCastTransposeDbiasOp;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
+                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
+  FP8JAX_RETURN_IF_ERROR(CheckBlockDbias(op, c, *dbias, workspace->element_count()));
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           const DirectSource<W, ExactHalf> src{x.untyped_data(), c.rows, c.cols};
+                           BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt, *scale_inv_t,
+                                               dbias->typed_data(), workspace->typed_data());
+                           return ffi::Error::Success();
+                         });
+}
+
+ffi::Error ActivationBlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, int64_t code,
+                                            int64_t gated, int64_t block_rows, int64_t block_cols,
+                                            int64_t scale_mode, float epsilon, sig::AnyOut q,
+                                            sig::AnyOut scale_inv, sig::AnyOut qt,
+                                            sig::AnyOut scale_inv_t) {
+  const char* op = kActivationBlockCastTransposeOp;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckActivationBlockCastTranspose(x, gated, block_rows, block_cols,
+                                                           scale_mode, epsilon, *q, *scale_inv, *qt,
+                                                           *scale_inv_t, &c, &ct));
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  return DispatchWideFp8(
+      op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+      [&]<WideKind W, typename F>() {
+        return act::Dispatch(code, gated, [&]<int A, bool G>() {
+          const ActSource<W, ExactHalf, A, G> src{x.untyped_data(), c.rows, c.cols};
+          BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt, *scale_inv_t);
+          return ffi::Error::Success();
+        });
+      });
+}
+
+ffi::Error DActivationBlockCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x,
+                                                  sig::F32, int64_t code, int64_t gated,
+                                                  int64_t block_rows, int64_t block_cols,
+                                                  int64_t scale_mode, float epsilon, sig::AnyOut q,
+                                                  sig::AnyOut scale_inv, sig::AnyOut qt,
+                                                  sig::AnyOut scale_inv_t, sig::F32Out dbias,
+                                                  sig::F32Out workspace) {
+  const char* op = kDActivationBlockCastTransposeDbiasOp;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckDActivationBlockCastTransposeDbias(
+      g, x, gated, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt, *scale_inv_t,
+      *dbias, workspace->element_count(), &c, &ct));
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           return act::Dispatch(code, gated, [&]<int A, bool G>() {
+                             const DActSource<W, ExactHalf, A, G> src{
+                                 g.untyped_data(), x.untyped_data(), c.rows, c.cols};
+                             BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt,
+                                                 *scale_inv_t, dbias->typed_data(),
+                                                 workspace->typed_data());
+                             return ffi::Error::Success();
+                           });
+                         });
 }
 
 }  // namespace
@@ -111,3 +222,7 @@ ffi::Error BlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, int64_t bloc
 
 FP8JAX_CPU_HANDLER(BlockQuantize, fp8jax::BlockQuantizeImpl);
 FP8JAX_CPU_HANDLER(BlockCastTranspose, fp8jax::BlockCastTransposeImpl);
+FP8JAX_CPU_HANDLER(BlockCastTransposeDbias, fp8jax::BlockCastTransposeDbiasImpl);
+FP8JAX_CPU_HANDLER(ActivationBlockCastTranspose, fp8jax::ActivationBlockCastTransposeImpl);
+FP8JAX_CPU_HANDLER(DActivationBlockCastTransposeDbias,
+                   fp8jax::DActivationBlockCastTransposeDbiasImpl);

@@ -95,6 +95,36 @@ class StripSum {
   int64_t n_ = 0;
 };
 
+// dbias[m][c] from the partial rows `partial` [matrices, strips, cols] (one per 128-row tile),
+// added in plan::ColumnLane order (interleaved lanes, then the lanes in order: the CUDA pass 2's
+// order); blocks of columns in parallel. A NaN total is stored canonical.
+inline void ColumnTotals(ffi::ThreadPool* pool, const float* partial, int64_t matrices,
+                         int64_t strips, int64_t cols, float* dbias) {
+  constexpr int64_t kCols = 256;
+  const int64_t col_blocks = (cols + kCols - 1) / kCols;
+  ParallelFor(pool, matrices * col_blocks, std::max<int64_t>(1, kGrain / (kCols * strips + 1)),
+              [&](int64_t begin, int64_t end) {
+                float lanes[plan::kColumnLanes][kCols];
+                for (int64_t i = begin; i < end; ++i) {
+                  const int64_t m = i / col_blocks;
+                  const int64_t c0 = (i % col_blocks) * kCols;
+                  const int64_t n = std::min(kCols, cols - c0);
+                  for (auto& lane : lanes) std::fill(lane, lane + n, 0.0f);
+                  for (int64_t st = 0; st < strips; ++st) {
+                    const float* p = partial + (m * strips + st) * cols + c0;
+                    float* lane = lanes[plan::ColumnLane(st)];
+                    for (int64_t c = 0; c < n; ++c) lane[c] += p[c];
+                  }
+                  float* out = dbias + m * cols + c0;
+                  std::fill(out, out + n, 0.0f);
+                  for (const auto& lane : lanes) {
+                    for (int64_t c = 0; c < n; ++c) out[c] += lane[c];
+                  }
+                  for (int64_t c = 0; c < n; ++c) out[c] = CanonicalNan(out[c]);
+                }
+              });
+}
+
 // The engine. `src` is DirectRows or a prologue with
 //   void Row(int64_t matrix, int64_t r, void* out) const
 // that writes the `cols` wide values of row r of `matrix` to `out`.
@@ -144,32 +174,7 @@ void CastTransposeRows(ffi::ThreadPool* pool, const Source& src, const CastTrans
     o.amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
     o.scale_inv[g] = ScaleInverse(o.scale[g]);
   }
-  if (o.dbias == nullptr) return;
-  // The strips' partials, added in plan::ColumnLane order (interleaved lanes, then the lanes
-  // in order: the CUDA pass 2's order); blocks of columns in parallel.
-  constexpr int64_t kCols = 256;
-  const int64_t col_blocks = (s.cols + kCols - 1) / kCols;
-  ParallelFor(pool, s.matrices * col_blocks, std::max<int64_t>(1, kGrain / (kCols * strips + 1)),
-              [&](int64_t begin, int64_t end) {
-                float lanes[plan::kColumnLanes][kCols];
-                for (int64_t i = begin; i < end; ++i) {
-                  const int64_t m = i / col_blocks;
-                  const int64_t c0 = (i % col_blocks) * kCols;
-                  const int64_t n = std::min(kCols, s.cols - c0);
-                  for (auto& lane : lanes) std::fill(lane, lane + n, 0.0f);
-                  for (int64_t st = 0; st < strips; ++st) {
-                    const float* p = partial + (m * strips + st) * s.cols + c0;
-                    float* lane = lanes[plan::ColumnLane(st)];
-                    for (int64_t c = 0; c < n; ++c) lane[c] += p[c];
-                  }
-                  float* out = o.dbias + m * s.cols + c0;
-                  std::fill(out, out + n, 0.0f);
-                  for (const auto& lane : lanes) {
-                    for (int64_t c = 0; c < n; ++c) out[c] += lane[c];
-                  }
-                  for (int64_t c = 0; c < n; ++c) out[c] = CanonicalNan(out[c]);
-                }
-              });
+  if (o.dbias != nullptr) ColumnTotals(pool, partial, s.matrices, strips, s.cols, o.dbias);
 }
 
 }  // namespace fp8jax

@@ -1,9 +1,13 @@
-// CUDA FFI handlers of the block-scaled casts: block_quantize and block_cast_transpose (same
-// targets and bits as cpp/cpu/cpu_block_scaling.cc; the numerics and layouts are
-// common/block_scale.h's).
+// CUDA FFI handlers of the block-scaled casts: block_quantize, block_cast_transpose and its fused
+// forms, block_cast_transpose_dbias, activation_block_cast_transpose and
+// dactivation_block_cast_transpose_dbias (same targets and bits as
+// cpp/cpu/cpu_block_scaling.cc; the numerics and layouts are common/block_scale.h's, what the
+// fused forms quantize and the dbias order common/block_sources.h's).
 //
-// One kernel, BlockCastKernel, writes one layout: each thread block walks 128 x 128 tiles of x
-// (whole blocks each, as block::KernelBlock requires) in three steps, with a barrier between them:
+// One kernel, BlockCastKernel, writes one layout of the values of a source (x, or the activation
+// of the MLP's first GEMM output or its gradient, computed as it is read): each thread block walks
+// 128 x 128 tiles (whole blocks each, as block::KernelBlock requires) in three steps, with a
+// barrier between them:
 //   1. amax: the tile is cut into units of br rows x 32 columns, one warp per unit; each lane
 //      takes the max down its column (a warp reads 32 consecutive elements of a row at a time)
 //      and the lanes of one block combine theirs with xor shuffles; one lane per block and unit
@@ -13,20 +17,26 @@
 //      scale in shared memory;
 //   3. codes: row-major over the tile for the [M, K] layout; column by column for the transposed
 //      [K, M] layout, so that a warp writes 32 consecutive codes (the reads hit the tile step 1
-//      brought into the cache).
-// block_cast_transpose launches it twice: the blocks br x bc into q, and bc x br transposed into
-// q_t. Ragged edges: elements past the matrix count as 0 for the amax and are not written.
+//      brought into the cache);
+//   4. with dbias, in the [M, K] launch only: one thread per column adds the tile's rows in the
+//      dbias order into the workspace (a warp reads 32 consecutive elements of a row at a time);
+//      the column totals kernel of the other dbias ops adds the tiles.
+// The two-layout ops launch it twice: the blocks br x bc into q, and bc x br transposed into q_t
+// (a fused source is computed once per layout, never stored). Ragged edges: elements past the
+// matrix count as 0 for the amax and are not written.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "common/block_scale.h"
+#include "common/block_sources.h"
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
 #include "common/op_table.h"
 #include "common/wide.h"
+#include "cuda/cuda_column_totals.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
@@ -34,6 +44,10 @@
 
 namespace fp8jax {
 namespace {
+
+using block::ActSource;
+using block::DActSource;
+using block::DirectSource;
 
 constexpr int kTile = static_cast<int>(block::kTile);
 constexpr int kBlockThreads = 256;
@@ -43,21 +57,18 @@ constexpr int kUnitCols = 32;
 // The code of x under its block's scale (f32 modes: the scale; E8M0: the exponent's bits).
 template <typename F>
 __device__ __forceinline__ uint8_t BlockCode(float x, uint32_t scale_bits, bool e8m0) {
-  if (!e8m0) return CvtFp8<F>(x, __uint_as_float(scale_bits));
-  const uint8_t e = static_cast<uint8_t>(scale_bits);
-  if (e == 0xFF) return F::kNanCode;
-  const int k = 127 - static_cast<int>(e);
-  const int lo = k >= 0 ? k / 2 : -((1 - k) / 2);
-  return CvtFp8<F>(RnMul(x, block::Pow2(lo)), block::Pow2(k - lo));
+  const auto cvt = [](float v, float s) { return CvtFp8<F>(v, s); };
+  if (!e8m0) return cvt(x, __uint_as_float(scale_bits));
+  return block::MxQuantizeValue<F>(x, static_cast<uint8_t>(scale_bits), cvt);
 }
 
 // At least 4 resident blocks per SM (64 registers a thread): without the bound, ptxas for sm_121
 // kept the float16 instances at 40 registers and spilled 4 bytes.
-template <WideKind W, typename F>
+template <WideKind W, typename F, typename Source>
 __global__ void __launch_bounds__(kBlockThreads, 4)
-    BlockCastKernel(const void* __restrict__ x, uint8_t* __restrict__ q,
-                    void* __restrict__ scale_inv, block::Cast c) {
-  __shared__ uint32_t partial[block::kMaxTileBlocks];
+    BlockCastKernel(Source src, uint8_t* __restrict__ q, void* __restrict__ scale_inv,
+                    block::Cast c, float* __restrict__ partial) {
+  __shared__ uint32_t maxima[block::kMaxTileBlocks];
   __shared__ uint32_t scale_bits[block::kMaxTileBlocks];
   const int br = static_cast<int>(c.br), bc = static_cast<int>(c.bc);
   const int lanes_per_block = bc < kUnitCols ? bc : kUnitCols;  // lanes of a unit in one block
@@ -71,7 +82,6 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
     const int64_t g = t / tiles_per_matrix;
     const int64_t r0 = (t % tiles_per_matrix) / c.TileCols() * kTile;
     const int64_t c0 = t % c.TileCols() * kTile;
-    const int64_t base = g * c.rows * c.cols;
     // 1. each unit's partial block maxima
     for (int u = warp; u < units; u += kWarps) {
       const int64_t row = r0 + u / (kTile / kUnitCols) * br;
@@ -79,7 +89,7 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
       uint32_t m = 0;
       for (int r = 0; r < br; ++r) {
         if (row + r < c.rows && col < c.cols) {
-          m = max(m, block::AmaxBits(LoadWide<W, FastHalf>(x, base + (row + r) * c.cols + col)));
+          m = max(m, block::AmaxBits(src(g, row + r, col)));
         }
       }
       for (int width = 1; width < lanes_per_block; width *= 2) {
@@ -91,7 +101,7 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
         // consecutive words, and step 2's threads read consecutive words
         const int i = u / (kTile / kUnitCols), col0 = u % (kTile / kUnitCols) * kUnitCols + lane;
         const int k = bc > kUnitCols ? col0 % bc / kUnitCols : 0;
-        partial[k * tile_blocks + i * blocks_per_row + col0 / bc] = m;
+        maxima[k * tile_blocks + i * blocks_per_row + col0 / bc] = m;
       }
     }
     __syncthreads();
@@ -100,7 +110,7 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
     for (int b = static_cast<int>(threadIdx.x); b < tile_blocks; b += kBlockThreads) {
       const int i = b / blocks_per_row, j = b % blocks_per_row;
       uint32_t m = 0;
-      for (int k = 0; k < parts; ++k) m = max(m, partial[k * tile_blocks + b]);
+      for (int k = 0; k < parts; ++k) m = max(m, maxima[k * tile_blocks + b]);
       const float amax = __uint_as_float(m);
       const int64_t gi = r0 / br + i, gj = c0 / bc + j;
       const bool in_grid = gi < c.GridRows() && gj < c.GridCols();
@@ -122,48 +132,154 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
       const int r = c.transposed ? e % kTile : e / kTile;
       const int col = c.transposed ? e / kTile : e % kTile;
       if (r0 + r < c.rows && c0 + col < c.cols) {
-        const float v = LoadWide<W, FastHalf>(x, base + (r0 + r) * c.cols + c0 + col);
+        const float v = src(g, r0 + r, c0 + col);
         const uint32_t s = scale_bits[r / br * blocks_per_row + col / bc];
         q[c.CodeIndex(g, r0 + r, c0 + col)] = BlockCode<F>(v, s, e8m0);
       }
     }
-    __syncthreads();  // the next tile reuses partial and scale_bits
+    // 4. with dbias (the untransposed launch): the tile's column sums, one thread per column
+    if (partial != nullptr) {
+      for (int col = static_cast<int>(threadIdx.x); col < kTile; col += kBlockThreads) {
+        if (c0 + col < c.cols) {
+          partial[(g * c.TileRows() + r0 / kTile) * c.cols + c0 + col] =
+              block::TileColumnSum(src, g, r0, c.rows, c0 + col);
+        }
+      }
+    }
+    __syncthreads();  // the next tile reuses maxima and scale_bits
   }
 }
 
-ffi::Error BlockCast(cudaStream_t stream, const char* op, const ffi::AnyBuffer& x,
-                     const block::Cast& c, ffi::AnyBuffer& q, ffi::AnyBuffer& scale_inv) {
+// One layout of the cast of `src` (with `partial`: and the tiles' dbias partials).
+template <WideKind W, typename F, typename Source>
+ffi::Error BlockCast(cudaStream_t stream, const char* op, const Source& src, const block::Cast& c,
+                     ffi::AnyBuffer& q, ffi::AnyBuffer& scale_inv, float* partial = nullptr) {
   if (c.Tiles() == 0) return ffi::Error::Success();
-  return DispatchWideFp8(
-      op, WideKindOf(x.element_type()), Fp8KindOf(q.element_type()), [&]<WideKind W, typename F>() {
-        auto* kernel = BlockCastKernel<W, F>;
-        int64_t resident = 0;
-        FP8JAX_RETURN_IF_ERROR(
-            ResidentBlocks(op, reinterpret_cast<const void*>(kernel), kBlockThreads, &resident));
-        const int64_t grid = c.Tiles() < resident ? c.Tiles() : resident;
-        return Launch(op, kernel, grid, kBlockThreads, stream, x.untyped_data(),
-                      static_cast<uint8_t*>(q.untyped_data()), scale_inv.untyped_data(), c);
-      });
+  auto* kernel = BlockCastKernel<W, F, Source>;
+  int64_t resident = 0;
+  FP8JAX_RETURN_IF_ERROR(
+      ResidentBlocks(op, reinterpret_cast<const void*>(kernel), kBlockThreads, &resident));
+  const int64_t grid = c.Tiles() < resident ? c.Tiles() : resident;
+  return Launch(op, kernel, grid, kBlockThreads, stream, src,
+                static_cast<uint8_t*>(q.untyped_data()), scale_inv.untyped_data(), c, partial);
+}
+
+// Both layouts of the cast of `src`, and with `dbias` its column sums (the partials from the
+// first launch, then the column totals kernel of the other dbias ops: the same order).
+template <WideKind W, typename F, typename Source>
+ffi::Error BlockCastBoth(cudaStream_t stream, const char* op, const Source& src,
+                         const block::Cast& c, const block::Cast& ct, ffi::AnyBuffer& q,
+                         ffi::AnyBuffer& scale_inv, ffi::AnyBuffer& qt, ffi::AnyBuffer& scale_inv_t,
+                         float* dbias = nullptr, float* partial = nullptr) {
+  const auto rows = BlockCast<W, F>(stream, op, src, c, q, scale_inv, partial);
+  FP8JAX_RETURN_IF_ERROR(rows);
+  const auto cols = BlockCast<W, F>(stream, op, src, ct, qt, scale_inv_t);
+  FP8JAX_RETURN_IF_ERROR(cols);
+  if (dbias == nullptr) return ffi::Error::Success();
+  TotalsArgs t;
+  t.in = partial;
+  t.matrices = c.groups;
+  t.stride_rows = t.rows = c.TileRows();
+  t.cols = t.split = c.cols;
+  t.out0 = dbias;
+  return LaunchColumnTotals(op, stream, t);
 }
 
 ffi::Error BlockQuantizeImpl(cudaStream_t stream, sig::Any x, int64_t block_rows,
                              int64_t block_cols, int64_t scale_mode, float epsilon, sig::AnyOut q,
                              sig::AnyOut scale_inv) {
+  const char* op = kBlockQuantizeOp;
   block::Cast c;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCast(kBlockQuantizeOp, x, block_rows, block_cols, scale_mode,
-                                        epsilon, *q, *scale_inv, &c));
-  return BlockCast(stream, kBlockQuantizeOp, x, c, *q, *scale_inv);
+  FP8JAX_RETURN_IF_ERROR(
+      CheckBlockCast(op, x, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, &c));
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           const DirectSource<W, FastHalf> src{x.untyped_data(), c.rows, c.cols};
+                           return BlockCast<W, F>(stream, op, src, c, *q, *scale_inv);
+                         });
 }
 
 ffi::Error BlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int64_t block_rows,
                                   int64_t block_cols, int64_t scale_mode, float epsilon,
                                   sig::AnyOut q, sig::AnyOut scale_inv, sig::AnyOut qt,
                                   sig::AnyOut scale_inv_t) {
+  const char* op = kBlockCastTransposeOp;
   block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(x, block_rows, block_cols, scale_mode, epsilon, *q,
-                                                 *scale_inv, *qt, *scale_inv_t, &c, &ct));
-  FP8JAX_RETURN_IF_ERROR(BlockCast(stream, kBlockCastTransposeOp, x, c, *q, *scale_inv));
-  return BlockCast(stream, kBlockCastTransposeOp, x, ct, *qt, *scale_inv_t);
+  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
+                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           const DirectSource<W, FastHalf> src{x.untyped_data(), c.rows, c.cols};
+                           return BlockCastBoth<W, F>(stream, op, src, c, ct, *q, *scale_inv, *qt,
+                                                      *scale_inv_t);
+                         });
+}
+
+// The workspace arrives as the last operand and leaves, aliased, as the last result; it is
+// written through the result.
+ffi::Error BlockCastTransposeDbiasImpl(cudaStream_t stream, sig::Any x, sig::F32,
+                                       int64_t block_rows, int64_t block_cols, int64_t scale_mode,
+                                       float epsilon, sig::AnyOut q, sig::AnyOut scale_inv,
+                                       sig::AnyOut qt, sig::AnyOut scale_inv_t, sig::F32Out dbias,
+                                       sig::F32Out workspace) {
+  const char* op = kBlockCastTransposeDbiasOp;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
+                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
+  FP8JAX_RETURN_IF_ERROR(CheckBlockDbias(op, c, *dbias, workspace->element_count()));
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           const DirectSource<W, FastHalf> src{x.untyped_data(), c.rows, c.cols};
+                           return BlockCastBoth<W, F>(stream, op, src, c, ct, *q, *scale_inv, *qt,
+                                                      *scale_inv_t, dbias->typed_data(),
+                                                      workspace->typed_data());
+                         });
+}
+
+ffi::Error ActivationBlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int64_t code,
+                                            int64_t gated, int64_t block_rows, int64_t block_cols,
+                                            int64_t scale_mode, float epsilon, sig::AnyOut q,
+                                            sig::AnyOut scale_inv, sig::AnyOut qt,
+                                            sig::AnyOut scale_inv_t) {
+  const char* op = kActivationBlockCastTransposeOp;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckActivationBlockCastTranspose(x, gated, block_rows, block_cols,
+                                                           scale_mode, epsilon, *q, *scale_inv, *qt,
+                                                           *scale_inv_t, &c, &ct));
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  return DispatchWideFp8(
+      op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+      [&]<WideKind W, typename F>() {
+        return act::Dispatch(code, gated, [&]<int A, bool G>() {
+          const ActSource<W, FastHalf, A, G> src{x.untyped_data(), c.rows, c.cols};
+          return BlockCastBoth<W, F>(stream, op, src, c, ct, *q, *scale_inv, *qt, *scale_inv_t);
+        });
+      });
+}
+
+ffi::Error DActivationBlockCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::Any x,
+                                                  sig::F32, int64_t code, int64_t gated,
+                                                  int64_t block_rows, int64_t block_cols,
+                                                  int64_t scale_mode, float epsilon, sig::AnyOut q,
+                                                  sig::AnyOut scale_inv, sig::AnyOut qt,
+                                                  sig::AnyOut scale_inv_t, sig::F32Out dbias,
+                                                  sig::F32Out workspace) {
+  const char* op = kDActivationBlockCastTransposeDbiasOp;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckDActivationBlockCastTransposeDbias(
+      g, x, gated, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt, *scale_inv_t,
+      *dbias, workspace->element_count(), &c, &ct));
+  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           return act::Dispatch(code, gated, [&]<int A, bool G>() {
+                             const DActSource<W, FastHalf, A, G> src{
+                                 g.untyped_data(), x.untyped_data(), c.rows, c.cols};
+                             return BlockCastBoth<W, F>(stream, op, src, c, ct, *q, *scale_inv, *qt,
+                                                        *scale_inv_t, dbias->typed_data(),
+                                                        workspace->typed_data());
+                           });
+                         });
 }
 
 }  // namespace
@@ -171,3 +287,7 @@ ffi::Error BlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int64_t block
 
 FP8JAX_CUDA_HANDLER(BlockQuantize, fp8jax::BlockQuantizeImpl);
 FP8JAX_CUDA_HANDLER(BlockCastTranspose, fp8jax::BlockCastTransposeImpl);
+FP8JAX_CUDA_HANDLER(BlockCastTransposeDbias, fp8jax::BlockCastTransposeDbiasImpl);
+FP8JAX_CUDA_HANDLER(ActivationBlockCastTranspose, fp8jax::ActivationBlockCastTransposeImpl);
+FP8JAX_CUDA_HANDLER(DActivationBlockCastTransposeDbias,
+                    fp8jax::DActivationBlockCastTransposeDbiasImpl);

@@ -15,6 +15,17 @@ from fp8jax.ops.activation import (
     dactivation_cast_transpose_dbias_reference,
     dactivation_reference,
 )
+from fp8jax.ops.block_fused import (
+    activation_block_cast_transpose,
+    activation_block_cast_transpose_reference,
+    activation_mxfp8_cast_transpose,
+    block_cast_transpose_dbias,
+    block_cast_transpose_dbias_reference,
+    dactivation_block_cast_transpose_dbias,
+    dactivation_block_cast_transpose_dbias_reference,
+    dactivation_mxfp8_cast_transpose_dbias,
+    mxfp8_cast_transpose_dbias,
+)
 from fp8jax.ops.block_scaling import (
     block_cast_transpose,
     block_cast_transpose_reference,
@@ -53,10 +64,15 @@ from fp8jax.ops.scaling import update_fp8_state, update_fp8_states, update_fp8_s
 
 __all__ = [
     "activation",
+    "activation_block_cast_transpose",
+    "activation_block_cast_transpose_reference",
     "activation_cast_transpose",
     "activation_cast_transpose_reference",
+    "activation_mxfp8_cast_transpose",
     "activation_reference",
     "block_cast_transpose",
+    "block_cast_transpose_dbias",
+    "block_cast_transpose_dbias_reference",
     "block_cast_transpose_reference",
     "block_dequantize",
     "block_gemm",
@@ -69,8 +85,11 @@ __all__ = [
     "cast_transpose_dbias_reference",
     "cast_transpose_reference",
     "dactivation",
+    "dactivation_block_cast_transpose_dbias",
+    "dactivation_block_cast_transpose_dbias_reference",
     "dactivation_cast_transpose_dbias",
     "dactivation_cast_transpose_dbias_reference",
+    "dactivation_mxfp8_cast_transpose_dbias",
     "dactivation_reference",
     "dequantize",
     "dequantize_reference",
@@ -80,6 +99,7 @@ __all__ = [
     "implementation",
     "layernorm",
     "mxfp8_cast_transpose",
+    "mxfp8_cast_transpose_dbias",
     "mxfp8_quantize",
     "norm_backward",
     "norm_backward_reference",

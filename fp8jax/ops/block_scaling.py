@@ -340,8 +340,11 @@ def kernel_block(block: tuple[int, int]) -> bool:
     return all(0 < b <= 128 and b & (b - 1) == 0 for b in block) and block[0] * block[1] >= 32
 
 
-def _run(op, owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementation):
-    x = _checks.wide_array(owner, "x", x)
+def _run(op, owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementation, arg="x",
+         extra_operands=(), **extra):  # fmt: skip
+    """Checks the arguments of a block-scaled cast op and calls it on ``x`` and
+    ``extra_operands`` (``extra``: the op's other static parameters)."""
+    x = _checks.wide_array(owner, arg, x)
     dt = _checks.fp8_dtype_arg(owner, "fp8_dtype", fp8_dtype)
     eps = float(amax_epsilon)
     if not (np.isfinite(eps) and eps >= 0):
@@ -354,8 +357,8 @@ def _run(op, owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementatio
             )
         implementation = "xla"
     return op(
-        x, fp8_dtype=dt, block=block, scale_mode=scale_mode, amax_epsilon=eps,
-        implementation=implementation,
+        x, *extra_operands, fp8_dtype=dt, block=block, scale_mode=scale_mode, amax_epsilon=eps,
+        implementation=implementation, **extra,
     )  # fmt: skip
 
 

@@ -49,6 +49,10 @@ def test_block_recipes_meet_their_targets(name, recipe):
     assert structure.block_failures(r) == [], c
     assert c["casts"] == c["casts_expected"]
     assert set(c["custom_calls"]) >= {"fp8jax_block_cast_transpose", "fp8jax_gemm"}
+    if name != "dense":  # the MLP's activation, its gradient and dbias: fused into their casts
+        assert c["custom_calls"]["fp8jax_activation_block_cast_transpose"] == 1
+        assert c["custom_calls"]["fp8jax_dactivation_block_cast_transpose_dbias"] == 1
+        assert c["custom_calls"]["fp8jax_block_cast_transpose_dbias"] >= 1
     assert 0 < c["gemms"] <= c["gemms_expected"]  # cuBLASLt's block-scaled GEMM (block_gemm)
 
 
@@ -64,9 +68,10 @@ def test_block_recipes_residual_bytes(recipe):
 
 def test_a_block_recipe_regression_fails():
     layer = {"gemms": 0, "gemms_expected": 6, "casts": 7, "casts_expected": 6,
-             "fp8_xla_transposes": 1, "fp8_xla_casts": 0, "state_updates": 0}  # fmt: skip
+             "fp8_xla_transposes": 1, "fp8_xla_casts": 0, "state_updates": 0,
+             "custom_calls": {"fp8jax_activation": 1}}  # fmt: skip
     bad = {"block": {"layers": {"dense": layer}, "residual_ratio": 0.7}}
-    assert len(structure.block_failures({"block_recipes": bad})) == 4
+    assert len(structure.block_failures({"block_recipes": bad})) == 5
 
 
 def test_suite_lists_and_summarises_the_benchmarks():

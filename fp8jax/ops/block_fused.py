@@ -1,0 +1,348 @@
+"""Block-scaled casts fused with what precedes them in a layer: the bias gradient
+(``block_cast_transpose_dbias``), the MLP's activation (``activation_block_cast_transpose``) and
+its gradient with the bias gradient (``dactivation_block_cast_transpose_dbias``).
+
+They are the block-scaled forms of :func:`~fp8jax.ops.cast_transpose_dbias`,
+:func:`~fp8jax.ops.activation_cast_transpose` and
+:func:`~fp8jax.ops.dactivation_cast_transpose_dbias`: the same values quantized as
+:func:`~fp8jax.ops.block_cast_transpose` quantizes them (both layouts, each with its own scale
+grid), in one op, so a GPU reads the high-precision tensor once per layout and never writes the
+activation out in high precision. The kernels (``cpp/common/block_sources.h``) compute the
+fused value as they read it: the activation rounded once to the input dtype, exactly as
+:func:`~fp8jax.ops.activation` returns it, so each op equals its unfused chain bit for bit
+within one implementation. dbias is the float32 column sums of ``g`` in the fixed order of the
+other dbias kernels (docs/numerics.md, "dbias: a fixed summation order"): the same bits as
+:func:`~fp8jax.ops.cast_transpose_dbias`'s dbias.
+
+Sharding: as :func:`~fp8jax.ops.block_cast_transpose` (a split dim must leave whole blocks on
+each device); dbias is summed with one ``psum`` over the axes that split the rows, and the
+activation's ``k`` dim (the gated pair) is never split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax.ops import _checks, _opdef
+from fp8jax.ops.activation import _attrs as _act_attrs
+from fp8jax.ops.activation import (
+    _g_arg,
+    activation_reference,
+    activations_arg,
+    dactivation_reference,
+)
+from fp8jax.ops.block_scaling import (
+    _E8M0,
+    _F32,
+    _POW2,
+    BLOCK_1D,
+    MXFP8_BLOCK,
+    _attrs,
+    _cast_transpose_coarse,
+    _cast_transpose_factors,
+    _cast_transpose_outputs,
+    _check_block,
+    _grid_shape,
+    _run,
+    _scale_dtype,
+    block_cast_transpose_reference,
+)
+from fp8jax.ops.cast_transpose import dbias_workspace
+
+__all__ = [
+    "activation_block_cast_transpose",
+    "activation_block_cast_transpose_reference",
+    "activation_mxfp8_cast_transpose",
+    "block_cast_transpose_dbias",
+    "block_cast_transpose_dbias_reference",
+    "dactivation_block_cast_transpose_dbias",
+    "dactivation_block_cast_transpose_dbias_reference",
+    "dactivation_mxfp8_cast_transpose_dbias",
+    "mxfp8_cast_transpose_dbias",
+]
+
+
+def block_cast_transpose_dbias_reference(
+    g: jax.Array, *, fp8_dtype: Any, block: tuple[int, int], scale_mode: int, amax_epsilon: float
+) -> tuple[jax.Array, ...]:
+    """Pure-jnp reference of :func:`block_cast_transpose_dbias`: ``block_cast_transpose`` of
+    ``g`` [..., m, n] and the float32 column sums of ``g``."""
+    kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=amax_epsilon)
+    return (*block_cast_transpose_reference(g, **kw), jnp.sum(g.astype(jnp.float32), axis=-2))
+
+
+def activation_block_cast_transpose_reference(
+    x: jax.Array, *, fp8_dtype: Any, block: tuple[int, int], scale_mode: int,
+    amax_epsilon: float, activations: tuple[str, ...],
+) -> tuple[jax.Array, ...]:  # fmt: skip
+    """Pure-jnp reference of :func:`activation_block_cast_transpose`: ``block_cast_transpose``
+    of :func:`~fp8jax.ops.activation` of ``x`` [..., m, k, n] (in ``x``'s dtype)."""
+    kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=amax_epsilon)
+    return block_cast_transpose_reference(activation_reference(x, activations), **kw)
+
+
+def dactivation_block_cast_transpose_dbias_reference(
+    g: jax.Array, x: jax.Array, *, fp8_dtype: Any, block: tuple[int, int], scale_mode: int,
+    amax_epsilon: float, activations: tuple[str, ...],
+) -> tuple[jax.Array, ...]:  # fmt: skip
+    """Pure-jnp reference of :func:`dactivation_block_cast_transpose_dbias`: the gradient ``dx =``
+    :func:`~fp8jax.ops.dactivation` ``(g, x)`` [..., m, k, n], each half ``dx[..., :, j, :]``
+    cast by ``block_cast_transpose`` as its own matrix, stacked as ``q [..., m, k, n]``, grid
+    ``[..., mb, k, nb]``, ``q_t [..., k, n, m]``, grid ``[..., k, n, mb_t]``; ``dbias [..., k, n]``
+    the float32 sums of ``dx`` over ``m``."""
+    dx = dactivation_reference(g, x, activations)
+    kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=amax_epsilon)
+    q, s, q_t, s_t = block_cast_transpose_reference(jnp.moveaxis(dx, -2, -3), **kw)
+    dbias = jnp.sum(dx.astype(jnp.float32), axis=-3)
+    return jnp.moveaxis(q, -3, -2), jnp.moveaxis(s, -3, -2), q_t, s_t, dbias
+
+
+def _act_outputs(x, *, fp8_dtype, block, scale_mode, activations, **_):
+    """``q [m, n]``, its grid, ``q_t [n, m]``, its grid, of ``x [..., m, k, n]``."""
+    lead, (m, n) = x.shape[:-3], (x.shape[-3], x.shape[-1])
+    sdt = _scale_dtype(scale_mode)
+    return (
+        _opdef.like(x, fp8_dtype, dims=(-3, -1)),
+        _opdef.like(x, sdt, shape=_grid_shape((*lead, m, n), block), dims=(-3, -1)),
+        _opdef.like(x, fp8_dtype, dims=(-1, -3)),
+        _opdef.like(x, sdt, shape=_grid_shape((*lead, n, m), block), dims=(-1, -3)),
+    )
+
+
+_BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+    name="block_cast_transpose_dbias",
+    family="cast",
+    target="fp8jax_block_cast_transpose_dbias",
+    reference=block_cast_transpose_dbias_reference,
+    outputs=lambda g, **kw: (
+        *_cast_transpose_outputs(g, **kw),
+        _opdef.like(g, jnp.float32, dims=(-1,), core=2),
+    ),
+    factors=lambda g_ndim: (
+        _cast_transpose_factors(g_ndim)[0],
+        [*_cast_transpose_factors(g_ndim)[1], "k"],
+    ),
+    attrs=_attrs,
+    coarse=_cast_transpose_coarse,
+    sum_over={4: 0},  # dbias: the sum over g's rows, psum-ed over the axes that split them
+    workspace=lambda g, **_: dbias_workspace(g, g.shape[-1]),
+)
+
+
+def _dact_outputs(g, x, *, fp8_dtype, block, scale_mode, **_):
+    """``q [m, k, n]``, its grid ``[mb, k, nb]``, ``q_t [k, n, m]``, its grid, dbias ``[k, n]``."""
+    lead, (m, k, n) = x.shape[:-3], x.shape[-3:]
+    sdt = _scale_dtype(scale_mode)
+    (mb, nb), (nt, mt) = _grid_shape((m, n), block), _grid_shape((n, m), block)
+    return (
+        _opdef.like(x, fp8_dtype),
+        _opdef.like(x, sdt, shape=(*lead, mb, k, nb), dims=(-3, -2, -1)),
+        _opdef.like(x, fp8_dtype, dims=(-2, -1, -3)),
+        _opdef.like(x, sdt, shape=(*lead, k, nt, mt), dims=(-2, -1, -3)),
+        _opdef.like(x, jnp.float32, dims=(-2, -1), core=3),
+    )
+
+
+_ACTIVATION_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
+    name="activation_block_cast_transpose",
+    family="activation",
+    target="fp8jax_activation_block_cast_transpose",
+    reference=activation_block_cast_transpose_reference,
+    outputs=_act_outputs,
+    factors=lambda x_ndim: (["m a n"], ["m n", "mb nb", "n m", "nt mt"]),
+    attrs=lambda *, activations, **kw: {**_attrs(**kw), **_act_attrs(activations=activations)},
+    coarse=lambda *, block, **_: {
+        "mb": ("m", block[0]),
+        "nb": ("n", block[1]),
+        "nt": ("n", block[0]),
+        "mt": ("m", block[1]),
+    },
+    need_replication=("a",),
+)
+
+
+_DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+    name="dactivation_block_cast_transpose_dbias",
+    family="activation",
+    target="fp8jax_dactivation_block_cast_transpose_dbias",
+    reference=dactivation_block_cast_transpose_dbias_reference,
+    outputs=_dact_outputs,
+    factors=lambda g_ndim, x_ndim: (
+        ["m n", "m a n"],
+        ["m a n", "mb a nb", "a n m", "a nt mt", "a n"],
+    ),
+    attrs=lambda *, activations, **kw: {**_attrs(**kw), **_act_attrs(activations=activations)},
+    coarse=lambda *, block, **_: {
+        "mb": ("m", block[0]),
+        "nb": ("n", block[1]),
+        "nt": ("n", block[0]),
+        "mt": ("m", block[1]),
+    },
+    sum_over={4: 0},  # dbias: the sum over g's rows
+    need_replication=("a",),
+    workspace=lambda g, x, **_: dbias_workspace(g, x.shape[-2] * x.shape[-1]),
+)
+
+
+def _both(owner, block, x_rank, x):
+    block = _check_block(owner, block)
+    if jnp.ndim(x) != x_rank:
+        raise ValueError(f"{owner}: x must have rank {x_rank}, got shape {jnp.shape(x)}")
+    if block[0] != 1 and block[0] != block[1]:
+        raise ValueError(f"{owner}: block must be 1 x n or square, got {block}")
+    return block
+
+
+def block_cast_transpose_dbias(
+    g: jax.Array,
+    fp8_dtype: Any,
+    block: tuple[int, int] = BLOCK_1D,
+    *,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`~fp8jax.ops.block_cast_transpose` of a gradient ``g`` [m, n] plus its bias
+    gradient, in one op: ``(q, scale_inv, q_t, scale_inv_t, dbias)``, the first four bit for
+    bit :func:`~fp8jax.ops.block_cast_transpose`'s, ``dbias`` float32 ``[n]``, the column sums
+    of ``g`` (the kernels' fixed order; ``"xla"``: XLA's). ``implementation``: ``"kernel"`` or
+    ``"xla"`` (family ``"cast"``); blocks the kernel does not take run the reference.
+
+    >>> import jax.numpy as jnp
+    >>> q, s, q_t, s_t, dbias = block_cast_transpose_dbias(jnp.ones((4, 256)), jnp.float8_e4m3fn)
+    >>> s.shape, s_t.shape, dbias[:2]
+    ((4, 2), (256, 1), Array([4., 4.], dtype=float32))
+    """
+    block = _both("block_cast_transpose_dbias", block, 2, g)
+    mode = _POW2 if power_2_scale else _F32
+    return _run(_BLOCK_CAST_TRANSPOSE_DBIAS, "block_cast_transpose_dbias", g, fp8_dtype, block,
+                mode, amax_epsilon, implementation, arg="g")  # fmt: skip
+
+
+def mxfp8_cast_transpose_dbias(
+    g: jax.Array,
+    fp8_dtype: Any = jnp.float8_e4m3fn,
+    block: tuple[int, int] = MXFP8_BLOCK,
+    *,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`block_cast_transpose_dbias` for MXFP8: :func:`~fp8jax.ops.mxfp8_cast_transpose`
+    of ``g`` [m, n] (E8M0 scales) and its float32 column sums."""
+    block = _both("mxfp8_cast_transpose_dbias", block, 2, g)
+    return _run(_BLOCK_CAST_TRANSPOSE_DBIAS, "mxfp8_cast_transpose_dbias", g, fp8_dtype, block,
+                _E8M0, 0.0, implementation, arg="g")  # fmt: skip
+
+
+def activation_block_cast_transpose(
+    x: jax.Array,
+    activations: Any,
+    fp8_dtype: Any,
+    block: tuple[int, int] = BLOCK_1D,
+    *,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The activation of an MLP's first GEMM output ``x`` [m, k, n] (see
+    :mod:`fp8jax.ops.activation` for ``activations`` and the layout), block-scaled in both
+    layouts in one op: ``(q [m, n], scale_inv, q_t [n, m], scale_inv_t)``, bit for bit
+    ``block_cast_transpose(activation(x, activations), ...)`` within one implementation.
+    ``implementation``: ``"kernel"`` or ``"xla"`` (family ``"activation"``).
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.ones((4, 2, 128))  # gated: silu(x[:, 0]) * x[:, 1]
+    >>> q, s, q_t, s_t = activation_block_cast_transpose(x, ("silu", "linear"),
+    ...                                                  jnp.float8_e4m3fn)
+    >>> q.shape, s.shape, q_t.shape, s_t.shape
+    ((4, 128), (4, 1), (128, 4), (128, 1))
+    """
+    acts = activations_arg("activation_block_cast_transpose", activations)
+    block = _both("activation_block_cast_transpose", block, 3, x)
+    _act_shape("activation_block_cast_transpose", x, acts)
+    mode = _POW2 if power_2_scale else _F32
+    return _run(_ACTIVATION_BLOCK_CAST_TRANSPOSE, "activation_block_cast_transpose", x,
+                fp8_dtype, block, mode, amax_epsilon, implementation,
+                activations=acts)  # fmt: skip
+
+
+def activation_mxfp8_cast_transpose(
+    x: jax.Array,
+    activations: Any,
+    fp8_dtype: Any = jnp.float8_e4m3fn,
+    block: tuple[int, int] = MXFP8_BLOCK,
+    *,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`activation_block_cast_transpose` for MXFP8 (E8M0 scales)."""
+    acts = activations_arg("activation_mxfp8_cast_transpose", activations)
+    block = _both("activation_mxfp8_cast_transpose", block, 3, x)
+    _act_shape("activation_mxfp8_cast_transpose", x, acts)
+    return _run(_ACTIVATION_BLOCK_CAST_TRANSPOSE, "activation_mxfp8_cast_transpose", x,
+                fp8_dtype, block, _E8M0, 0.0, implementation, activations=acts)  # fmt: skip
+
+
+def _act_shape(owner: str, x: Any, acts: tuple[str, ...]) -> None:
+    if jnp.shape(x)[1] != len(acts):
+        raise ValueError(
+            f"{owner}: x must be [m, k, n] with k = len(activations) = {len(acts)}, got shape "
+            f"{jnp.shape(x)}"
+        )
+
+
+def _dact(owner, g, x, activations, fp8_dtype, block, mode, eps, implementation):
+    acts = activations_arg(owner, activations)
+    x = _checks.wide_array(owner, "x", x)
+    block = _both(owner, block, 3, x)
+    _act_shape(owner, x, acts)
+    g = _g_arg(owner, g, x)
+    return _run(_DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS, owner, g, fp8_dtype, block, mode, eps,
+                implementation, arg="g", extra_operands=(x,), activations=acts)  # fmt: skip
+
+
+def dactivation_block_cast_transpose_dbias(
+    g: jax.Array,
+    x: jax.Array,
+    activations: Any,
+    fp8_dtype: Any,
+    block: tuple[int, int] = BLOCK_1D,
+    *,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The gradient of the activation (``g`` [m, n], the MLP's first GEMM output ``x``
+    [m, k, n]; :func:`~fp8jax.ops.dactivation`) block-scaled in both layouts, with its bias
+    gradient, in one op: ``(q [m, k, n], scale_inv [mb, k, nb], q_t [k, n, m], scale_inv_t
+    [k, n, mb_t], dbias [k, n])``. Each half ``j`` of a gated gradient is cast as its own
+    ``[m, n]`` matrix, so as the ``[m, k * n]`` matrix the GEMMs read, the blocks are those of
+    :func:`~fp8jax.ops.block_cast_transpose` when ``n`` is a multiple of the block's columns
+    (the layers use this op then, else the unfused pair). dbias: float32, the kernels' fixed
+    order. Bit for bit ``dactivation`` then the cast within one implementation;
+    ``implementation`` as for :func:`activation_block_cast_transpose`.
+
+    >>> import jax.numpy as jnp
+    >>> q, s, q_t, s_t, dbias = dactivation_block_cast_transpose_dbias(
+    ...     jnp.ones((4, 128)), jnp.ones((4, 2, 128)), ("silu", "linear"), jnp.float8_e4m3fn)
+    >>> q.shape, s.shape, q_t.shape, s_t.shape, dbias.shape
+    ((4, 2, 128), (4, 2, 1), (2, 128, 4), (2, 128, 1), (2, 128))
+    """
+    mode = _POW2 if power_2_scale else _F32
+    return _dact("dactivation_block_cast_transpose_dbias", g, x, activations, fp8_dtype, block,
+                 mode, amax_epsilon, implementation)  # fmt: skip
+
+
+def dactivation_mxfp8_cast_transpose_dbias(
+    g: jax.Array,
+    x: jax.Array,
+    activations: Any,
+    fp8_dtype: Any = jnp.float8_e4m3fn,
+    block: tuple[int, int] = MXFP8_BLOCK,
+    *,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`dactivation_block_cast_transpose_dbias` for MXFP8 (E8M0 scales)."""
+    return _dact("dactivation_mxfp8_cast_transpose_dbias", g, x, activations, fp8_dtype, block,
+                 _E8M0, 0.0, implementation)  # fmt: skip

@@ -1,0 +1,247 @@
+"""The fused block-scaled casts (fp8jax/ops/block_fused.py): each equals its unfused chain bit for
+bit within one implementation, dbias in the kernels' fixed order (the same bits as
+cast_transpose_dbias's), plus the argument checks. The conformance samples below put the three
+ops through the CPU kernel, vmap, the CUDA kernel run on the host and 8 devices."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dbias import assert_dbias_close, strip_order_sum
+from _samples import ACT_CLOSE, Sample, dyadic
+
+from fp8jax import ops
+
+E4M3, E5M2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
+WIDE = [jnp.float32, jnp.bfloat16, jnp.float16]
+# (block, fused dbias op, unfused cast) for the three block kinds of the recipes
+KINDS = {
+    "1x128": ((1, 128), ops.block_cast_transpose_dbias, ops.block_cast_transpose),
+    "128x128": ((128, 128), ops.block_cast_transpose_dbias, ops.block_cast_transpose),
+    "mxfp8": ((1, 32), ops.mxfp8_cast_transpose_dbias, ops.mxfp8_cast_transpose),
+}
+
+
+def _heavy(r, shape, dtype, spread=2.0):
+    x = r.standard_normal(shape) * np.exp(r.standard_normal(shape) * spread)
+    return jnp.asarray(x.astype(np.float32), dtype)
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a
+
+
+def _assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("dtype", WIDE, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", [(300, 260), (1, 40), (128, 128), (2200, 24)], ids=str)
+def test_dbias_form_equals_the_cast_and_the_kernels_column_sums(kind, dtype, shape):
+    block, fused, cast = KINDS[kind]
+    g = _heavy(np.random.default_rng(sum(shape)), shape, dtype)
+    for impl in ("xla", "kernel"):
+        *casts, dbias = fused(g, E4M3, block, implementation=impl)
+        _assert_same(casts, cast(g, E4M3, block, implementation=impl))
+        assert dbias.shape == (shape[1],) and dbias.dtype == jnp.float32
+        assert_dbias_close(dbias, g)
+    # the kernel's order: the bits of strip_order_sum and of cast_transpose_dbias's dbias
+    np.testing.assert_array_equal(np.asarray(dbias), strip_order_sum(g))
+    ct = ops.cast_transpose_dbias(g, jnp.float32(1), E4M3, implementation="kernel")
+    np.testing.assert_array_equal(np.asarray(dbias), np.asarray(ct[4]))
+
+
+def test_dbias_form_options_and_empty_inputs():
+    g = _heavy(np.random.default_rng(1), (256, 200), jnp.float32)
+    kw = dict(power_2_scale=False, amax_epsilon=1e-3, implementation="kernel")
+    *casts, _ = ops.block_cast_transpose_dbias(g, E5M2, **kw)
+    _assert_same(casts, ops.block_cast_transpose(g, E5M2, **kw))
+    for shape in [(0, 5), (5, 0), (0, 0)]:
+        *_, dbias = ops.block_cast_transpose_dbias(jnp.zeros(shape), E4M3, implementation="kernel")
+        np.testing.assert_array_equal(np.asarray(dbias), np.zeros(shape[1], np.float32))
+
+
+ACTS = [("gelu",), ("relu",), ("silu", "linear"), ("gelu_exact", "linear")]
+
+
+@pytest.mark.parametrize("acts", ACTS, ids="-".join)
+@pytest.mark.parametrize("dtype", WIDE, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("mx", [False, True], ids=["block", "mxfp8"])
+def test_activation_form_equals_the_activation_then_the_cast(acts, dtype, mx):
+    x = _heavy(np.random.default_rng(len(acts)), (300, len(acts), 200), dtype, spread=1.0)
+    fused = ops.activation_mxfp8_cast_transpose if mx else ops.activation_block_cast_transpose
+    cast = ops.mxfp8_cast_transpose if mx else ops.block_cast_transpose
+    for impl in ("kernel", "xla"):
+        a = ops.activation(x, acts, implementation=impl)
+        _assert_same(fused(x, acts, E4M3, implementation=impl), cast(a, E4M3, implementation=impl))
+
+
+def test_activation_form_square_blocks_and_options():
+    x = _heavy(np.random.default_rng(2), (130, 1, 140), jnp.float32)
+    a = ops.activation(x, "relu")
+    _assert_same(
+        ops.activation_block_cast_transpose(x, "relu", E5M2, (128, 128), power_2_scale=False),
+        ops.block_cast_transpose(a, E5M2, (128, 128), power_2_scale=False),
+    )
+
+
+@pytest.mark.parametrize("acts", ACTS, ids="-".join)
+@pytest.mark.parametrize("dtype", WIDE, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_activation_gradient_form_equals_dactivation_then_the_cast(acts, dtype, kind):
+    """As the [m, k * n] matrix the GEMMs read (n a multiple of the block's columns): the codes,
+    both grids and dbias of dactivation then the dbias cast, bit for bit."""
+    block, _, _ = KINDS[kind]
+    r = np.random.default_rng(len(acts))
+    m, k, n = 300, len(acts), 256
+    x, g = _heavy(r, (m, k, n), dtype, 1.0), _heavy(r, (m, n), dtype, 1.0)
+    fused = ops.dactivation_mxfp8_cast_transpose_dbias if kind == "mxfp8" else (
+        ops.dactivation_block_cast_transpose_dbias)  # fmt: skip
+    for impl in ("xla", "kernel"):
+        q, s, q_t, s_t, dbias = fused(g, x, acts, E5M2, block, implementation=impl)
+        dx = ops.dactivation(g, x, acts, implementation=impl).reshape(m, k * n)
+        *want, want_dbias = KINDS[kind][1](dx, E5M2, block, implementation=impl)
+        got = (q.reshape(m, k * n), s.reshape(s.shape[0], -1), q_t.reshape(k * n, m),
+               s_t.reshape(k * n // block[0], -1))  # fmt: skip
+        _assert_same(got, want)
+        assert dbias.shape == (k, n)
+        if impl == "kernel":  # the same order: the same bits
+            np.testing.assert_array_equal(np.asarray(dbias).reshape(-1), np.asarray(want_dbias))
+
+
+def test_activation_gradient_form_halves_are_separate_matrices():
+    """With n not a multiple of the block, each gated half is blocked on its own (its reference:
+    block_cast_transpose of each half)."""
+    r = np.random.default_rng(5)
+    x, g = _heavy(r, (40, 2, 100), jnp.float32), _heavy(r, (40, 100), jnp.float32)
+    acts = ("relu", "linear")
+    q, s, q_t, s_t, _ = ops.dactivation_block_cast_transpose_dbias(g, x, acts, E4M3)
+    dx = ops.dactivation(g, x, acts)
+    for j in range(2):
+        wq, ws, wqt, wst = ops.block_cast_transpose(dx[:, j], E4M3)
+        _assert_same((q[:, j], s[:, j], q_t[j], s_t[j]), (wq, ws, wqt, wst))
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: ops.block_cast_transpose_dbias(jnp.ones((2, 3, 4)), E4M3), "rank 2"),
+        (lambda: ops.block_cast_transpose_dbias(jnp.ones((4, 4)), E4M3, (2, 64)), "1 x n or sq"),
+        (lambda: ops.block_cast_transpose_dbias(jnp.ones((4, 4), jnp.int32), E4M3), "g must"),
+        (lambda: ops.mxfp8_cast_transpose_dbias(jnp.ones((4, 4)), jnp.float32), "fp8_dtype"),
+        (lambda: ops.activation_block_cast_transpose(jnp.ones((4, 4)), "gelu", E4M3), "rank 3"),
+        (lambda: ops.activation_block_cast_transpose(jnp.ones((4, 1, 4)), "nope", E4M3), "activ"),
+        (
+            lambda: ops.activation_mxfp8_cast_transpose(jnp.ones((4, 1, 4)), ("silu", "linear")),
+            "k = len",
+        ),
+        (
+            lambda: ops.activation_block_cast_transpose(
+                jnp.ones((4, 1, 4)), "gelu", E4M3, (1, 5), implementation="kernel"
+            ),
+            "powers of two",
+        ),
+        (
+            lambda: ops.dactivation_block_cast_transpose_dbias(
+                jnp.ones((4, 5)), jnp.ones((4, 1, 4)), "gelu", E4M3
+            ),
+            "g must have shape",
+        ),
+        (
+            lambda: ops.dactivation_mxfp8_cast_transpose_dbias(
+                jnp.ones((4, 4), jnp.bfloat16), jnp.ones((4, 1, 4)), "gelu"
+            ),
+            "share a dtype",
+        ),
+    ],
+)
+def test_bad_arguments_are_named(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_each_fused_op_is_one_custom_call():
+    g = jnp.ones((256, 256), jnp.bfloat16)
+    x = jnp.ones((256, 1, 128), jnp.bfloat16)
+    for fn, arg in (
+        (lambda v: ops.block_cast_transpose_dbias(v, E4M3, implementation="kernel"), g),
+        (lambda v: ops.activation_mxfp8_cast_transpose(v, "gelu", implementation="kernel"), x),
+    ):
+        hlo = jax.jit(fn).lower(arg).as_text()
+        assert hlo.count("stablehlo.custom_call") == 1, hlo
+
+
+# ------------------------------------------------------------------ the conformance samples
+# 1024 rows (256 for MXFP8): split 8 ways by the mesh check, each device holds whole blocks of
+# the transposed copy's blocks (which run down the rows).
+
+
+def _sample_block_cast_transpose_dbias(key):
+    r = np.random.default_rng(key)
+    scaled = lambda shape, dt: (
+        dyadic(r, shape, dt) * jnp.asarray(2.0 ** r.integers(-3, 4, (shape[0], 1)), dt)
+    )
+    f = ops.block_cast_transpose_dbias
+    return {
+        "1x128-bf16-e4m3": Sample(f, (scaled((1024, 200), jnp.bfloat16), E4M3), sums=(4,)),
+        "128x128-f32-e5m2-f32scale": Sample(
+            f,
+            (scaled((1024, 130), jnp.float32), E5M2, (128, 128)),
+            {"power_2_scale": False},
+            sums=(4,),
+        ),
+        "mxfp8-1x32-f16": Sample(
+            ops.mxfp8_cast_transpose_dbias, (scaled((256, 100), jnp.float16), E4M3), sums=(4,)
+        ),
+    }
+
+
+def _sample_activation_block_cast_transpose(key):
+    r = np.random.default_rng(key)
+    return {
+        # relu: no transcendental function, the same bits on every implementation
+        "reglu-1x128-f32-e4m3": Sample(
+            ops.activation_block_cast_transpose,
+            (_heavy(r, (1024, 2, 130), jnp.float32), ("relu", "linear"), E4M3),
+        ),
+        # (not gelu: its tanh differs by platform in the far negative tail, where 1 + tanh
+        # cancels, and a small block's scale makes those tiny values whole codes apart)
+        "relu-1x128-bf16-e5m2": Sample(
+            ops.activation_block_cast_transpose,
+            (_heavy(r, (1024, 1, 160), jnp.bfloat16), ("relu",), E5M2),
+        ),
+        "swiglu-mxfp8-f16": Sample(
+            ops.activation_mxfp8_cast_transpose,
+            (_heavy(r, (256, 2, 96), jnp.float16, 0.5), ("silu", "linear")),
+            close=ACT_CLOSE,
+        ),
+    }
+
+
+def _sample_dactivation_block_cast_transpose_dbias(key):
+    r = np.random.default_rng(key)
+    out = {}
+    # relu on dyadic values: no transcendental function and exact sums, the same bits everywhere
+    cases = (("reglu-1x128-f32-e4m3", 1024, jnp.float32, E4M3, False),
+             ("relu-mxfp8-bf16-e5m2", 256, jnp.bfloat16, E5M2, True))  # fmt: skip
+    for name, m, dt, fp8, mx in cases:
+        acts = ("relu", "linear") if name.startswith("reglu") else ("relu",)
+        x, g = dyadic(r, (m, len(acts), 96), dt), dyadic(r, (m, 96), dt)
+        fn = ops.dactivation_mxfp8_cast_transpose_dbias if mx else (
+            ops.dactivation_block_cast_transpose_dbias)  # fmt: skip
+        out[name] = Sample(fn, (g, x, acts, fp8), sums=(4,))
+    return out
+
+
+SAMPLES = {
+    "block_cast_transpose_dbias": _sample_block_cast_transpose_dbias,
+    "activation_block_cast_transpose": _sample_activation_block_cast_transpose,
+    "dactivation_block_cast_transpose_dbias": _sample_dactivation_block_cast_transpose_dbias,
+}
