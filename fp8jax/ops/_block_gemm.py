@@ -20,10 +20,12 @@ Per platform (:func:`jax.lax.platform_dependent`):
   capability; the handler checks the device again and fails with kUnimplemented, never a wrong
   result, if it lacks the mode.
 
-On a mesh (the CUDA kernel path): ``a``'s rows stay split as they are (data and sequence
-parallelism: each device multiplies its rows, no collective) where each device holds whole
-blocks of them; everything else (``b``, and a split K) is gathered first, as XLA does for a dot
-whose K it cannot split.
+On a mesh (the CUDA kernel path), each dim stays split as it is where every device holds whole
+blocks of it (else it is gathered first): ``a``'s rows (M: data and sequence parallelism) and
+``b``'s rows (N: tensor parallelism, the weight's output features), each device multiplying its
+own tile of the output with no collective; and K (the wgrad GEMM's tokens under data
+parallelism), each device multiplying its own K blocks in float32, summed with one ``psum`` (as
+the per-tensor GEMM's plan does: the same value in another summation order).
 """
 
 from __future__ import annotations
@@ -111,22 +113,37 @@ def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype):
 
 @functools.cache
 def _partitioned_cuda(a_block, b_block, out_dtype):
-    """The CUDA path, split along ``a``'s rows on a mesh (see the module docstring)."""
+    """The CUDA path, split along ``a``'s and ``b``'s rows on a mesh (see the module
+    docstring)."""
 
     def local(a_q, a_s, b_q, b_s):
         return (_cuda_2d(a_q, a_s, b_q, b_s, a_block=a_block, b_block=b_block,
                          out_dtype=out_dtype),)  # fmt: skip
 
+    def k_split(k_axes, a_q, a_s, b_q, b_s):  # each device's K blocks, then one psum
+        part = _cuda_2d(a_q, a_s, b_q, b_s, a_block=a_block, b_block=b_block,
+                        out_dtype=jnp.dtype(jnp.float32))  # fmt: skip
+        return (jax.lax.psum(part, k_axes).astype(out_dtype),)
+
     def plan(mesh, arg_shapes):
-        a = arg_shapes[0]
-        m_axes = _partition.dim_axes(a.sharding, a.shape)[0]
-        if not _partition.whole_blocks(mesh, m_axes, a.shape[0], a_block[0]):
-            m_axes = ()  # a device would hold part of a block: gather the rows
-        rows, rep = _partition.named(mesh, (m_axes, ())), _partition.named(mesh, ((), ()))
-        return [rows, rows, rep, rep], [rows], local
+        a, b = arg_shapes[0], arg_shapes[2]
+
+        def axes(x, dim, size, block, taken=()):
+            found = _partition.dim_axes(x.sharding, x.shape)[dim]
+            found = tuple(v for v in found if v not in taken)
+            # a device would hold part of a block: gather the dim
+            return found if _partition.whole_blocks(mesh, found, size, block) else ()
+
+        m_axes = axes(a, 0, a.shape[0], a_block[0])
+        n_axes = axes(b, 0, b.shape[0], b_block[0], m_axes)
+        k_axes = axes(a, 1, a.shape[1], a_block[1], m_axes + n_axes)
+        a_sh, b_sh = (_partition.named(mesh, (d, k_axes)) for d in (m_axes, n_axes))
+        out = _partition.named(mesh, (m_axes, n_axes))
+        fn = functools.partial(k_split, k_axes) if k_axes else local
+        return [a_sh, a_sh, b_sh, b_sh], [out], fn
 
     rule = "m k, ma ka, n k, nb kb -> m n"
-    call = _partition.partitioned(local, plan, rule, need_replication=("k", "ka", "n", "nb", "kb"))
+    call = _partition.partitioned(local, plan, rule)
     return lambda *args: call(*args)[0]
 
 

@@ -184,3 +184,49 @@ def test_a_split_finer_than_the_blocks_fails_in_the_partitioner(cast):
     xs = jax.device_put(rand((256, 512)), NamedSharding(mesh, P("model", None)))
     with pytest.raises(Exception):  # noqa: B017  (JAX's internal error)
         jax.jit(_CASTS[cast])(xs)
+
+
+# ---------------------------------------------------------------- block_gemm's CUDA plan on a mesh
+
+
+@pytest.mark.parametrize("combo", ["1x128-128x128", "mxfp8"])
+@pytest.mark.parametrize(
+    ("a_spec", "b_spec", "out_spec"),
+    [
+        (P("data", None), P("model", None), P("data", "model")),  # DP x TP: both rows split
+        (P(("data", "model"), None), P(), P(("data", "model"), None)),  # sequence: M over 8
+        (P(None, "model"), P(None, "model"), P()),  # K split: partial products, one psum
+        (P("model", "data"), P(None, "data"), P("model", None)),  # M and K split
+    ],
+    ids=["dp-tp", "sequence", "split-k", "split-m-k"],
+)
+def test_block_gemm_cuda_plan_keeps_whole_block_splits(combo, a_spec, b_spec, out_spec,
+                                                       monkeypatch):  # fmt: skip
+    """The CUDA path's partitioning, run on 8 CPU devices with the emulated cuBLASLt handler of
+    tests/ops/test_block_gemm.py: M and N stay split where each device holds whole blocks (each
+    device multiplies its own output tile: no collective, the reference's bits); a split K stays
+    split, each device's float32 partial product summed by one all-reduce (the reference within
+    the float32 summation order, then one bfloat16 rounding)."""
+    from test_block_gemm import _emulated_block_kernel, _operands
+
+    from fp8jax.ops import _block_gemm as bg
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    aq, a_s, a_block, bq, b_s, b_block = _operands(combo, m=2048, n=1024, k=512, seed=3)
+    want = bs.block_scaled_matmul(aq, a_s, a_block, bq, b_s, b_block, jnp.bfloat16)
+    monkeypatch.setattr(jax.ffi, "ffi_call", lambda t, r: _emulated_block_kernel(t, r, traced=True))
+    call = bg._partitioned_cuda(a_block, b_block, jnp.dtype(jnp.bfloat16))
+    args = [jax.device_put(v, NamedSharding(mesh, spec))
+            for v, spec in ((aq, a_spec), (a_s, a_spec), (bq, b_spec), (b_s, b_spec))]  # fmt: skip
+    fn = jax.jit(call)
+    got = fn(*args)
+    assert got.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2)
+    hlo = fn.lower(*args).compile().as_text()
+    assert not re.search(r"all-gather|all-to-all|collective-permute", hlo)
+    if a_spec[1] is None:  # K whole: the reference's bits, no collective at all
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+        assert "all-reduce" not in hlo
+    else:
+        assert "all-reduce" in hlo
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=2**-7, atol=1e-3)  # fmt: skip

@@ -126,12 +126,16 @@ def test_bad_operands_name_the_argument():
 _BLOCK_OF_MODE = {4: (1, 128), 5: (128, 128), 2: (1, 32)}
 
 
-def _layout_index(mode, rows, k):
+def _layout_index(mode, rows, k, traced=False):
     """For each compact grid entry (row-major), where cuBLASLt reads it: the documented layouts,
-    written out as index formulas (cuBLAS docs, "Narrow precision data types usage")."""
+    written out as index formulas (cuBLAS docs, "Narrow precision data types usage"). ``traced``:
+    from iotas, not numpy constants (custom_partitioning refuses constants)."""
     kb = -(-k // (32 if mode == 2 else 128))
     grid_rows = -(-rows // 128) if mode == 5 else rows
-    r, j = np.meshgrid(np.arange(grid_rows), np.arange(kb), indexing="ij")
+    if traced:
+        r, j = (jax.lax.broadcasted_iota(jnp.int32, (grid_rows, kb), d) for d in (0, 1))
+    else:
+        r, j = np.meshgrid(np.arange(grid_rows), np.arange(kb), indexing="ij")
     if mode == 4:
         return j * rows + r
     if mode == 5:
@@ -139,7 +143,7 @@ def _layout_index(mode, rows, k):
     return ((r // 128) * -(-kb // 4) + j // 4) * 512 + (r % 32) * 16 + (r % 128 // 32) * 4 + j % 4
 
 
-def _emulated_block_kernel(target, result_types):
+def _emulated_block_kernel(target, result_types, traced=False):
     """The CUDA handler's contract for block scales: padded operands, split accumulation, each
     scale buffer in cuBLASLt's layout (decoded here with the index formulas above)."""
     assert target == "fp8jax_gemm"
@@ -151,7 +155,7 @@ def _emulated_block_kernel(target, result_types):
         assert has_bias == 0 and fast_accum == 0 and bias.shape == (0,)
         grids = []
         for flat, mode, rows in ((a_sl, int(a_scale_mode), m), (b_sl, int(b_scale_mode), n)):
-            idx = _layout_index(mode, rows, k)
+            idx = _layout_index(mode, rows, k, traced)
             grids.append(jnp.asarray(flat)[idx])
         out = bs.block_scaled_matmul(a, grids[0], _BLOCK_OF_MODE[int(a_scale_mode)], b,
                                      grids[1], _BLOCK_OF_MODE[int(b_scale_mode)],
