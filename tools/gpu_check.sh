@@ -5,7 +5,8 @@
 # The tests of GPU_CHECK_FIRST (default: the block-scaled tests; "" for none) run before the
 # others. For a short device lease: GPU_CHECK_PYTEST_TIMEOUT (seconds) stops pytest and goes on to the
 # benchmarks; GPU_CHECK_BENCHES ("gemm norm implementations") runs only those benchmarks/NAME.py
-# (cast_bandwidth always runs); BENCH_TIMEOUT (default 300) bounds each benchmark.
+# (cast_bandwidth always runs); BENCH_TIMEOUT (default 300) bounds each benchmark;
+# GPU_CHECK_DEADLINE (epoch seconds) sizes pytest's timeout to the time the build left.
 #
 # Run from the repo root on a CUDA machine whose python already has JAX with its CUDA plugin,
 # pytest, scikit-build-core, nanobind and cmake (no network is needed or used). It builds fp8jax
@@ -200,6 +201,13 @@ pytest_rc=0
 # -v -rfE: every test's result is in the log as it finishes (a run stopped by the timeout, or
 # one whose xdist workers hang at exit, as one GPU run's did, still says what passed and failed).
 pytest_cmd=("$PY" -m pytest -v -rfE "${PYTEST_ARGS[@]}" --junitxml="$OUT/pytest.xml")
+# GPU_CHECK_DEADLINE (epoch seconds): pytest gets what is left after the build, less
+# GPU_CHECK_BENCH_RESERVE seconds (default 120) for the benchmarks; it overrides the fixed timeout.
+if [[ -n "${GPU_CHECK_DEADLINE:-}" ]]; then
+  GPU_CHECK_PYTEST_TIMEOUT=$((GPU_CHECK_DEADLINE - $(date +%s) - ${GPU_CHECK_BENCH_RESERVE:-120}))
+  ((GPU_CHECK_PYTEST_TIMEOUT >= 30)) || GPU_CHECK_PYTEST_TIMEOUT=30
+  echo "gpu_check: ${GPU_CHECK_PYTEST_TIMEOUT} s left for pytest before the deadline"
+fi
 if [[ -n "${GPU_CHECK_PYTEST_TIMEOUT:-}" ]]; then
   pytest_cmd=(timeout -s INT -k 60 "$GPU_CHECK_PYTEST_TIMEOUT" "${pytest_cmd[@]}")
 fi

@@ -11,7 +11,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <sstream>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -66,6 +66,16 @@ struct SiteHash {
   }
 };
 
+// The first shared-memory fault of a launch, as the fiber that made it saw it: only recorded there
+// (no allocation, no formatting on a fiber's stack), and made a message by RunGrid on its own.
+struct SharedFault {
+  const char* what = nullptr;  // nullptr: none
+  uintptr_t offset = 0;
+  unsigned block = 0;
+  unsigned tid = 0;
+  unsigned other = ~0u;  // the other thread, if one
+};
+
 struct Grid {
   ucontext_t scheduler;
   std::vector<Fiber> fibers;
@@ -75,11 +85,24 @@ struct Grid {
   unsigned threads = 1;
   const std::function<void()>* body = nullptr;
   std::string error;
+  SharedFault fault;
   std::vector<std::array<uint32_t, 32>> warp_values;
   uint32_t block_serial = 0;  // this block's, for ShadowByte::block
   bool banks = false;
   std::unordered_map<SiteKey, std::vector<LaneAccess>, SiteHash> sites;  // since the barrier
+  bool Failed() const { return !error.empty() || fault.what != nullptr; }
 };
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+std::string Hex(uint32_t v) {
+  std::string out;
+  do {
+    out.insert(out.begin(), "0123456789abcdef"[v & 0xFu]);
+    v >>= 4;
+  } while (v != 0);
+  return out;
+}
 
 // The shadow of the shared section, and the stamp of the interval between barriers running now.
 // Launches run one at a time (RunGrid's lock), so these are the running launch's.
@@ -127,9 +150,9 @@ void Entry() {
   try {
     (*g.body)();
   } catch (const std::exception& e) {
-    if (g.error.empty()) g.error = std::string("exception in the kernel: ") + e.what();
+    if (!g.Failed()) g.error = std::string("exception in the kernel: ") + e.what();
   } catch (...) {
-    if (g.error.empty()) g.error = "exception in the kernel";
+    if (!g.Failed()) g.error = "exception in the kernel";
   }
   g.current->state = State::kDone;  // uc_link returns to the scheduler
 }
@@ -207,26 +230,24 @@ bool Release(Grid& g) {
     if (at_warp == 0) continue;
     // Between passes no thread is runnable: lanes elsewhere never reach this collective.
     if (last - first != 32 || at_warp != 32) {
-      std::ostringstream msg;
-      msg << "block " << g.block << ", warp " << w << ": " << at_warp << " of " << (last - first)
-          << " lanes wait at a full-mask warp collective; the others:";
+      std::string msg = "block " + Num(g.block) + ", warp " + Num(w) + ": " + Num(at_warp) +
+                        " of " + Num(last - first) +
+                        " lanes wait at a full-mask warp collective; the others:";
       for (unsigned t = first; t < last; ++t) {
         if (g.fibers[t].state != State::kWarp) {
-          msg << " thread " << t << " " << Name(g.fibers[t].state) << ";";
+          msg += " thread " + Num(t) + " " + Name(g.fibers[t].state) + ";";
         }
       }
-      g.error = msg.str();
+      g.error = msg;
       return false;
     }
     const Fiber& lead = g.fibers[first];
     for (unsigned t = first; t < last; ++t) {
       const Fiber& f = g.fibers[t];
       if (f.op != lead.op || f.mask != 0xFFFFFFFFu) {
-        std::ostringstream msg;
-        msg << "block " << g.block << ", warp " << w
-            << ": the lanes are at different warp collectives, or not with the full mask "
-            << "(thread " << t << ", mask 0x" << std::hex << f.mask << ")";
-        g.error = msg.str();
+        g.error = "block " + Num(g.block) + ", warp " + Num(w) +
+                  ": the lanes are at different warp collectives, or not with the full mask " +
+                  "(thread " + Num(t) + ", mask 0x" + Hex(f.mask) + ")";
         return false;
       }
       g.warp_values[w][t - first] = f.bits;
@@ -251,12 +272,11 @@ bool Release(Grid& g) {
     ++GetStats().barriers;
     return true;
   }
-  std::ostringstream msg;
-  msg << "block " << g.block << ": deadlock:";
+  std::string msg = "block " + Num(g.block) + ": deadlock:";
   for (const Fiber& f : g.fibers) {
-    if (f.state != State::kDone) msg << " thread " << f.tid << " at " << Name(f.state) << ";";
+    if (f.state != State::kDone) msg += " thread " + Num(f.tid) + " at " + Name(f.state) + ";";
   }
-  g.error = msg.str();
+  g.error = msg;
   return false;
 }
 
@@ -281,7 +301,7 @@ bool RunBlock(Grid& g) {
       g.current = &f;
       swapcontext(&g.scheduler, &f.ctx);
       g.current = nullptr;
-      if (!g.error.empty()) return false;
+      if (g.Failed()) return false;
     }
     bool done = true;
     for (const Fiber& f : g.fibers) done &= f.state == State::kDone;
@@ -338,13 +358,19 @@ std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>
   Stats& stats = GetStats();
   ++stats.launches;
   const bool reverse = GetOptions().reverse;
-  for (unsigned i = 0; i < grid && g.error.empty(); ++i) {
+  for (unsigned i = 0; i < grid && !g.Failed(); ++i) {
     g.block = reverse ? grid - 1 - i : i;
     ++stats.blocks;
     stats.threads += threads;
     RunBlock(g);
   }
   g_grid = nullptr;
+  if (g.error.empty() && g.fault.what != nullptr) {
+    const SharedFault& f = g.fault;
+    g.error = "block " + Num(f.block) + ": thread " + Num(f.tid) + " " + f.what + " (byte " +
+              Num(f.offset) + " of the shared variables" +
+              (f.other != ~0u ? ", thread " + Num(f.other) : std::string()) + ")";
+  }
   return g.error;
 }
 
@@ -371,13 +397,8 @@ void WarpExchange(WarpOp op, unsigned mask, uint32_t bits, uint32_t all[32]) {
 }
 
 void SharedAccessError(Grid& g, const char* what, uintptr_t offset, unsigned other) {
-  if (!g.error.empty()) return;
-  std::ostringstream msg;
-  msg << "block " << g.block << ": thread " << g.current->tid << " " << what << " (byte " << offset
-      << " of the shared variables";
-  if (other != ~0u) msg << ", thread " << other;
-  msg << ")";
-  g.error = msg.str();
+  if (g.Failed()) return;
+  g.fault = SharedFault{what, offset, g.block, g.current->tid, other};
 }
 
 // A load or store of `size` bytes at `p` by the running thread, from the access site `pc`.

@@ -5,8 +5,10 @@ StableHLO counter counts every call site of an outlined function."""
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
+import jax
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -48,12 +50,29 @@ def test_block_recipes_meet_their_targets(name, recipe):
     r = {"block_recipes": {recipe: {"layers": {name: c}, "residual_ratio": 0.0}}}
     assert structure.block_failures(r) == [], c
     assert c["casts"] == c["casts_expected"]
-    assert set(c["custom_calls"]) >= {"fp8jax_block_cast_transpose", "fp8jax_gemm"}
+    # (a GPU here without the recipe's scale mode, an H200 under MXFP8: XLA's GEMMs, no fp8jax_gemm)
+    gemm = {"fp8jax_gemm"} if c["cublaslt_here"] else set()
+    assert set(c["custom_calls"]) >= {"fp8jax_block_cast_transpose"} | gemm
     if name != "dense":  # the MLP's activation, its gradient and dbias: fused into their casts
         assert c["custom_calls"]["fp8jax_activation_block_cast_transpose"] == 1
         assert c["custom_calls"]["fp8jax_dactivation_block_cast_transpose_dbias"] == 1
         assert c["custom_calls"]["fp8jax_block_cast_transpose_dbias"] >= 1
-    assert 0 < c["gemms"] <= c["gemms_expected"]  # cuBLASLt's block-scaled GEMM (block_gemm)
+    if c["cublaslt_here"]:
+        assert 0 < c["gemms"] <= c["gemms_expected"]  # cuBLASLt's block-scaled GEMM (block_gemm)
+
+
+def test_a_gpu_without_the_scale_mode_is_held_to_xla_gemms(monkeypatch):
+    """MXFP8 lowered where the GPU is a Hopper (as on the H200 that first ran it): no
+    fp8jax_gemm, and the targets say so rather than fail."""
+    fake = types.SimpleNamespace(compute_capability="9.0")
+    real = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda *a: [fake] if a == ("gpu",) else real(*a))
+    c = structure.single_device("dense", structure.BLOCK_RECIPES["mxfp8"])
+    assert not c["cublaslt_here"] and c["gemms"] == 0
+    r = {"block_recipes": {"mxfp8": {"layers": {"dense": c}, "residual_ratio": 0.0}}}
+    assert structure.block_failures(r) == []
+    c["gemms"] = 1  # a GEMM custom call the GPU cannot run
+    assert structure.block_failures(r) == ["mxfp8 dense: 1 GEMMs on a GPU without the mode"]
 
 
 @pytest.mark.parametrize("recipe", list(structure.BLOCK_RECIPES))

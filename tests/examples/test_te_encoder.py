@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 
+import jax
 import pytest
 from _example import EXAMPLES, example
 
@@ -39,4 +40,9 @@ def test_te_step_learns_with_live_fp8_state_and_equals_fp8jax_step(te_encoder):
     assert te_result["test_accuracy"] >= 0.8, te_result
     assert te_result["fp8_scales_updated"] == 1.0  # every scale moved off its initial 1
     ours, _ = _run(te_encoder, [*ARGS, "--fp8jax-step"])
-    assert ours == te_result
+    if jax.default_backend() == "cpu":
+        assert ours == te_result
+    else:  # two programs that XLA:GPU fuses (and rounds) each its own way: an H200 gave 1% apart
+        assert ours.keys() == te_result.keys()
+        for k, v in te_result.items():
+            assert ours[k] == pytest.approx(v, rel=0.05, abs=0.01), k

@@ -1,7 +1,9 @@
 """The fused block-scaled casts (fp8jax/ops/block_fused.py): each equals its unfused chain bit for
 bit within one implementation, dbias in the kernels' fixed order (the same bits as
-cast_transpose_dbias's), plus the argument checks. The conformance samples below put the three
-ops through the CPU kernel, vmap, the CUDA kernel run on the host and 8 devices."""
+cast_transpose_dbias's), plus the argument checks. On a GPU only the kernels promise that
+(XLA:GPU keeps values in float32 across the chain's roundings and has its own transcendentals).
+The conformance samples below put the three ops through the CPU kernel, vmap, the CUDA kernel
+run on the host and 8 devices."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _dbias import assert_dbias_close, strip_order_sum
-from _samples import ACT_CLOSE, Sample, dyadic
+from _implementations import reference_bits_promised
+from _samples import ACT_CLOSE, F32_SCALE_GPU_CLOSE, Sample, dyadic
 
 from fp8jax import ops
 
@@ -34,6 +37,10 @@ def _bits(a):
     return a.view(np.uint8) if a.dtype.itemsize == 1 else a
 
 
+# The implementations whose fused op must equal its unfused chain bit for bit on this backend.
+EXACT_IMPLS = tuple(i for i in ("xla", "kernel") if reference_bits_promised(i))  # kernel last
+
+
 def _assert_same(got, want):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
@@ -47,7 +54,7 @@ def _assert_same(got, want):
 def test_dbias_form_equals_the_cast_and_the_kernels_column_sums(kind, dtype, shape):
     block, fused, cast = KINDS[kind]
     g = _heavy(np.random.default_rng(sum(shape)), shape, dtype)
-    for impl in ("xla", "kernel"):
+    for impl in EXACT_IMPLS:
         *casts, dbias = fused(g, E4M3, block, implementation=impl)
         _assert_same(casts, cast(g, E4M3, block, implementation=impl))
         assert dbias.shape == (shape[1],) and dbias.dtype == jnp.float32
@@ -78,7 +85,7 @@ def test_activation_form_equals_the_activation_then_the_cast(acts, dtype, mx):
     x = _heavy(np.random.default_rng(len(acts)), (300, len(acts), 200), dtype, spread=1.0)
     fused = ops.activation_mxfp8_cast_transpose if mx else ops.activation_block_cast_transpose
     cast = ops.mxfp8_cast_transpose if mx else ops.block_cast_transpose
-    for impl in ("kernel", "xla"):
+    for impl in EXACT_IMPLS:
         a = ops.activation(x, acts, implementation=impl)
         _assert_same(fused(x, acts, E4M3, implementation=impl), cast(a, E4M3, implementation=impl))
 
@@ -104,7 +111,7 @@ def test_activation_gradient_form_equals_dactivation_then_the_cast(acts, dtype, 
     x, g = _heavy(r, (m, k, n), dtype, 1.0), _heavy(r, (m, n), dtype, 1.0)
     fused = ops.dactivation_mxfp8_cast_transpose_dbias if kind == "mxfp8" else (
         ops.dactivation_block_cast_transpose_dbias)  # fmt: skip
-    for impl in ("xla", "kernel"):
+    for impl in EXACT_IMPLS:
         q, s, q_t, s_t, dbias = fused(g, x, acts, E5M2, block, implementation=impl)
         dx = ops.dactivation(g, x, acts, implementation=impl).reshape(m, k * n)
         *want, want_dbias = KINDS[kind][1](dx, E5M2, block, implementation=impl)
@@ -196,6 +203,7 @@ def _sample_block_cast_transpose_dbias(key):
             (scaled((1024, 130), jnp.float32), E5M2, (128, 128)),
             {"power_2_scale": False},
             sums=(4,),
+            gpu_close=F32_SCALE_GPU_CLOSE,
         ),
         "mxfp8-1x32-f16": Sample(
             ops.mxfp8_cast_transpose_dbias, (scaled((256, 100), jnp.float16), E4M3), sums=(4,)
@@ -221,6 +229,7 @@ def _sample_activation_block_cast_transpose(key):
             ops.activation_mxfp8_cast_transpose,
             (_heavy(r, (256, 2, 96), jnp.float16, 0.5), ("silu", "linear")),
             close=ACT_CLOSE,
+            gpu_xla="XLA:GPU's exp moved one 1x32 block's amax across a power of two on an H200",
         ),
     }
 

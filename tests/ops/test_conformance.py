@@ -135,6 +135,8 @@ def test_kernel_matches_reference_and_is_deterministic(case):
         _assert_same_bits(jax.jit(lambda *a, f=f: f(*a))(*args), outs[impl])  # a new trace
     tol = dict(s.close or {})
     if jax.default_backend() != "cpu":
+        if s.gpu_xla:  # no tolerance holds (the sample says why): determinism only
+            return
         tol.update(s.gpu_close or {})
     exact = reference_bits_promised("xla") and not tol
     assert len(outs["kernel"]) == len(outs["xla"])
