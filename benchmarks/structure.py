@@ -272,9 +272,9 @@ def report() -> dict[str, Any]:
 
 def block_failures(r: dict[str, Any]) -> list[str]:
     """The block recipes' targets: cuBLASLt GEMMs (at most 3 per dense GEMM), each operand cast
-    once in both layouts by a kernel (at most 3 casts per GEMM), the MLP's activation and its
-    gradient fused into their casts (no separate activation kernels), no FP8 transpose or cast
-    by XLA, no state update,
+    once in both layouts by a kernel (at most 3 casts per GEMM), the norms, the MLP's activation
+    and its gradient fused into their casts (no separate norm or activation kernels), no FP8
+    transpose or cast by XLA, no state update,
     and residual bytes within the per-tensor target."""
     out = []
     for rname, b in r.get("block_recipes", {}).items():
@@ -289,8 +289,9 @@ def block_failures(r: dict[str, Any]) -> list[str]:
             for key in ("fp8_xla_transposes", "fp8_xla_casts", "state_updates"):
                 if c[key]:
                     out.append(f"{rname} {name}: {c[key]} {key}, target 0")
-            # the activation and the bias gradients are fused into their block casts
-            for unfused in ("fp8jax_activation", "fp8jax_dactivation", "fp8jax_block_quantize"):
+            # the norms, the activation and the bias gradients are fused into their block casts
+            for unfused in ("fp8jax_activation", "fp8jax_dactivation", "fp8jax_block_quantize",
+                            "fp8jax_layernorm_forward", "fp8jax_rmsnorm_forward"):  # fmt: skip
                 if c.get("custom_calls", {}).get(unfused):
                     out.append(f"{rname} {name}: {unfused} launched, target: fused into a cast")
         if b["residual_ratio"] > 0.6:

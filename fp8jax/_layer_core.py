@@ -7,8 +7,9 @@ primals under explicit sharding).
 
 Block-scaled recipes (``Float8BlockScaling``, ``MXFP8BlockScaling``) run through the same
 pieces: :func:`cast_t` casts with the role's blocks (:func:`block_cast`: both layouts, a pair of
-scale grids; fused with the bias gradient and the MLP's activation as the per-tensor casts are)
-and each GEMM is the block-scaled one (``_gemm``), with current scaling's unfused norm path.
+scale grids; fused as the per-tensor casts are, with the bias gradient, the MLP's activation and
+its gradient; :func:`block_norm_cast` with the norm) and each GEMM is the block-scaled one
+(``_gemm``).
 
 A layer with ``G`` GEMMs has ``3 G`` tensor roles (:func:`fp8jax.state.gemm_roles`); each GEMM's
 forward here takes its input already in FP8 (from a fused norm or activation kernel, or from
@@ -44,6 +45,8 @@ from fp8jax.ops.block_fused import (
     dactivation_block_cast_transpose_dbias,
     dactivation_mxfp8_cast_transpose_dbias,
     mxfp8_cast_transpose_dbias,
+    norm_block_cast_transpose,
+    norm_mxfp8_cast_transpose,
 )
 from fp8jax.ops.block_scaling import (
     block_cast_transpose,
@@ -298,10 +301,34 @@ def block_cast(
     else:
         cast = mxfp8_cast_transpose if setup.mxfp8 else block_cast_transpose
         out = cast(x, fp8_dtype, block, **kw)
-    q, s, q_t, s_t = out[:4]
+    return block_outputs(setup, *out)
+
+
+def block_norm_cast(
+    setup: Fp8Setup, x: jax.Array, gamma: jax.Array, beta: jax.Array | None,
+    norm: tuple[str, float, bool],
+):  # fmt: skip
+    """The norm of ``x`` [M, H] block-scaled for a GEMM (role ``"x"``), in one op
+    (:func:`~fp8jax.ops.norm_block_cast_transpose`): ``(q, q_t, (scale_inv, scale_inv_t), amax,
+    mu [M], rsigma [M])``, as :func:`block_cast` of the norm's output would give."""
+    norm_type, epsilon, zero_centered = norm
+    block, pow2, eps = setup.block("x")
+    kw = dict(norm_type=norm_type, epsilon=epsilon, zero_centered_gamma=zero_centered,
+              implementation=setup.implementation("norm"))  # fmt: skip
+    if setup.mxfp8:
+        out = norm_mxfp8_cast_transpose(x, gamma, beta, setup.fwd_dtype, block, **kw)
+    else:
+        out = norm_block_cast_transpose(x, gamma, beta, setup.fwd_dtype, block,
+                                        power_2_scale=pow2, amax_epsilon=eps, **kw)  # fmt: skip
+    return block_outputs(setup, *out)
+
+
+def block_outputs(setup: Fp8Setup, q, s, q_t, s_t, *rest):
+    """A block cast's outputs as the layers carry them: ``(q, q_t, (s, s_t), amax, *rest)``,
+    MXFP8's E8M0 scales as their ``uint8`` bits, ``amax`` NaN (not observed)."""
     if setup.mxfp8:
         s, s_t = (jax.lax.bitcast_convert_type(v, jnp.uint8) for v in (s, s_t))
-    return (q, q_t, (s, s_t), jnp.float32(jnp.nan), *out[4:])
+    return (q, q_t, (s, s_t), jnp.float32(jnp.nan), *rest)
 
 
 def _rows(sinv: Any) -> jax.Array:

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax._layer_core import Fp8Setup, cast_t, named_input
+from fp8jax._layer_core import Fp8Setup, block_norm_cast, cast_t, named_input
 from fp8jax.autocast import is_fp8_enabled
 from fp8jax.ops.norm import layernorm, norm_backward, norm_forward, norm_forward_fp8, rmsnorm
 
@@ -118,13 +118,20 @@ def norm_fp8(
     ``rsigma`` and ``y`` in ``x``'s shape), ``y`` (the norm in ``x.dtype``) ``None`` unless
     ``keep_output``.
 
-    Delayed scaling runs the fused kernel; current scaling (which needs the output's amax
-    before the cast) and ``keep_output`` run the norm, then ``cast_transpose``: the same
-    values either way, since the fused kernel quantizes the norm as rounded to ``x.dtype``."""
+    Delayed scaling runs the fused kernel, and so does block scaling (its own,
+    :func:`~fp8jax.ops.norm_block_cast_transpose`); current scaling (which needs the output's
+    amax before the cast) and ``keep_output`` run the norm, then ``cast_transpose``: the same
+    values either way, since the fused kernels quantize the norm as rounded to ``x.dtype``."""
     norm_type, epsilon, zero_centered = norm
     kw = dict(norm_type=norm_type, epsilon=epsilon, zero_centered_gamma=zero_centered)
     impl = setup.implementation("norm")
     hidden = x.shape[-1]
+    if setup.blocks is not None and not keep_output:  # the norm fused into the block cast
+        q, q_t, sinv, amax, mu, rsigma = block_norm_cast(
+            setup, x.reshape(-1, hidden), gamma, beta, norm
+        )
+        rows = x.shape[:-1]
+        return q, q_t, sinv, amax, mu.reshape(rows), rsigma.reshape(rows), None
     if setup.current_scaling or keep_output:
         y, mu, rsigma = norm_forward(x, gamma, beta, implementation=impl, **kw)
         q, q_t, sinv, amax = cast_t(setup, y.reshape(-1, hidden), scale, setup.fwd_dtype)

@@ -4,8 +4,9 @@
 // A source gives element (r, col) of matrix g of the [rows, cols] matrices being cast, as float32
 // holding a value of the input dtype W: x itself (block_cast_transpose), or a prologue computed
 // from the op's inputs and rounded to W once (activation_block_cast_transpose: the activation of
-// the MLP's first GEMM output; dactivation_block_cast_transpose_dbias: its gradient), so a fused
-// cast quantizes exactly what the unfused ops would.
+// the MLP's first GEMM output; dactivation_block_cast_transpose_dbias: its gradient;
+// norm_block_cast_transpose on CUDA: the norm's output from its row statistics), so a fused cast
+// quantizes exactly what the unfused ops would.
 // H is the half conversion: ExactHalf on the CPU, FastHalf on the GPU (the same bits).
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "common/block_scale.h"
 #include "common/fp8_numerics.h"
 #include "common/launch_plan.h"
+#include "common/norm_row.h"
 #include "common/wide.h"
 
 namespace fp8jax::block {
@@ -62,6 +64,33 @@ struct DActSource {
     if (G && gg % k != 0) return RoundWide<W, H>(act::BackwardB<A>(gv, a));  // only the half asked
     const float b = G ? LoadWide<W, H>(x, row * k * n + n + col) : 1.0f;
     return RoundWide<W, H>(act::BackwardA<A, G>(gv, a, b));
+  }
+};
+
+// The norm's output of x [groups, rows, cols] from its row statistics (mu, rsigma: one per row
+// of all groups, as the norm kernels write them) and gamma, beta ([groups, cols] or [cols], any
+// wide dtype), rounded to W: common/norm_row.h's NormOut, as the CUDA norm forward writes y.
+// kLayer: layernorm (beta added), else rmsnorm.
+template <WideKind W, typename H, bool kLayer>
+struct NormSource {
+  const void* x;
+  const float* mu;
+  const float* rsigma;
+  const void* gamma;
+  const void* beta;
+  WideKind gamma_kind;
+  WideKind beta_kind;
+  bool zero_centered;
+  bool grouped_params;  // gamma, beta [groups, cols], else [cols]
+  int64_t rows;
+  int64_t cols;
+  FP8JAX_HD float operator()(int64_t g, int64_t r, int64_t col) const {
+    const int64_t row = g * rows + r;
+    const int64_t p = grouped_params ? g * cols + col : col;
+    const float gm = NormGamma(LoadWideOf<H>(gamma, gamma_kind, p), zero_centered);
+    const float b = kLayer ? LoadWideOf<H>(beta, beta_kind, p) : 0.0f;
+    const float v = LoadWide<W, H>(x, row * cols + col);
+    return RoundWide<W, H>(NormOut<kLayer>(v, mu[row], rsigma[row], gm, b));
   }
 };
 

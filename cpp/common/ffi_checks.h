@@ -75,6 +75,8 @@ inline ffi::Error GroupShapeOf(const std::string& op, int64_t numel, int64_t gro
 
 // Shapes for cast_transpose: `matrices` row-major [rows, cols] matrices,
 // `matrices / groups` of them share one scale.
+using F32Buffer = ffi::Buffer<ffi::F32>;
+
 struct MatrixShape {
   int64_t groups = 1;
   int64_t matrices = 1;
@@ -191,6 +193,16 @@ inline ffi::Error HistoryShapeOf(ffi::AnyBuffer::Dimensions hist_dims, int64_t h
 inline ffi::Error CheckAlgo(int64_t algo) {
   if (algo != 0 && algo != 1) {
     return BadArg("update_fp8_state", "algo must be 0 (max) or 1 (most_recent)");
+  }
+  return ffi::Error::Success();
+}
+
+// The incoming gradient g of an activation of x: [..., m, n] in x's dtype.
+inline ffi::Error CheckGradInputs(const char* op, const ffi::AnyBuffer& g, const ffi::AnyBuffer& x,
+                                  const MatrixShape& s) {
+  if (g.element_type() != x.element_type()) return BadArg(op, "g and x must share a dtype");
+  if (g.element_count() != s.matrices * s.rows * s.cols) {
+    return BadArg(op, "g must have shape [m, n] of x's [m, k, n]");
   }
   return ffi::Error::Success();
 }

@@ -26,6 +26,14 @@ FP8JAX_HD float LoadWide(const void* p, int64_t i) {
   }
 }
 
+// Element i of a wide buffer whose dtype is known at run time only (a small vector: gamma, beta).
+template <typename H = ExactHalf>
+FP8JAX_HD float LoadWideOf(const void* p, WideKind k, int64_t i) {
+  if (k == WideKind::kF32) return LoadWide<WideKind::kF32, H>(p, i);
+  if (k == WideKind::kBF16) return LoadWide<WideKind::kBF16, H>(p, i);
+  return LoadWide<WideKind::kF16, H>(p, i);
+}
+
 // The bits of v rounded to a 2-byte wide dtype (bfloat16 or float16).
 template <WideKind W, typename H = ExactHalf>
 FP8JAX_HD uint16_t WideBits(float v) {

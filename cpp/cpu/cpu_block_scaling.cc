@@ -1,6 +1,7 @@
 // CPU FFI handlers of the block-scaled casts: block_quantize, block_cast_transpose and its fused
-// forms, block_cast_transpose_dbias, activation_block_cast_transpose and
-// dactivation_block_cast_transpose_dbias (common/block_scale.h has
+// forms, block_cast_transpose_dbias, activation_block_cast_transpose,
+// dactivation_block_cast_transpose_dbias and norm_block_cast_transpose (the norm computed into a
+// scratch buffer by cpu_norm.cc, then cast: norm_forward's y itself) (common/block_scale.h has
 // the numerics and the layouts, common/block_sources.h what the fused forms quantize and the dbias
 // order; fp8jax/ops/block_scaling.py and block_fused.py the references they equal).
 //
@@ -21,6 +22,7 @@
 #include "common/wide.h"
 #include "cpu/cpu_cast_transpose.h"  // ColumnTotals
 #include "cpu/cpu_handler.h"
+#include "cpu/cpu_norm.h"
 #include "cpu/cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -217,6 +219,32 @@ ffi::Error DActivationBlockCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any
                          });
 }
 
+ffi::Error NormBlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::Any gamma,
+                                      sig::Any beta, int64_t norm_type, float norm_epsilon,
+                                      int64_t zero_centered, int64_t block_rows, int64_t block_cols,
+                                      int64_t scale_mode, float epsilon, sig::AnyOut q,
+                                      sig::AnyOut scale_inv, sig::AnyOut qt,
+                                      sig::AnyOut scale_inv_t, sig::F32Out mu, sig::F32Out rsigma) {
+  const char* op = kNormBlockCastTransposeOp;
+  NormShape s;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckNormBlockCastTranspose(
+      x, gamma, beta, norm_type, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt,
+      *scale_inv_t, mu->element_count(), rsigma->element_count(), &s, &c, &ct));
+  const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
+  const int64_t bytes = WideKindOf(x.element_type()) == WideKind::kF32 ? 4 : 2;
+  std::vector<uint8_t> y(static_cast<size_t>(x.element_count() * bytes));
+  NormForwardInto(&pool, layer, x, gamma, layer ? &beta : nullptr, norm_epsilon, zero_centered != 0,
+                  s, y.data(), mu->typed_data(), rsigma->typed_data());
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           const DirectSource<W, ExactHalf> src{y.data(), c.rows, c.cols};
+                           BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt,
+                                               *scale_inv_t);
+                           return ffi::Error::Success();
+                         });
+}
+
 }  // namespace
 }  // namespace fp8jax
 
@@ -226,3 +254,4 @@ FP8JAX_CPU_HANDLER(BlockCastTransposeDbias, fp8jax::BlockCastTransposeDbiasImpl)
 FP8JAX_CPU_HANDLER(ActivationBlockCastTranspose, fp8jax::ActivationBlockCastTransposeImpl);
 FP8JAX_CPU_HANDLER(DActivationBlockCastTransposeDbias,
                    fp8jax::DActivationBlockCastTransposeDbiasImpl);
+FP8JAX_CPU_HANDLER(NormBlockCastTranspose, fp8jax::NormBlockCastTransposeImpl);

@@ -20,6 +20,8 @@
 //
 // Shapes: x is [groups * rows, h] in memory (vmap's groups in front); gamma,
 // beta are [groups, h]; the FP8 scale has one value per group.
+#include "cpu/cpu_norm.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -221,18 +223,14 @@ uint32_t Fp8Strip(const Fp8Args& a, int64_t g, int64_t r0, int64_t r1, float* s,
 
 // ------------------------------------------------------------------ forward
 
-ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
-                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
-                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
-                       int64_t n_stats) {
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
-  const Params p = ParamsOf(gamma, beta, zero_centered != 0);
-  const FwdArgs a{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h,
-                  y.untyped_data(), mu,         rs};
+void ForwardInto(ffi::ThreadPool* pool, bool layer, const ffi::AnyBuffer& x,
+                 const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                 bool zero_centered, const NormShape& s, void* y, float* mu, float* rs) {
+  const Params p = ParamsOf(gamma, beta, zero_centered);
+  const FwdArgs a{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h, y, mu, rs};
   const int64_t grain = std::max<int64_t>(1, kGrain / s.h);
-  return DispatchWide(op, WideKindOf(x.element_type()), [&]<WideKind W>() {
-    ParallelFor(&pool, s.groups * s.rows, grain, [&](int64_t r0, int64_t r1) {
+  DispatchWide("norm_forward", WideKindOf(x.element_type()), [&]<WideKind W>() {
+    ParallelFor(pool, s.groups * s.rows, grain, [&](int64_t r0, int64_t r1) {
       std::vector<float> scratch(s.h);
       if (layer) {
         ForwardRows<W, true>(a, r0, r1, scratch.data());
@@ -242,6 +240,16 @@ ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const 
     });
     return ffi::Error::Success();
   });
+}
+
+ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
+                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
+                       int64_t n_stats) {
+  NormShape s;
+  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
+  ForwardInto(&pool, layer, x, gamma, beta, eps, zero_centered != 0, s, y.untyped_data(), mu, rs);
+  return ffi::Error::Success();
 }
 
 ffi::Error LayerNormForward(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::Any beta,
@@ -347,6 +355,13 @@ ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, s
 }
 
 }  // namespace
+
+void NormForwardInto(ffi::ThreadPool* pool, bool layer, const ffi::AnyBuffer& x,
+                     const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                     bool zero_centered, const NormShape& s, void* y, float* mu, float* rs) {
+  ForwardInto(pool, layer, x, gamma, beta, eps, zero_centered, s, y, mu, rs);
+}
+
 }  // namespace fp8jax
 
 FP8JAX_CPU_HANDLER(LayerNormForward, fp8jax::LayerNormForward);

@@ -39,6 +39,7 @@
 #include "cuda/cuda_column_totals.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
+#include "cuda/cuda_norm.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -48,6 +49,7 @@ namespace {
 using block::ActSource;
 using block::DActSource;
 using block::DirectSource;
+using block::NormSource;
 
 constexpr int kTile = static_cast<int>(block::kTile);
 constexpr int kBlockThreads = 256;
@@ -282,6 +284,45 @@ ffi::Error DActivationBlockCastTransposeDbiasImpl(cudaStream_t stream, sig::Any 
                          });
 }
 
+// The norm's statistics (cuda_norm.cu's forward kernel, writing no y), then the cast of y as the
+// block kernel computes it from them (NormSource): y never goes to memory.
+ffi::Error NormBlockCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::Any gamma,
+                                      sig::Any beta, int64_t norm_type, float norm_epsilon,
+                                      int64_t zero_centered, int64_t block_rows, int64_t block_cols,
+                                      int64_t scale_mode, float epsilon, sig::AnyOut q,
+                                      sig::AnyOut scale_inv, sig::AnyOut qt,
+                                      sig::AnyOut scale_inv_t, sig::F32Out mu, sig::F32Out rsigma) {
+  const char* op = kNormBlockCastTransposeOp;
+  NormShape s;
+  block::Cast c, ct;
+  FP8JAX_RETURN_IF_ERROR(CheckNormBlockCastTranspose(
+      x, gamma, beta, norm_type, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt,
+      *scale_inv_t, mu->element_count(), rsigma->element_count(), &s, &c, &ct));
+  const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
+  FP8JAX_RETURN_IF_ERROR(NormStats(op, layer, stream, x, gamma, layer ? &beta : nullptr,
+                                   norm_epsilon, zero_centered != 0, s, mu->typed_data(),
+                                   rsigma->typed_data()));
+  const auto cast = [&]<WideKind W, typename F, bool kLayer>() {
+    const NormSource<W, FastHalf, kLayer> src{x.untyped_data(),
+                                              mu->typed_data(),
+                                              rsigma->typed_data(),
+                                              gamma.untyped_data(),
+                                              beta.untyped_data(),
+                                              WideKindOf(gamma.element_type()),
+                                              WideKindOf(beta.element_type()),
+                                              zero_centered != 0,
+                                              gamma.element_count() > s.h,
+                                              c.rows,
+                                              c.cols};
+    return BlockCastBoth<W, F>(stream, op, src, c, ct, *q, *scale_inv, *qt, *scale_inv_t);
+  };
+  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                         [&]<WideKind W, typename F>() {
+                           return layer ? cast.template operator()<W, F, true>()
+                                        : cast.template operator()<W, F, false>();
+                         });
+}
+
 }  // namespace
 }  // namespace fp8jax
 
@@ -291,3 +332,4 @@ FP8JAX_CUDA_HANDLER(BlockCastTransposeDbias, fp8jax::BlockCastTransposeDbiasImpl
 FP8JAX_CUDA_HANDLER(ActivationBlockCastTranspose, fp8jax::ActivationBlockCastTransposeImpl);
 FP8JAX_CUDA_HANDLER(DActivationBlockCastTransposeDbias,
                     fp8jax::DActivationBlockCastTransposeDbiasImpl);
+FP8JAX_CUDA_HANDLER(NormBlockCastTranspose, fp8jax::NormBlockCastTransposeImpl);

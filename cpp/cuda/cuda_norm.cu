@@ -34,6 +34,7 @@
 #include "cuda/cuda_column_totals.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
+#include "cuda/cuda_norm.h"
 #include "cuda/cuda_util.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -119,22 +120,10 @@ __device__ __forceinline__ void StoreCodes(uint8_t* p, int64_t i, int count,
   }
 }
 
-// gamma / beta element i, whatever their dtype (a block-uniform switch; they
-// are small and stay in L1/L2).
-__device__ __forceinline__ float LoadParam(const void* p, WideKind k, int64_t i) {
-  switch (k) {
-    case WideKind::kF32:
-      return LoadWide<WideKind::kF32>(p, i);
-    case WideKind::kBF16:
-      return LoadWide<WideKind::kBF16>(p, i);
-    default:
-      return LoadWide<WideKind::kF16, FastHalf>(p, i);
-  }
-}
-
 // The `count` gamma (or beta) values of a chunk at i. like_x (block-uniform): the parameter has
 // x's dtype, and is 16-byte aligned where kVector, so the chunk is x's kind of access (one
-// 16-byte load when kVector); else element by element through LoadParam.
+// 16-byte load when kVector); else element by element through LoadWideOf (a block-uniform
+// switch on the dtype; the vectors are small and stay in L1/L2).
 template <WideKind W, bool kVector, int VEC>
 __device__ __forceinline__ void LoadParams(const void* p, WideKind k, bool like_x, int64_t i,
                                            int count, float (&v)[VEC]) {
@@ -142,7 +131,7 @@ __device__ __forceinline__ void LoadParams(const void* p, WideKind k, bool like_
     LoadVec<W, kVector>(p, i, count, v);
   } else {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = j < count ? LoadParam(p, k, i + j) : 0.0f;
+    for (int j = 0; j < VEC; ++j) v[j] = j < count ? LoadWideOf<FastHalf>(p, k, i + j) : 0.0f;
   }
 }
 
@@ -268,7 +257,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormForwardKernel(FwdArgs a) {
       amax_group = group;
     }
     const int64_t pbase = group * a.h;
-    for (int k = 0; valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k); ++k) {
+    const bool out = kFp8 || a.y != nullptr;  // else the statistics only (NormStats)
+    for (int k = 0; out && valid && k < p.chunks_per_thread && plan::NormChunkValid(p, t, k); ++k) {
       const int64_t c0 = plan::NormChunkStart(p, t, k);
       const int n = plan::NormChunkCount(p, a.h, c0);
       float v[VEC], g[VEC], b[VEC];
@@ -513,12 +503,11 @@ bool ParamsLikeX(ffi::DataType x, const ffi::AnyBuffer& gamma, const ffi::AnyBuf
   return true;
 }
 
-ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
-                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
-                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
-                       int64_t n_stats) {
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
+// The plain forward of x (shape `s`, checked) into y, mu and rs; y null: mu and rs only.
+ffi::Error LaunchPlainForward(const char* op, bool layer, cudaStream_t stream,
+                              const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
+                              const ffi::AnyBuffer* beta, float eps, bool zero_centered,
+                              const NormShape& s, void* y, float* mu, float* rs) {
   if (s.groups * s.rows == 0) return ffi::Error::Success();
   FwdArgs a{};
   a.x = x.untyped_data();
@@ -526,12 +515,12 @@ ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ff
   a.beta = beta != nullptr ? beta->untyped_data() : nullptr;
   a.gamma_kind = WideKindOf(gamma.element_type());
   a.beta_kind = beta != nullptr ? WideKindOf(beta->element_type()) : WideKind::kF32;
-  a.zero_centered = zero_centered != 0;
+  a.zero_centered = zero_centered;
   a.eps = eps;
   a.rows = s.groups * s.rows;
   a.rows_per_group = s.rows;
   a.h = s.h;
-  a.y = y.untyped_data();
+  a.y = y;
   a.groups = s.groups;
   a.mu = mu;
   a.rs = rs;
@@ -541,6 +530,16 @@ ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ff
     return layer ? LaunchForwardAny<W, true, void>(op, stream, a, aligned)
                  : LaunchForwardAny<W, false, void>(op, stream, a, aligned);
   });
+}
+
+ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
+                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
+                       int64_t n_stats) {
+  NormShape s;
+  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
+  return LaunchPlainForward(op, layer, stream, x, gamma, beta, eps, zero_centered != 0, s,
+                            y.untyped_data(), mu, rs);
 }
 
 using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
@@ -703,6 +702,14 @@ ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 m
 }
 
 }  // namespace
+
+ffi::Error NormStats(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
+                     const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                     bool zero_centered, const NormShape& s, float* mu, float* rsigma) {
+  return LaunchPlainForward(op, layer, stream, x, gamma, beta, eps, zero_centered, s, nullptr, mu,
+                            rsigma);
+}
+
 }  // namespace fp8jax
 
 FP8JAX_CUDA_HANDLER(LayerNormForward, fp8jax::LayerNormForward);

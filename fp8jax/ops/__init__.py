@@ -25,6 +25,9 @@ from fp8jax.ops.block_fused import (
     dactivation_block_cast_transpose_dbias_reference,
     dactivation_mxfp8_cast_transpose_dbias,
     mxfp8_cast_transpose_dbias,
+    norm_block_cast_transpose,
+    norm_block_cast_transpose_reference,
+    norm_mxfp8_cast_transpose,
 )
 from fp8jax.ops.block_scaling import (
     block_cast_transpose,
@@ -103,10 +106,13 @@ __all__ = [
     "mxfp8_quantize",
     "norm_backward",
     "norm_backward_reference",
+    "norm_block_cast_transpose",
+    "norm_block_cast_transpose_reference",
     "norm_forward",
     "norm_forward_fp8",
     "norm_forward_fp8_reference",
     "norm_forward_reference",
+    "norm_mxfp8_cast_transpose",
     "quantize",
     "quantize_reference",
     "rmsnorm",

@@ -1,10 +1,12 @@
 """Block-scaled casts fused with what precedes them in a layer: the bias gradient
-(``block_cast_transpose_dbias``), the MLP's activation (``activation_block_cast_transpose``) and
-its gradient with the bias gradient (``dactivation_block_cast_transpose_dbias``).
+(``block_cast_transpose_dbias``), the MLP's activation (``activation_block_cast_transpose``),
+its gradient with the bias gradient (``dactivation_block_cast_transpose_dbias``) and the norm
+before a GEMM (``norm_block_cast_transpose``).
 
 They are the block-scaled forms of :func:`~fp8jax.ops.cast_transpose_dbias`,
-:func:`~fp8jax.ops.activation_cast_transpose` and
-:func:`~fp8jax.ops.dactivation_cast_transpose_dbias`: the same values quantized as
+:func:`~fp8jax.ops.activation_cast_transpose`,
+:func:`~fp8jax.ops.dactivation_cast_transpose_dbias` and :func:`~fp8jax.ops.norm_forward_fp8`:
+the same values quantized as
 :func:`~fp8jax.ops.block_cast_transpose` quantizes them (both layouts, each with its own scale
 grid), in one op, so a GPU reads the high-precision tensor once per layout and never writes the
 activation out in high precision. The kernels (``cpp/common/block_sources.h``) compute the
@@ -12,11 +14,13 @@ fused value as they read it: the activation rounded once to the input dtype, exa
 :func:`~fp8jax.ops.activation` returns it, so each op equals its unfused chain bit for bit
 within one implementation. dbias is the float32 column sums of ``g`` in the fixed order of the
 other dbias kernels (docs/numerics.md, "dbias: a fixed summation order"): the same bits as
-:func:`~fp8jax.ops.cast_transpose_dbias`'s dbias.
+:func:`~fp8jax.ops.cast_transpose_dbias`'s dbias. The norm's CUDA kernel computes the row
+statistics, then the block cast computes ``y`` from them as it reads ``x`` (``y`` never goes to
+memory); the CPU kernel casts the ``y`` of its own norm forward.
 
 Sharding: as :func:`~fp8jax.ops.block_cast_transpose` (a split dim must leave whole blocks on
 each device); dbias is summed with one ``psum`` over the axes that split the rows, and the
-activation's ``k`` dim (the gated pair) is never split.
+activation's ``k`` dim (the gated pair) is never split, nor is the norm's hidden dim.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp8jax.ops import _checks, _opdef
 from fp8jax.ops.activation import _attrs as _act_attrs
@@ -51,6 +56,14 @@ from fp8jax.ops.block_scaling import (
     block_cast_transpose_reference,
 )
 from fp8jax.ops.cast_transpose import dbias_workspace
+from fp8jax.ops.norm import (
+    _NORM_CODES,
+    _epsilon_arg,
+    _norm_type_arg,
+    _params_args,
+    _per_row,
+    norm_forward_reference,
+)
 
 __all__ = [
     "activation_block_cast_transpose",
@@ -62,6 +75,9 @@ __all__ = [
     "dactivation_block_cast_transpose_dbias_reference",
     "dactivation_mxfp8_cast_transpose_dbias",
     "mxfp8_cast_transpose_dbias",
+    "norm_block_cast_transpose",
+    "norm_block_cast_transpose_reference",
+    "norm_mxfp8_cast_transpose",
 ]
 
 
@@ -98,6 +114,22 @@ def dactivation_block_cast_transpose_dbias_reference(
     q, s, q_t, s_t = block_cast_transpose_reference(jnp.moveaxis(dx, -2, -3), **kw)
     dbias = jnp.sum(dx.astype(jnp.float32), axis=-3)
     return jnp.moveaxis(q, -3, -2), jnp.moveaxis(s, -3, -2), q_t, s_t, dbias
+
+
+def norm_block_cast_transpose_reference(
+    x: jax.Array, gamma: jax.Array, beta: jax.Array, *, norm_type: str, norm_epsilon: float,
+    zero_centered_gamma: bool, fp8_dtype: Any, block: tuple[int, int], scale_mode: int,
+    amax_epsilon: float,
+) -> tuple[jax.Array, ...]:  # fmt: skip
+    """Pure-jnp reference of :func:`norm_block_cast_transpose`: ``block_cast_transpose`` of
+    :func:`~fp8jax.ops.norm_forward`'s ``y`` (in ``x``'s dtype) of ``x`` [m, h], then its ``mu``
+    and ``rsigma`` (``beta`` unread for ``"rmsnorm"``)."""
+    y, mu, rsigma = norm_forward_reference(
+        x, gamma, beta if norm_type == "layernorm" else None, norm_type=norm_type,
+        epsilon=norm_epsilon, zero_centered_gamma=zero_centered_gamma,
+    )  # fmt: skip
+    kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=amax_epsilon)
+    return (*block_cast_transpose_reference(y, **kw), mu, rsigma)
 
 
 def _act_outputs(x, *, fp8_dtype, block, scale_mode, activations, **_):
@@ -184,6 +216,36 @@ _DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
     sum_over={4: 0},  # dbias: the sum over g's rows
     need_replication=("a",),
     workspace=lambda g, x, **_: dbias_workspace(g, x.shape[-2] * x.shape[-1]),
+)
+
+
+def _cast_kw(*, fp8_dtype, block, scale_mode, amax_epsilon, **_):
+    return dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=amax_epsilon)
+
+
+_NORM_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
+    name="norm_block_cast_transpose",
+    family="norm",
+    target="fp8jax_norm_block_cast_transpose",
+    reference=norm_block_cast_transpose_reference,
+    outputs=lambda x, gamma, beta, **kw: (
+        *_cast_transpose_outputs(x, **_cast_kw(**kw)),
+        _per_row(x),
+        _per_row(x),
+    ),
+    factors=lambda x_ndim, gamma_ndim, beta_ndim: (
+        ["m h", "h", "h"],
+        ["m h", "mb hb", "h m", "ht mt", "m", "m"],
+    ),
+    attrs=lambda *, norm_type, norm_epsilon, zero_centered_gamma, **kw: {
+        **_attrs(**_cast_kw(**kw)),
+        "norm_type": np.int64(_NORM_CODES[norm_type]),
+        "norm_epsilon": np.float32(norm_epsilon),
+        "zero_centered_gamma": np.int64(zero_centered_gamma),
+    },
+    coarse=lambda *, block, **_: {"mb": ("m", block[0]), "mt": ("m", block[1])},
+    # a row's statistics read the whole row: h is never split, nor the grids' dims that count it
+    need_replication=("h", "hb", "ht"),
 )
 
 
@@ -346,3 +408,68 @@ def dactivation_mxfp8_cast_transpose_dbias(
     """:func:`dactivation_block_cast_transpose_dbias` for MXFP8 (E8M0 scales)."""
     return _dact("dactivation_mxfp8_cast_transpose_dbias", g, x, activations, fp8_dtype, block,
                  _E8M0, 0.0, implementation)  # fmt: skip
+
+
+def _norm(owner, x, gamma, beta, fp8_dtype, block, mode, amax_epsilon, implementation, norm_type,
+          epsilon, zero_centered_gamma):  # fmt: skip
+    norm_type = _norm_type_arg(owner, norm_type)
+    x = _checks.wide_array(owner, "x", x)
+    block = _both(owner, block, 2, x)
+    gamma, beta = _params_args(owner, norm_type, x, gamma, beta)
+    if beta is None:  # rmsnorm: the kernel takes one signature and reads no beta
+        beta = jnp.zeros_like(gamma)
+    return _run(_NORM_BLOCK_CAST_TRANSPOSE, owner, x, fp8_dtype, block, mode, amax_epsilon,
+                implementation, extra_operands=(gamma, beta), norm_type=norm_type,
+                norm_epsilon=_epsilon_arg(owner, epsilon),
+                zero_centered_gamma=bool(zero_centered_gamma))  # fmt: skip
+
+
+def norm_block_cast_transpose(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    fp8_dtype: Any,
+    block: tuple[int, int] = BLOCK_1D,
+    *,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The norm of ``x`` [m, h] (:func:`~fp8jax.ops.norm_forward`'s arguments: ``gamma``,
+    ``beta`` (``None`` for ``"rmsnorm"``), ``norm_type``, ``epsilon``, ``zero_centered_gamma``)
+    block-scaled in both layouts in one op: ``(q [m, h], scale_inv, q_t [h, m], scale_inv_t,
+    mu [m], rsigma [m])``, bit for bit ``block_cast_transpose(norm_forward(x, ...)[0], ...)``
+    and the norm's statistics, within one implementation. ``implementation``: ``"kernel"`` or
+    ``"xla"`` (family ``"norm"``).
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.arange(512.0).reshape(2, 256)
+    >>> q, s, q_t, s_t, mu, rs = norm_block_cast_transpose(
+    ...     x, jnp.ones(256), jnp.zeros(256), jnp.float8_e4m3fn, norm_type="layernorm",
+    ...     epsilon=1e-6)
+    >>> q.shape, s.shape, q_t.shape, s_t.shape, mu.tolist()
+    ((2, 256), (2, 2), (256, 2), (256, 1), [127.5, 383.5])
+    """
+    mode = _POW2 if power_2_scale else _F32
+    return _norm("norm_block_cast_transpose", x, gamma, beta, fp8_dtype, block, mode,
+                 amax_epsilon, implementation, norm_type, epsilon, zero_centered_gamma)  # fmt: skip
+
+
+def norm_mxfp8_cast_transpose(
+    x: jax.Array,
+    gamma: jax.Array,
+    beta: jax.Array | None,
+    fp8_dtype: Any = jnp.float8_e4m3fn,
+    block: tuple[int, int] = MXFP8_BLOCK,
+    *,
+    norm_type: str,
+    epsilon: float,
+    zero_centered_gamma: bool = False,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`norm_block_cast_transpose` for MXFP8 (E8M0 scales)."""
+    return _norm("norm_mxfp8_cast_transpose", x, gamma, beta, fp8_dtype, block, _E8M0, 0.0,
+                 implementation, norm_type, epsilon, zero_centered_gamma)  # fmt: skip

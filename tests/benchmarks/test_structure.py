@@ -53,7 +53,10 @@ def test_block_recipes_meet_their_targets(name, recipe):
     # (a GPU here without the recipe's scale mode, an H200 under MXFP8: XLA's GEMMs, no fp8jax_gemm)
     gemm = {"fp8jax_gemm"} if c["cublaslt_here"] else set()
     assert set(c["custom_calls"]) >= {"fp8jax_block_cast_transpose"} | gemm
-    if name != "dense":  # the MLP's activation, its gradient and dbias: fused into their casts
+    if name != "dense":  # the norm, the MLP's activation, its gradient, dbias: fused in casts
+        norms = {"layernorm_mlp": 1, "transformer_layer": 2}[name]
+        assert c["custom_calls"]["fp8jax_norm_block_cast_transpose"] == norms
+        assert "fp8jax_layernorm_forward" not in c["custom_calls"]
         assert c["custom_calls"]["fp8jax_activation_block_cast_transpose"] == 1
         assert c["custom_calls"]["fp8jax_dactivation_block_cast_transpose_dbias"] == 1
         assert c["custom_calls"]["fp8jax_block_cast_transpose_dbias"] >= 1
@@ -88,9 +91,9 @@ def test_block_recipes_residual_bytes(recipe):
 def test_a_block_recipe_regression_fails():
     layer = {"gemms": 0, "gemms_expected": 6, "casts": 7, "casts_expected": 6,
              "fp8_xla_transposes": 1, "fp8_xla_casts": 0, "state_updates": 0,
-             "custom_calls": {"fp8jax_activation": 1}}  # fmt: skip
+             "custom_calls": {"fp8jax_activation": 1, "fp8jax_layernorm_forward": 1}}  # fmt: skip
     bad = {"block": {"layers": {"dense": layer}, "residual_ratio": 0.7}}
-    assert len(structure.block_failures({"block_recipes": bad})) == 5
+    assert len(structure.block_failures({"block_recipes": bad})) == 6
 
 
 def test_suite_lists_and_summarises_the_benchmarks():

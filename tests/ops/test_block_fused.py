@@ -13,7 +13,17 @@ import numpy as np
 import pytest
 from _dbias import assert_dbias_close, strip_order_sum
 from _implementations import reference_bits_promised
-from _samples import ACT_CLOSE, F32_SCALE_GPU_CLOSE, Sample, dyadic
+from _samples import (
+    ACT_CLOSE,
+    BF16,
+    F16,
+    F32,
+    F32_SCALE_GPU_CLOSE,
+    NORM_CLOSE,
+    Sample,
+    dyadic,
+    normal,
+)
 
 from fp8jax import ops
 
@@ -185,6 +195,49 @@ def test_each_fused_op_is_one_custom_call():
         assert hlo.count("stablehlo.custom_call") == 1, hlo
 
 
+NORMS = {"layernorm": False, "rmsnorm-zc": True}
+
+
+@pytest.mark.parametrize("norm", list(NORMS))
+@pytest.mark.parametrize("dtype", WIDE, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_norm_form_equals_the_norm_then_the_cast(norm, dtype, kind):
+    """q, both grids, mu and rsigma of norm_forward then the cast, bit for bit; gamma and beta
+    in another dtype than x's."""
+    block = KINDS[kind][0]
+    norm_type, zc = norm.split("-")[0], NORMS[norm]
+    r = np.random.default_rng(len(norm))
+    x = _heavy(r, (300, 260), dtype, 1.0)
+    gamma = jnp.asarray(r.standard_normal(260) * 0.2 + 1, jnp.bfloat16)
+    beta = jnp.asarray(r.standard_normal(260), jnp.float32) if norm_type == "layernorm" else None
+    kw = dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=zc)
+    fused = ops.norm_mxfp8_cast_transpose if kind == "mxfp8" else ops.norm_block_cast_transpose
+    cast = KINDS[kind][2]
+    for impl in EXACT_IMPLS:
+        got = fused(x, gamma, beta, E5M2, block, implementation=impl, **kw)
+        y, mu, rsigma = ops.norm_forward(x, gamma, beta, implementation=impl, **kw)
+        _assert_same(got, (*cast(y, E5M2, block, implementation=impl), mu, rsigma))
+
+
+def test_norm_form_checks_its_arguments():
+    x, g = jnp.ones((4, 128)), jnp.ones(128)
+    f = ops.norm_block_cast_transpose
+    with pytest.raises(ValueError, match="beta must be None for norm_type='rmsnorm'"):
+        f(x, g, g, E4M3, norm_type="rmsnorm", epsilon=1e-5)
+    with pytest.raises(ValueError, match="beta is required"):
+        f(x, g, None, E4M3, norm_type="layernorm", epsilon=1e-5)
+    with pytest.raises(ValueError, match="norm_type must be 'layernorm' or 'rmsnorm'"):
+        f(x, g, g, E4M3, norm_type="batchnorm", epsilon=1e-5)
+    with pytest.raises(ValueError, match="epsilon must be a finite float > 0"):
+        f(x, g, g, E4M3, norm_type="layernorm", epsilon=0.0)
+    with pytest.raises(ValueError, match="x must have rank 2"):
+        f(jnp.ones((2, 4, 128)), g, g, E4M3, norm_type="layernorm", epsilon=1e-5)
+    with pytest.raises(ValueError, match=r"gamma must have shape \(128,\)"):
+        f(x, jnp.ones(64), g, E4M3, norm_type="layernorm", epsilon=1e-5)
+    with pytest.raises(ValueError, match="amax_epsilon must be a finite float >= 0"):
+        f(x, g, g, E4M3, norm_type="layernorm", epsilon=1e-5, amax_epsilon=-1.0)
+
+
 # ------------------------------------------------------------------ the conformance samples
 # 1024 rows (256 for MXFP8): split 8 ways by the mesh check, each device holds whole blocks of
 # the transposed copy's blocks (which run down the rows).
@@ -249,8 +302,41 @@ def _sample_dactivation_block_cast_transpose_dbias(key):
     return out
 
 
+def _sample_norm_block_cast_transpose(key):
+    r = np.random.default_rng(key)
+    f, mx = ops.norm_block_cast_transpose, ops.norm_mxfp8_cast_transpose
+
+    def args(m, h, dt, norm_type, param_dt):
+        x = normal(r, (m, h), dt, 3, 0.5) * jnp.asarray(2.0 ** r.integers(-3, 4, (m, 1)), dt)
+        gamma = normal(r, (h,), param_dt, 0.2, 1.0)
+        beta = normal(r, (h,), param_dt, 0.2) if norm_type == "layernorm" else None
+        return x, gamma, beta
+
+    # The kernel's row sums differ from XLA's in order (NORM_CLOSE); float32 scales keep a hair's
+    # difference in y from moving a block's power-of-two scale a whole step. (h = 160 for MXFP8:
+    # with h = 96, XLA:CPU summed a 32-row shard's float16 rows in another order than the whole
+    # array's, so "xla" on 8 devices was not its one-device bits.)
+    return {
+        "layernorm-1x128-bf16-e4m3-f32scale": Sample(
+            f, (*args(1024, 200, BF16, "layernorm", BF16), E4M3),
+            dict(norm_type="layernorm", epsilon=1e-5, power_2_scale=False), close=NORM_CLOSE,
+        ),
+        "rmsnorm-128x128-f32-e5m2-f32scale-zc": Sample(
+            f, (*args(1024, 136, F32, "rmsnorm", F32), E5M2, (128, 128)),
+            dict(norm_type="rmsnorm", epsilon=1e-5, zero_centered_gamma=True,
+                 power_2_scale=False),
+            close=NORM_CLOSE,
+        ),
+        "layernorm-mxfp8-f16": Sample(
+            mx, args(256, 160, F16, "layernorm", F32),
+            dict(norm_type="layernorm", epsilon=1e-5), close=NORM_CLOSE,
+        ),
+    }  # fmt: skip
+
+
 SAMPLES = {
     "block_cast_transpose_dbias": _sample_block_cast_transpose_dbias,
     "activation_block_cast_transpose": _sample_activation_block_cast_transpose,
     "dactivation_block_cast_transpose_dbias": _sample_dactivation_block_cast_transpose_dbias,
+    "norm_block_cast_transpose": _sample_norm_block_cast_transpose,
 }

@@ -271,6 +271,27 @@ def test_nan_column_sums_have_the_cpu_kernels_bits(monkeypatch):
     assert cpu[0].tobytes() == cuda[0].tobytes()
 
 
+@pytest.mark.parametrize(("norm_type", "mx"), [("layernorm", False), ("rmsnorm", True)])
+def test_the_norm_block_cast_computes_the_norm_kernels_y(norm_type, mx, monkeypatch):
+    """The fused norm's CUDA kernel never reads y: its block cast computes y from the norm
+    kernel's statistics (block_sources.h's NormSource). Its codes, grids and statistics are
+    those of the CUDA norm forward then the CUDA block cast, bit for bit (x bfloat16, gamma
+    float32, beta float16; a row length no vector access takes)."""
+    r = np.random.default_rng(7)
+    x = jnp.asarray(r.standard_normal((200, 136)) * 3 + 1, jnp.bfloat16)
+    gamma = jnp.asarray(r.standard_normal(136) * 0.2 + 1, jnp.float32)
+    beta = jnp.asarray(r.standard_normal(136), jnp.float16) if norm_type == "layernorm" else None
+    kw = dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=mx)
+    fused = ops.norm_mxfp8_cast_transpose if mx else ops.norm_block_cast_transpose
+    cast = ops.mxfp8_cast_transpose if mx else ops.block_cast_transpose
+    with ops.implementation("kernel"), on_host_cuda(monkeypatch):
+        got = fused(x, gamma, beta, jnp.float8_e4m3fn, **kw)
+        y, mu, rsigma = ops.norm_forward(x, gamma, beta, **kw)
+        want = (*cast(y, jnp.float8_e4m3fn), mu, rsigma)
+    for g, w in zip(got, want, strict=True):
+        assert_matches(g, w, True)
+
+
 UNWRITTEN = "reads a shared byte that no thread of the block has written"
 READ_RACE = "reads a shared byte that another thread wrote since the last __syncthreads"
 WRITE_RACE = "writes a shared byte that another thread read since the last __syncthreads"
