@@ -6,7 +6,9 @@
 # others. For a short device lease: GPU_CHECK_PYTEST_TIMEOUT (seconds) stops pytest and goes on to the
 # benchmarks; GPU_CHECK_BENCHES ("gemm norm implementations") runs only those benchmarks/NAME.py
 # (cast_bandwidth always runs); BENCH_TIMEOUT (default 300) bounds each benchmark;
-# GPU_CHECK_DEADLINE (epoch seconds) sizes pytest's timeout to the time the build left.
+# GPU_CHECK_DEADLINE (epoch seconds) sizes pytest's timeout to the time the build left;
+# GPU_CHECK_PACK=1 leaves OUT with summary.md, pytest.log and gpu_check.tgz (everything) alone, for
+# a device tool that returns few files.
 #
 # Run from the repo root on a CUDA machine whose python already has JAX with its CUDA plugin,
 # pytest, scikit-build-core, nanobind and cmake (no network is needed or used). It builds fp8jax
@@ -44,7 +46,8 @@ PYTEST_ARGS=("$@")
 # What no GPU has run yet runs first (tests/conftest.py orders by FP8JAX_TEST_FIRST), so that a
 # short lease still reaches it: the block-scaled GEMM on cuBLASLt (scale modes and layouts), the
 # block cast kernels and their fused forms, the layers under the block recipes.
-export FP8JAX_TEST_FIRST="${GPU_CHECK_FIRST-tests/ops/test_block_gemm.py tests/ops/test_block_fused.py tests/ops/test_block_scaling.py tests/test_block_layers.py tests/test_block_training.py}"
+# The host runs' comparison with the GPU (test_host_cuda.py) comes next: the newest kernels' bits.
+export FP8JAX_TEST_FIRST="${GPU_CHECK_FIRST-tests/ops/test_block_gemm.py tests/ops/test_block_fused.py tests/ops/test_block_scaling.py tests/test_block_layers.py tests/test_block_training.py tests/ops/test_host_cuda.py}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python}"
@@ -252,4 +255,10 @@ done
 summary_py
 echo "gpu_check: summary in $OUT/summary.md"
 cat "$OUT/summary.md"
+if [[ "${GPU_CHECK_PACK:-0}" == 1 ]]; then
+  pack="$(mktemp)"
+  tar czf "$pack" -C "$OUT" . && mv "$pack" "$OUT/gpu_check.tgz" &&
+    find "$OUT" -mindepth 1 ! -name gpu_check.tgz ! -name summary.md ! -name pytest.log -delete
+  echo "gpu_check: everything packed in $OUT/gpu_check.tgz"
+fi
 exit "$pytest_rc"
