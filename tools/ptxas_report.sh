@@ -2,8 +2,8 @@
 # ptxas report: bash tools/ptxas_report.sh
 #
 # Compiles every CUDA source (cpp/cuda/*.cu) with `-Xptxas -v` for each GPU the build ships
-# machine code for (CMakeLists.txt: sm_89, sm_90) and for the newest GPU this nvcc knows, which
-# stands in for what the driver makes of the shipped compute_90 PTX on a newer GPU. Prints one
+# machine code for (CMakeLists.txt: sm_89, sm_90) and, from the shipped compute_90 PTX, for the
+# newest GPU this nvcc knows: what the driver makes of that PTX on a newer GPU. Prints one
 # line per kernel and arch: registers, shared memory, stack frame, spill stores/loads. Exits
 # non-zero when any kernel spills (a spill means local-memory traffic in a kernel whose whole
 # point is streaming memory at full bandwidth) or when a compile fails.
@@ -59,6 +59,8 @@ for src in "${sources[@]}"; do
   for arch in $archs; do
     if [[ -n "$built" && -f "$built" ]] && grep -q "for 'sm_$arch'" "$built"; then
       from_logs+=("$(basename "$src") sm_$arch")
+    elif ((arch > 90)); then  # the shipped compute_90 PTX, assembled as the driver would
+      gencodes+=(-gencode "arch=compute_90,code=sm_$arch")
     else
       gencodes+=(-gencode "arch=compute_$arch,code=sm_$arch")
     fi

@@ -65,9 +65,16 @@ __device__ __forceinline__ uint8_t BlockCode(float x, uint32_t scale_bits, bool 
 }
 
 // At least 4 resident blocks per SM (64 registers a thread): without the bound, ptxas for sm_121
-// kept the float16 instances at 40 registers and spilled 4 bytes.
+// kept the float16 instances at 40 registers and spilled 4 bytes. 3 (85 registers) for the
+// norm's source, whose y needs more: at 64, the compute_90 PTX JIT-compiled for sm_120/121 spilled
+// 12 bytes in the float32 RMSNorm instances.
+template <typename Source>
+constexpr int kMinBlocks = 4;
+template <WideKind W, typename H, bool kLayer>
+constexpr int kMinBlocks<NormSource<W, H, kLayer>> = 3;
+
 template <WideKind W, typename F, typename Source>
-__global__ void __launch_bounds__(kBlockThreads, 4)
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocks<Source>)
     BlockCastKernel(Source src, uint8_t* __restrict__ q, void* __restrict__ scale_inv,
                     block::Cast c, float* __restrict__ partial) {
   __shared__ uint32_t maxima[block::kMaxTileBlocks];

@@ -38,9 +38,11 @@ __device__ __forceinline__ void CastTransposeFastTile(
   const int cb = plan::FastColBlock(t);
   const int64_t mat_base = mt.mat * a.rows * a.cols;
   const int64_t first = mat_base + (mt.row0 + rb * plan::kVec) * a.cols + mt.col0 + cb * plan::kVec;
-  typename Source::Raw raw[plan::kVec];  // the rows at their own width, widened one by one
-#pragma unroll
-  for (int i = 0; i < plan::kVec; ++i) raw[i] = src.RawEight(first + i * a.cols);
+  // The rows are loaded in batches of 128 bytes a thread: all 8 rows of a 2-byte type, 4 of
+  // float32 (whose 8 rows in registers, 64 of them, made ptxas spill at the 128-register bound
+  // when the driver JIT-compiled the compute_90 PTX for sm_121). Each batch's rows are held at
+  // their own width and widened one by one.
+  constexpr int kBatch = sizeof(typename Source::Raw) > 16 ? plan::kVec / 2 : plan::kVec;
   uint64_t w[plan::kVec];
   // dbias: this thread's 8 rows are one group, added row by row as each row
   // is quantized (plan: dbias order), in shared memory: every row dies as
@@ -48,15 +50,21 @@ __device__ __forceinline__ void CastTransposeFastTile(
   // spill on sm_89, and on sm_121 from the compute_90 PTX). plan::ColpartIndex
   // keeps the warp's stores in distinct banks at no register cost (one base).
 #pragma unroll
-  for (int i = 0; i < plan::kVec; ++i) {
-    float v[8];
-    src.Widen(raw[i], v);
-    w[i] = QuantizeEight<F>(v, sc, m);
-    *reinterpret_cast<uint64_t*>(q + first + i * a.cols) = w[i];
-    if constexpr (kDbias) {
-      float* sums = colpart + plan::ColpartIndex(rb, cb * plan::kVec);
+  for (int i0 = 0; i0 < plan::kVec; i0 += kBatch) {
+    typename Source::Raw raw[kBatch];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sums[j] = __fadd_rn(i == 0 ? 0.0f : sums[j], v[j]);
+    for (int i = 0; i < kBatch; ++i) raw[i] = src.RawEight(first + (i0 + i) * a.cols);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      float v[8];
+      src.Widen(raw[i], v);
+      w[i0 + i] = QuantizeEight<F>(v, sc, m);
+      *reinterpret_cast<uint64_t*>(q + first + (i0 + i) * a.cols) = w[i0 + i];
+      if constexpr (kDbias) {
+        float* sums = colpart + plan::ColpartIndex(rb, cb * plan::kVec);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sums[j] = __fadd_rn(i0 + i == 0 ? 0.0f : sums[j], v[j]);
+      }
     }
   }
   plan::Transpose8x8(w);
