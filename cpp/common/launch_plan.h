@@ -147,8 +147,8 @@ FP8JAX_PLAN_HD int64_t ThreadChunk(const GroupTile& gt, int k, int t) {
   return gt.first_chunk + static_cast<int64_t>(k) * kThreads + t;
 }
 
-// The tile loop of one block of an elementwise kernel (quantize, dequantize),
-// shared by the CUDA kernels and the host simulation the tests run. For every
+// The tile loop of one block of an elementwise CUDA kernel (quantize, dequantize;
+// run on the host by tests/ops/test_host_cuda_walks.py). For every
 // tile the block owns (grid-stride: block, block + grid, ...) it calls
 // on_tile(group, base, chunks), where base is the group's first element and
 // chunks[k] the thread's k-th chunk (count 0 past the group's end); it calls

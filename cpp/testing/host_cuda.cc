@@ -23,8 +23,10 @@ constexpr size_t kStackBytes = 256 * 1024;
 enum class State { kRunnable, kBarrier, kWarp, kDone };
 
 struct Fiber {
-  ucontext_t ctx;
-  std::unique_ptr<char[]> stack;
+  ucontext_t ctx;     // the fresh context a block's thread starts in
+  void* resume[5]{};  // where Yield left it (__builtin_setjmp's buffer)
+  bool started = false;
+  char* stack = nullptr;  // kStackBytes of Grid::stacks
   unsigned tid = 0;
   State state = State::kRunnable;
   WarpOp op = WarpOp::kShflXor;
@@ -66,10 +68,11 @@ struct SiteHash {
   }
 };
 
-// The first shared-memory fault of a launch, as the fiber that made it saw it: only recorded there
-// (no allocation, no formatting on a fiber's stack), and made a message by RunGrid on its own.
+// The first memory fault of a launch, as the fiber that made it saw it: only recorded there (no
+// allocation, no formatting on a fiber's stack), and made a message by RunGrid on its own.
 struct SharedFault {
   const char* what = nullptr;  // nullptr: none
+  bool global = false;         // offset is then a global address, else a shared variables' byte
   uintptr_t offset = 0;
   unsigned block = 0;
   unsigned tid = 0;
@@ -77,7 +80,8 @@ struct SharedFault {
 };
 
 struct Grid {
-  ucontext_t scheduler;
+  ucontext_t scheduler;     // swapcontext's place to save the scheduler (never resumed)
+  void* to_scheduler[5]{};  // where a thread yields or returns to (Resume)
   std::vector<Fiber> fibers;
   Fiber* current = nullptr;
   unsigned block = 0;
@@ -90,6 +94,10 @@ struct Grid {
   uint32_t block_serial = 0;  // this block's, for ShadowByte::block
   bool banks = false;
   std::unordered_map<SiteKey, std::vector<LaneAccess>, SiteHash> sites;  // since the barrier
+  // The threads' stacks (local memory), one block of threads * kStackBytes.
+  std::unique_ptr<char[]> stacks;
+  // Global memory: the thread (block * 1024 + tid) that wrote each byte in this launch.
+  std::unordered_map<uintptr_t, uint64_t> global_writers;
   bool Failed() const { return !error.empty() || fault.what != nullptr; }
 };
 
@@ -154,13 +162,28 @@ void Entry() {
   } catch (...) {
     if (!g.Failed()) g.error = "exception in the kernel";
   }
-  g.current->state = State::kDone;  // uc_link returns to the scheduler
+  g.current->state = State::kDone;
+  __builtin_longjmp(g.to_scheduler, 1);  // the thread's stack is done with
 }
 
+// Switching between the scheduler and the threads: a thread starts with swapcontext (its own
+// stack), and every switch after that is a __builtin_setjmp / __builtin_longjmp pair, which keeps
+// the registers and stack only (swapcontext also saves and restores the signal mask, a system
+// call each way: most of a barrier's cost when blocks have many short tiles).
+
 // Back to the scheduler; returns when the scheduler runs this fiber again.
-void Yield() {
+__attribute__((noinline)) void Yield() {
   Grid& g = Running();
-  swapcontext(&g.current->ctx, &g.scheduler);
+  if (__builtin_setjmp(g.current->resume) == 0) __builtin_longjmp(g.to_scheduler, 1);
+}
+
+// Runs `f` until it yields or returns.
+__attribute__((noinline)) void Resume(Grid& g, Fiber& f) {
+  if (__builtin_setjmp(g.to_scheduler) == 0) {
+    if (f.started) __builtin_longjmp(f.resume, 1);
+    f.started = true;
+    swapcontext(&g.scheduler, &f.ctx);
+  }
 }
 
 const char* Name(State s) {
@@ -287,10 +310,11 @@ bool RunBlock(Grid& g) {
     Fiber& f = g.fibers[t];
     f.tid = t;
     f.state = State::kRunnable;
+    f.started = false;
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = &g.scheduler;
+    f.ctx.uc_link = nullptr;  // Entry never returns
     makecontext(&f.ctx, Entry, 0);
   }
   const bool reverse = GetOptions().reverse;
@@ -299,7 +323,7 @@ bool RunBlock(Grid& g) {
       Fiber& f = g.fibers[reverse ? g.threads - 1 - i : i];
       if (f.state != State::kRunnable) continue;
       g.current = &f;
-      swapcontext(&g.scheduler, &f.ctx);
+      Resume(g, f);
       g.current = nullptr;
       if (g.Failed()) return false;
     }
@@ -314,6 +338,12 @@ bool RunBlock(Grid& g) {
 }
 
 }  // namespace
+
+unsigned AtomicMax(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  if (v > old) *p = v;
+  return old;
+}
 
 Options& GetOptions() {
   static Options options;
@@ -336,6 +366,8 @@ void ResetStats() {
   s.shared_requests = 0;
   s.shared_wavefronts = 0;
   s.shared_ideal = 0;
+  s.global_bytes = 0;
+  s.global_vector_bytes = 0;
 }
 
 std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>& body) {
@@ -349,7 +381,8 @@ std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>
   g.threads = threads;
   g.body = &body;
   g.fibers.resize(threads);
-  for (Fiber& f : g.fibers) f.stack.reset(new char[kStackBytes]);
+  g.stacks.reset(new char[size_t{threads} * kStackBytes]);
+  for (unsigned t = 0; t < threads; ++t) g.fibers[t].stack = g.stacks.get() + t * kStackBytes;
   g.warp_values.resize((threads + 31) / 32);
   g.banks = GetOptions().banks;
   g_grid = &g;
@@ -367,9 +400,13 @@ std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>
   g_grid = nullptr;
   if (g.error.empty() && g.fault.what != nullptr) {
     const SharedFault& f = g.fault;
-    g.error = "block " + Num(f.block) + ": thread " + Num(f.tid) + " " + f.what + " (byte " +
-              Num(f.offset) + " of the shared variables" +
-              (f.other != ~0u ? ", thread " + Num(f.other) : std::string()) + ")";
+    const std::string other =
+        f.other == ~0u ? std::string()
+        : f.global     ? ", block " + Num(f.other / 1024) + " thread " + Num(f.other % 1024)
+                       : ", thread " + Num(f.other);
+    g.error = "block " + Num(f.block) + ": thread " + Num(f.tid) + " " + f.what +
+              (f.global ? " (global address 0x" + Hex(f.offset) : " (byte " + Num(f.offset)) +
+              (f.global ? std::string() : " of the shared variables") + other + ")";
   }
   return g.error;
 }
@@ -398,18 +435,50 @@ void WarpExchange(WarpOp op, unsigned mask, uint32_t bits, uint32_t all[32]) {
 
 void SharedAccessError(Grid& g, const char* what, uintptr_t offset, unsigned other) {
   if (g.Failed()) return;
-  g.fault = SharedFault{what, offset, g.block, g.current->tid, other};
+  g.fault = SharedFault{what, false, offset, g.block, g.current->tid, other};
+}
+
+// A kernel thread's load or store of `size` bytes of global memory at `addr` (neither shared
+// memory nor a thread's stack): it must be aligned to its size (a GPU faults on a misaligned
+// access), and no byte may be written by two threads of one launch (atomics excepted: they are
+// host_cuda.cc's, uninstrumented).
+void GlobalAccess(Grid& g, uintptr_t addr, unsigned size, bool write) {
+  const auto stacks = reinterpret_cast<uintptr_t>(g.stacks.get());
+  if (addr >= stacks && addr < stacks + size_t{g.threads} * kStackBytes) return;
+  Stats& stats = GetStats();
+  stats.global_bytes += size;
+  if (size >= 8) stats.global_vector_bytes += size;
+  const unsigned tid = g.current->tid;
+  if (addr % size != 0 && !g.Failed()) {
+    g.fault = SharedFault{"makes a misaligned access to global memory", true, addr, g.block, tid};
+  }
+  if (!write) return;
+  const uint64_t who = uint64_t{g.block} * 1024 + tid;
+  for (uintptr_t b = addr; b < addr + size; ++b) {
+    const auto [it, first] = g.global_writers.try_emplace(b, who);
+    if (!first && it->second != who && !g.Failed()) {
+      g.fault = SharedFault{"writes a global byte that another thread of the launch wrote",
+                            true,
+                            b,
+                            g.block,
+                            tid,
+                            static_cast<unsigned>(it->second)};
+    }
+  }
 }
 
 // A load or store of `size` bytes at `p` by the running thread, from the access site `pc`.
 void SharedAccess(const void* p, unsigned size, bool write, uintptr_t pc) {
   const auto addr = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t start = g_tls.start;
-  const uintptr_t stop = g_tls.stop;
-  if (addr < start || addr >= stop) return;
   Grid* gp = g_grid;
   if (gp == nullptr || gp->current == nullptr) return;
   Grid& g = *gp;
+  const uintptr_t start = g_tls.start;
+  const uintptr_t stop = g_tls.stop;
+  if (addr < start || addr >= stop) {
+    GlobalAccess(g, addr, size, write);
+    return;
+  }
   const auto tid = static_cast<int16_t>(g.current->tid);
   ++GetStats().shared_accesses;
   for (uintptr_t b = addr; b < addr + size && b < stop; ++b) {

@@ -9,8 +9,8 @@
 // The model, and what it checks:
 // - Launches run one at a time (whatever thread XLA calls a handler on), and a launch runs its
 //   blocks one at a time (ascending, or descending in the reverse order); each CUDA thread of a
-//   block is a fiber (ucontext) with its own stack, and threadIdx, blockIdx, blockDim and
-//   gridDim read the running fiber's.
+//   block is a fiber (started by ucontext, switched by setjmp/longjmp) with its own stack, and
+//   threadIdx, blockIdx, blockDim and gridDim read the running fiber's.
 // - `__shared__` is `static thread_local`: one instance shared by every thread of the running
 //   block (a launch runs on one OS thread, its blocks one at a time), in this module's TLS block,
 //   which holds nothing else the kernels touch. The kernels' translation units are compiled with
@@ -32,7 +32,11 @@
 //   at the same collective with the full mask; a warp collective with a lane that returned, or
 //   threads of a block waiting at different kinds of synchronisation with none able to go on,
 //   is an error (a deadlock or undefined behaviour on a GPU), reported by the launch.
-// - atomicMax is a plain read-modify-write (one OS thread runs everything).
+// - Global memory (what is neither shared nor a thread's stack): every access must be aligned to
+//   its size, as a GPU requires, and no byte may be stored by two threads of one launch (a
+//   write-write race, or a tile walk that visits an element twice); either fails the launch.
+//   Stats count the bytes moved, and those moved by 8- and 16-byte (vector) accesses.
+// - atomicMax is a plain read-modify-write (one OS thread runs everything), outside the checks.
 // - The element conversions are the CUDA headers' host implementations and the common headers'
 //   host paths (without __CUDA_ARCH__), which tests/cpp/test_device_numerics.py checks against
 //   the hardware's definition over all inputs.
@@ -93,6 +97,10 @@ struct Stats {
   std::atomic<int64_t> shared_requests{0};
   std::atomic<int64_t> shared_wavefronts{0};
   std::atomic<int64_t> shared_ideal{0};
+  // Global memory: bytes the kernel threads loaded and stored, and those of them moved by
+  // accesses of 8 bytes or more (vector accesses).
+  std::atomic<int64_t> global_bytes{0};
+  std::atomic<int64_t> global_vector_bytes{0};
 };
 
 Stats& GetStats();
@@ -112,6 +120,10 @@ void SyncThreads();
 // returns the 32 lanes' values in `all` once each has.
 enum class WarpOp { kShflXor, kReduceMax };
 void WarpExchange(WarpOp op, unsigned mask, uint32_t bits, uint32_t all[32]);
+
+// atomicMax, out of line in host_cuda.cc (uninstrumented: an atomic is no race, and the global
+// memory check's one-writer rule does not hold for it).
+unsigned AtomicMax(unsigned* p, unsigned v);
 
 // The running thread's lane.
 inline unsigned Lane() { return ThreadIdx().x % 32; }
@@ -147,11 +159,7 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 
-inline unsigned atomicMax(unsigned* p, unsigned v) {
-  const unsigned old = *p;
-  if (v > old) *p = v;
-  return old;
-}
+inline unsigned atomicMax(unsigned* p, unsigned v) { return ::fp8jax::host_cuda::AtomicMax(p, v); }
 
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32) {
   uint32_t all[32];

@@ -1,4 +1,4 @@
-// Kernels with known shared-memory behaviour, for the tests of host_cuda's own checks
+// Kernels with known shared- and global-memory behaviour, for the tests of host_cuda's own checks
 // (tests/ops/test_host_cuda.py): compiled like the kernels of cpp/cuda/ (host_cuda.h first,
 // instrumented), so that what these show the real kernels' runs would show too.
 #include "testing/host_cuda.h"
@@ -48,16 +48,31 @@ __global__ void WideKernel(int bytes) {
   if (bytes == 16) reinterpret_cast<ulonglong2*>(s)[threadIdx.x % 32] = make_ulonglong2(1, 2);
 }
 
+// Global memory, by `mode`: 0: each thread stores its word twice, and all take atomicMax of one
+// word (allowed); 1: threads 2k and 2k + 1 store the same word; 2: thread 0 stores 8 bytes at a
+// 4-byte aligned address.
+__global__ void GlobalKernel(int mode, float* out) {
+  const unsigned t = threadIdx.x;
+  if (mode == 0) {
+    out[t + 1] = 1.0f;
+    out[t + 1] = 2.0f;
+    atomicMax(reinterpret_cast<unsigned*>(out), t);
+  }
+  if (mode == 1) out[t / 2] = 1.0f;
+  if (mode == 2 && t == 0) *reinterpret_cast<uint64_t*>(out + 1) = 1;
+}
+
 }  // namespace
 
 // Runs one of the kernels above (one block of `threads` threads); returns the launch's error.
 std::string RunSelfTest(const std::string& kind, int threads, int param) {
-  float out[1024] = {};
+  alignas(16) float out[1025] = {};
   if (threads < 1 || threads > 1024) throw std::invalid_argument("threads: 1 to 1024");
   if (kind == "neighbour") return RunGrid(1, threads, [&] { NeighbourKernel(param != 0, out); });
   if (kind == "unwritten") return RunGrid(1, threads, [&] { UnwrittenKernel(out); });
   if (kind == "write_after_read") return RunGrid(1, threads, [&] { WriteAfterReadKernel(out); });
   if (kind == "stride") return RunGrid(1, threads, [&] { StrideKernel(param); });
+  if (kind == "global") return RunGrid(1, threads, [&] { GlobalKernel(param, out); });
   if (kind == "wide") return RunGrid(1, threads, [&] { WideKernel(param); });
   throw std::invalid_argument("unknown self-test kernel " + kind);
 }

@@ -1,6 +1,6 @@
 // nanobind module `fp8jax._fp8jax_testing`, built only for the tests (CMake FP8JAX_TESTING=ON,
-// which tools/test.sh sets): the CUDA kernels' launch planning and the host simulations of their
-// loops, compiled for the host (plan_bindings.cc, norm_plan_bindings.cc). Nothing in the package
+// which tools/test.sh sets): the CUDA kernels' launch planning, compiled for the host
+// (plan_bindings.cc, norm_plan_bindings.cc). Nothing in the package
 // imports it; tests/ops/test_launch_plan.py and test_norm_plan.py do.
 #include <nanobind/nanobind.h>
 

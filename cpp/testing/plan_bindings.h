@@ -5,7 +5,7 @@
 
 namespace fp8jax {
 
-// Adds the private _plan_* and _simulate_* functions to the module.
+// Adds the private _plan_* functions to the module.
 void AddPlanBindings(nanobind::module_& m);
 
 // Adds the norm kernels' _plan_norm (norm_plan_bindings.cc).

@@ -16,85 +16,19 @@ different results in the two).
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import pathlib
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from _dbias import strip_order_sum
+from _host_cuda import EXT, NEEDS_EXT, on_host_cuda, on_the_cpu, to_cpu  # noqa: F401
 from _samples import ACT_CLOSE, NORM_CLOSE, Sample, cases, dyadic, normal, sample, scale_of
 from _values import assert_matches
 
-from fp8jax import _ffi, ops
+from fp8jax import ops
 
 CASES = [c for c in cases() if c[0] != "gemm"]  # the GEMM is cuBLASLt's, not a kernel of ours
-PREFIX = "fp8jax_host_cuda_"
-
-
-def _extension():
-    try:
-        return importlib.import_module("fp8jax._fp8jax_host_cuda")
-    except ImportError:
-        toolkit = shutil.which("nvcc") or pathlib.Path("/usr/local/cuda/include/cuda.h").exists()
-        if toolkit:
-            raise ImportError(
-                "fp8jax._fp8jax_host_cuda is missing although the CUDA toolkit is here: build "
-                "with FP8JAX_TESTING=ON (bash tools/test.sh does)"
-            ) from None
-        return None
-
-
-EXT = _extension()
-pytestmark = pytest.mark.skipif(EXT is None, reason="no CUDA toolkit headers to build it with")
-_REGISTERED: dict[str, str] = {}
-CPU = jax.devices("cpu")[0]
-
-
-@pytest.fixture(autouse=True)
-def _on_the_cpu():
-    """The host runs are CPU custom calls: on a GPU machine too (tools/gpu_check.sh)."""
-    with jax.default_device(CPU):
-        yield
-
-
-def _cpu(arrays):
-    return tuple(jax.device_put(a, CPU) for a in arrays)
-
-
-def _register() -> dict[str, str]:
-    if not _REGISTERED:
-        _ffi.ensure_registered()
-        for name, capsule in EXT.registrations().items():
-            host = PREFIX + name.removeprefix("fp8jax_")
-            jax.ffi.register_ffi_target(host, capsule, platform="cpu")
-            _REGISTERED[name] = host
-    return _REGISTERED
-
-
-@contextlib.contextmanager
-def on_host_cuda(monkeypatch, *, reverse=False, sms=2, blocks_per_sm=0, device=0, banks=False):
-    """Inside, every fp8jax op's FFI call goes to its CUDA handler run on the host."""
-    targets = _register()
-    real = jax.ffi.ffi_call
-
-    def swapped(name, *args, **kwargs):
-        return real(targets.get(name, name), *args, **kwargs)
-
-    EXT.set_options(
-        reverse=reverse, sms=sms, blocks_per_sm=blocks_per_sm, device=device, banks=banks
-    )
-    jax.clear_caches()  # traces made with the CPU targets
-    with monkeypatch.context() as m:
-        m.setattr(jax.ffi, "ffi_call", swapped)
-        try:
-            yield
-        finally:
-            jax.clear_caches()  # and none of these traces outlives the block
-            EXT.set_options()
+pytestmark = [NEEDS_EXT, pytest.mark.usefixtures("on_the_cpu")]
 
 
 def _id(case) -> str:
@@ -172,7 +106,7 @@ CONFLICTED = "cast_transpose"  # every op of the family has it in its name
 def _compare(s: Sample, reverse: bool, monkeypatch, name: str = "") -> None:
     """Equal to the reference; in lane order, also without a shared-memory bank conflict
     (except the cast-transpose family's known ones)."""
-    args = _cpu(s.operands().values())
+    args = to_cpu(s.operands().values())
     want = jax.jit(lambda *a: s.call(*a, implementation="xla"))(*args)
     EXT.reset_stats()
     with on_host_cuda(monkeypatch, reverse=reverse, banks=not reverse):
@@ -208,7 +142,7 @@ def test_vmapped_calls_run_the_grouped_kernels(case, monkeypatch):
     """vmap makes one call with a leading group dimension (one scale per group): the kernels'
     grouped paths. Two groups, the second the first negated and halved."""
     s = sample(*case)
-    args = _cpu(s.operands().values())
+    args = to_cpu(s.operands().values())
     stacked = tuple(
         jnp.stack([a, (-a * 0.5).astype(a.dtype)]) if jnp.issubdtype(a.dtype, jnp.floating) else
         jnp.stack([a, a]) for a in args
@@ -295,6 +229,7 @@ def test_the_norm_block_cast_computes_the_norm_kernels_y(norm_type, mx, monkeypa
 UNWRITTEN = "reads a shared byte that no thread of the block has written"
 READ_RACE = "reads a shared byte that another thread wrote since the last __syncthreads"
 WRITE_RACE = "writes a shared byte that another thread read since the last __syncthreads"
+TWO_WRITERS = "writes a global byte that another thread of the launch wrote"
 
 
 @pytest.mark.parametrize(
@@ -304,12 +239,17 @@ WRITE_RACE = "writes a shared byte that another thread read since the last __syn
         ("neighbour", 0, "thread 0 " + UNWRITTEN, "thread 63 " + UNWRITTEN),
         ("unwritten", 0, "thread 0 " + UNWRITTEN, "thread 0 " + UNWRITTEN),
         ("write_after_read", 0, "thread 1 " + WRITE_RACE, "thread 0 " + READ_RACE),
+        ("global", 0, "", ""),
+        ("global", 1, "thread 1 " + TWO_WRITERS + " (global address", "thread 62 " + TWO_WRITERS),
+        ("global", 2, "thread 0 makes a misaligned access to global memory", "thread 0 makes"),
     ],
 )
-def test_shared_memory_checks_fail_the_launch(kind, param, lanes, reverse):
+def test_memory_checks_fail_the_launch(kind, param, lanes, reverse):
     """The runtime's own checks, on kernels made to break them (cpp/testing/host_cuda_selftest.cc),
     in both thread orders. Without its barrier, each thread reads its neighbour's word: thread 0
-    before thread 1 wrote it (lane order), thread 63 before thread 0 did (reverse order)."""
+    before thread 1 wrote it (lane order), thread 63 before thread 0 did (reverse order). In
+    global memory: a thread may store a byte twice and all may take an atomicMax of one word, but
+    two threads storing one byte, or a misaligned access, fail the launch."""
     for order, want in ((False, lanes), (True, reverse)):
         EXT.set_options(reverse=order)
         try:
@@ -386,7 +326,9 @@ def test_gpu_kernels_equal_their_host_run(name, monkeypatch):
         s.call(*(jax.device_put(a, gpu) for a in s.operands().values()), implementation="kernel")
     )
     with on_host_cuda(monkeypatch):
-        host = jax.block_until_ready(s.call(*_cpu(s.operands().values()), implementation="kernel"))
+        host = jax.block_until_ready(
+            s.call(*to_cpu(s.operands().values()), implementation="kernel")
+        )
     tol = dict(s.close or {})
     for i, (g, h) in enumerate(zip(on_gpu, host, strict=True)):
         try:

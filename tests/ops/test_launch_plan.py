@@ -1,12 +1,11 @@
 """The CUDA kernels' launch planning (cpp/common/launch_plan.h), run on the host.
 
 The test-only extension (``fp8jax._fp8jax_testing``) compiles the same header the CUDA kernels
-use and exposes it as private ``_plan_*`` functions; ``_simulate_*`` run each kernel's tile walk
-for every block and thread of the planned grid and report which element each thread touched. The
-tests check, without a GPU: every element written exactly once, vector accesses only where
-aligned, scalar head/tail only at the ends, one scale_inv write per group even for empty
-tensors, and no grid-dimension limit (more than 65535 row tiles or vmapped groups, more than
-2**31 elements: all int64).
+use and exposes it as private ``_plan_*`` functions. The tests check the plans' arithmetic
+without a GPU, also at sizes too large to run: grids never zero nor above the resident blocks,
+vector chunks only where aligned, no grid-dimension limit (more than 65535 row tiles or vmapped
+groups, more than 2**31 elements: all int64). The kernels themselves walk these plans in
+tests/ops/test_host_cuda_walks.py, run on the host.
 """
 
 from __future__ import annotations
@@ -28,40 +27,6 @@ def arr(b: bytes) -> np.ndarray:
 # ------------------------------------------------------------------- elementwise
 
 
-@pytest.mark.parametrize("resident", [1, 3, RESIDENT])
-@pytest.mark.parametrize("wide_bytes", [4, 2])
-@pytest.mark.parametrize(
-    ("groups", "per_group"),
-    [(1, 0), (3, 0), (1, 1), (1, 7), (1, 8), (1, 9), (1, 1001), (5, 13), (7, 8), (2, 20_000)],
-)
-def test_elementwise_covers_every_element_once(groups, per_group, wide_bytes, resident):
-    sim = ext._simulate_elementwise(groups, per_group, wide_bytes, BASE, 2 * BASE, resident)
-    n = groups * per_group
-    np.testing.assert_array_equal(arr(sim["visits"]), np.ones(n, np.int64))
-    assert sim["misaligned_vector_chunks"] == 0
-    assert sim["out_of_group"] == 0
-    # scale_inv: one write per group, also for empty groups (the empty-tensor bug's twin).
-    np.testing.assert_array_equal(arr(sim["scale_inv_writes"]), np.ones(groups, np.int64))
-    # amax: every group flushed by at least one block (an empty group flushes 0).
-    assert (arr(sim["amax_flushes"]) >= 1).all()
-    assert 1 <= sim["grid"] <= max(1, resident)
-
-
-@pytest.mark.parametrize("wide_bytes", [4, 2])
-def test_elementwise_vector_body_scalar_head_tail(wide_bytes):
-    """per_group not a multiple of 8: every group keeps a vector body; at most 7 + 7 scalars."""
-    groups, per_group = 6, 1003
-    sim = ext._simulate_elementwise(groups, per_group, wide_bytes, BASE, 3 * BASE, RESIDENT)
-    vec = arr(sim["vector_visits"]).reshape(groups, per_group)
-    scalar_per_group = per_group - vec.sum(axis=1)
-    assert (scalar_per_group <= 14).all(), scalar_per_group
-    assert (vec.sum(axis=1) >= per_group - 14).all()
-    # The scalar elements are only at the two ends of each group.
-    for g in range(groups):
-        body = np.flatnonzero(vec[g])
-        assert body[-1] - body[0] + 1 == body.size  # contiguous vector body
-
-
 @pytest.mark.parametrize(
     ("wide_off", "narrow_off", "wide_bytes", "vector"),
     [
@@ -74,15 +39,25 @@ def test_elementwise_vector_body_scalar_head_tail(wide_bytes):
     ],
 )
 def test_split_chunks_alignment(wide_off, narrow_off, wide_bytes, vector):
-    s = ext._plan_split_chunks(BASE + wide_off, wide_bytes, 2 * BASE + narrow_off, 100)
+    """The chunks of 100 elements at these addresses (fake ones: XLA's buffers are aligned, so
+    the host runs of the kernels cannot show these) cover each element once; a vector chunk
+    only where both pointers are aligned for it."""
+    wide, narrow = BASE + wide_off, 2 * BASE + narrow_off
+    s = ext._plan_split_chunks(wide, wide_bytes, narrow, 100)
     assert s["vector"] is vector
     assert -7 <= s["start"] <= 0
-    sim = ext._simulate_elementwise(
-        1, 100, wide_bytes, BASE + wide_off, 2 * BASE + narrow_off, RESIDENT
-    )
-    np.testing.assert_array_equal(arr(sim["visits"]), np.ones(100, np.int64))
-    assert sim["misaligned_vector_chunks"] == 0
-    assert bool(arr(sim["vector_visits"]).sum() > 0) is vector
+    visits = np.zeros(100, np.int64)
+    vectors = 0
+    for c in range(s["chunks"]):
+        chunk = ext._plan_chunk_at(wide, wide_bytes, narrow, 100, c)
+        visits[chunk["first"] : chunk["first"] + chunk["count"]] += 1
+        if chunk["vector"]:
+            vectors += 1
+            assert chunk["count"] == 8
+            assert (wide + chunk["first"] * wide_bytes) % 16 == 0
+            assert (narrow + chunk["first"]) % 8 == 0
+    np.testing.assert_array_equal(visits, np.ones(100, np.int64))
+    assert (vectors > 0) is vector
 
 
 def test_split_chunks_empty_and_one():
@@ -97,9 +72,6 @@ def test_more_than_65535_groups():
     plan = ext._plan_elementwise(groups, 16, RESIDENT)
     assert plan["tiles"] == groups and plan["grid"] == RESIDENT
     assert ext._plan_group_tile_at(plan["tiles"] - 1, plan["tiles_per_group"]) == (groups - 1, 0)
-    sim = ext._simulate_elementwise(groups, 3, 2, BASE, 2 * BASE, RESIDENT)
-    np.testing.assert_array_equal(arr(sim["visits"]), np.ones(3 * groups, np.int64))
-    np.testing.assert_array_equal(arr(sim["scale_inv_writes"]), np.ones(groups, np.int64))
 
 
 def test_more_than_2_31_elements():
@@ -128,78 +100,26 @@ def test_grid_is_never_zero_or_above_resident():
 # ---------------------------------------------------------------- cast_transpose
 
 
-def _check_transpose(matrices, rows, cols, groups=1, wide_bytes=2, offs=(0, 0, 0), resident=64):
-    sim = ext._simulate_cast_transpose(
-        matrices,
-        rows,
-        cols,
-        groups,
-        wide_bytes,
-        BASE + offs[0],
-        2 * BASE + offs[1],
-        3 * BASE + offs[2],
-        resident,
-    )
-    n = matrices * rows * cols
-    np.testing.assert_array_equal(arr(sim["q_visits"]), np.ones(n, np.int64))
-    np.testing.assert_array_equal(arr(sim["qt_visits"]), np.ones(n, np.int64))
-    np.testing.assert_array_equal(arr(sim["q_src"]), np.arange(n))
-    expected_qt = np.arange(n).reshape(matrices, rows, cols).transpose(0, 2, 1).reshape(-1)
-    np.testing.assert_array_equal(arr(sim["qt_src"]), expected_qt)
-    assert sim["misaligned_vector_chunks"] == 0
-    np.testing.assert_array_equal(arr(sim["scale_inv_writes"]), np.ones(groups, np.int64))
-    return sim
+def _tile_chunks(rows, cols, offs=(0, 0, 0), tile=0, matrices=1, wide_bytes=2):
+    """Thread 0's first load and store chunks of tile `tile`, and whether it is a fast tile."""
+    addrs = (BASE + offs[0], 2 * BASE + offs[1], 3 * BASE + offs[2])
+    return ext._plan_transpose_chunks(rows, cols, wide_bytes, *addrs, tile, matrices, 0, 0, 0)
 
 
-@pytest.mark.parametrize(
-    ("matrices", "rows", "cols"),
-    [
-        (1, 4, 0),
-        (1, 0, 16),
-        (3, 0, 0),
-        (0, 4, 16),
-        (1, 1, 1),
-        (1, 8, 8),
-        (1, 64, 64),
-        (1, 65, 63),
-        (2, 9, 130),
-        (3, 13, 7),
-        (1, 200, 24),
-        (4, 24, 200),
-    ],
-)
-def test_cast_transpose_covers_and_transposes(matrices, rows, cols):
-    sim = _check_transpose(matrices, rows, cols)
-    if matrices * rows * cols == 0:
-        assert sim["tiles"] == 0 and sim["grid"] == 1  # still launched: scale_inv is written
-
-
-def test_cast_transpose_empty_writes_scale_inv_per_group():
-    """The (4, 0) / (0, 16) bug: no tile has work, every group's scale_inv is still written."""
-    for rows, cols in [(4, 0), (0, 16)]:
-        _check_transpose(6, rows, cols, groups=3)
-
-
-def test_cast_transpose_vector_paths():
-    # rows, cols multiples of 8, aligned: every access is a vector.
-    sim = _check_transpose(2, 64, 128)
-    assert (arr(sim["vector_q"]) == 1).all() and (arr(sim["vector_qt"]) == 1).all()
-    # rows not a multiple of 8: loads stay vector; q_t rows start misaligned, so its stores are
-    # vector only where aligned (e.g. all of column 0), and the last partial chunk is scalar.
-    sim = _check_transpose(1, 61, 128)
-    assert (arr(sim["vector_q"]) == 1).all()
-    vqt = arr(sim["vector_qt"]).reshape(128, 61)
-    assert (vqt[0, :56] == 1).all() and (vqt[:, 56:] == 0).all()
-    # cols not a multiple of 8: rows start misaligned -> those loads are scalar, q_t stays vector.
-    sim = _check_transpose(1, 64, 100)
-    assert (arr(sim["vector_qt"]) == 1).all()
-    assert 0 < arr(sim["vector_q"]).sum() < 64 * 100
+def test_cast_transpose_empty_plans_one_block():
+    """No tile has work, but the kernel is still launched: it writes every group's scale_inv."""
+    for matrices, rows, cols in [(1, 4, 0), (1, 0, 16), (3, 0, 0), (0, 4, 16)]:
+        plan = ext._plan_cast_transpose(matrices, rows, cols, RESIDENT)
+        assert plan["tiles"] == 0 and plan["grid"] == 1
 
 
 def test_cast_transpose_misaligned_pointers():
-    sim = _check_transpose(1, 64, 64, wide_bytes=4, offs=(4, 1, 3))
-    assert arr(sim["vector_q"]).sum() == 0 and arr(sim["vector_qt"]).sum() == 0
-    _check_transpose(1, 64, 64, wide_bytes=4, offs=(16, 8, 8))  # 16 bytes suffice for f32
+    """Fake misaligned addresses (XLA's buffers never are): every chunk is scalar; 16 bytes of
+    alignment suffice for float32's vector loads."""
+    chunk = _tile_chunks(64, 64, offs=(4, 1, 3), wide_bytes=4)
+    assert not chunk["load"]["vector"] and not chunk["store"]["vector"]
+    chunk = _tile_chunks(64, 64, offs=(16, 8, 8), wide_bytes=4)
+    assert chunk["load"]["vector"] and chunk["store"]["vector"]
 
 
 def test_more_than_65535_row_tiles():
@@ -232,8 +152,8 @@ def test_cast_transpose_more_than_2_31_elements():
 def test_planners_reject_negative_sizes():
     with pytest.raises(ValueError, match="per_group"):
         ext._plan_elementwise(1, -1, RESIDENT)
-    with pytest.raises(ValueError, match="groups"):
-        ext._simulate_cast_transpose(4, 8, 8, 3, 2, BASE, BASE, BASE, 1)
+    with pytest.raises(ValueError, match="matrices"):
+        ext._plan_cast_transpose(-1, 8, 8, RESIDENT)
 
 
 # ------------------------------------------------- cast_transpose fast path (128 x 128 tiles)
@@ -248,22 +168,17 @@ def test_transpose8x8_matches_numpy():
         np.testing.assert_array_equal(got, m.T)
 
 
-@pytest.mark.parametrize("wide_bytes", [4, 2])
-def test_fast_path_interior_tiles(wide_bytes):
-    """Aligned, rows % 16 == 0, cols % 8 == 0: every interior 128 x 128 tile takes the fast path,
-    every access is a vector, and shared memory has no bank conflict (by the host's bank model:
-    8-byte accesses served 16 threads per 128-byte wavefront, 16-byte ones 8 per wavefront)."""
-    sim = _check_transpose(2, 256, 384, wide_bytes=wide_bytes)
-    assert sim["fast_tiles"] == 2 * 2 * 3
-    assert sim["bank_conflicts"] == 0
-    assert (arr(sim["vector_q"]) == 1).all() and (arr(sim["vector_qt"]) == 1).all()
+def _fast_tiles(matrices, rows, cols, offs=(0, 0, 0)):
+    plan = ext._plan_cast_transpose(matrices, rows, cols, RESIDENT)
+    return [_tile_chunks(rows, cols, offs, t, matrices)["fast"] for t in range(plan["tiles"])]
 
 
-def test_fast_path_with_edge_tiles_and_groups():
-    # 2 x 2 tiles per matrix, the right column partial: 2 fast tiles per matrix, the rest guarded.
-    sim = _check_transpose(4, 256, 200, groups=2)
-    assert sim["fast_tiles"] == 4 * 2
-    assert sim["bank_conflicts"] == 0
+def test_fast_path_interior_tiles():
+    """Aligned, rows % 16 == 0, cols % 8 == 0: every whole 128 x 128 tile takes the fast path
+    (its shared-memory accesses are bank-conflict free: test_host_cuda.py counts them)."""
+    assert _fast_tiles(2, 256, 384) == [True] * 12
+    # 2 x 2 tiles per matrix, the right column partial: 2 fast tiles per matrix.
+    assert _fast_tiles(4, 256, 200) == [True, False, True, False] * 4
 
 
 @pytest.mark.parametrize(
@@ -272,8 +187,7 @@ def test_fast_path_with_edge_tiles_and_groups():
 )
 def test_fast_path_needs_alignment(rows, cols, offs):
     """Needs rows % 16, cols % 8, 16-byte x and q_t, 8-byte q; else every tile is guarded."""
-    sim = _check_transpose(1, rows, cols, offs=offs)
-    assert sim["fast_tiles"] == 0
+    assert not any(_fast_tiles(1, rows, cols, offs))
 
 
 def test_column_totals_spread_over_blocks_and_lanes():
