@@ -241,6 +241,25 @@ FP8JAX_PLAN_HD TileSlot StoreSlot(int t, int p) {
   return {(t % (kTile / kVec)) * kVec, t / (kTile / kVec) + kTileRowsPerPass * p};
 }
 
+// The guarded sub-tile's shared bytes: a dense kTile x kTile array of codes whose 8-code chunks
+// are swizzled, chunk c of row r stored as chunk c ^ ((r / 8) % 8). The load pass stores a
+// warp's 4 rows x 8 chunks (8 bytes each) in distinct banks; the store pass gathers, for each of
+// its 8 steps j, the byte at row 8 * k + j (k = 0..7, the lanes' row blocks) of one column
+// (4 lanes each), and the swizzle puts those 8 words in 8 distinct banks (without it, rows 8
+// apart sit 2 banks apart for any 8-byte-multiple row stride: a 4-way conflict).
+FP8JAX_PLAN_HD int GuardedTileIndex(int row, int col) {
+  return row * kTile + (((col / kVec) ^ ((row / kVec) % (kTile / kVec))) * kVec) + col % kVec;
+}
+
+// The dbias staging of a guarded sub-tile: float values [kTile][kValsStride], column c stored at
+// c ^ 4 in the right half (c >= 32). A warp's load-pass stores (4 rows x 8 chunks, element j of
+// each) then fall in 32 distinct banks (without it, chunks 32 columns apart collide: 2-way);
+// the sums read 32 consecutive columns of a row, which the swizzle only permutes.
+constexpr int kValsStride = kTile + 1;
+FP8JAX_PLAN_HD int GuardedValsIndex(int row, int col) {
+  return row * kValsStride + (col ^ ((col / 8) & 4));
+}
+
 // How many of the 8 elements [start, start + 8) lie below limit (0..8).
 FP8JAX_PLAN_HD int ChunkCount(int64_t start, int64_t limit) {
   const int64_t n = limit - start;

@@ -93,7 +93,7 @@ __device__ __forceinline__ void CastTransposeFastTile(
 template <typename F, bool kDbias, typename Source>
 __device__ __forceinline__ void CastTransposeGuardedTile(
     const Source& src, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
-    uint8_t (*tile)[plan::kTile + 8], float (*vals)[plan::kTile + 1], float* __restrict__ colpart,
+    uint8_t* __restrict__ tile, float* __restrict__ vals, float* __restrict__ colpart,
     const plan::TransposeArgs& a, const plan::MatTile& mt, int sub, float sc, uint32_t& m, int t) {
   plan::TileChunk in[2];
   float v[2][8];
@@ -103,24 +103,27 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
     src.Chunk(in[p].offset, in[p].count, in[p].vector, v[p]);
     if constexpr (kDbias) {  // missing elements are 0 and add nothing
 #pragma unroll
-      for (int j = 0; j < 8; ++j) vals[in[p].slot.row][in[p].slot.col + j] = v[p][j];
+      for (int j = 0; j < 8; ++j) {
+        vals[plan::GuardedValsIndex(in[p].slot.row, in[p].slot.col + j)] = v[p][j];
+      }
     }
   }
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     const uint64_t packed = QuantizeEight<F>(v[p], sc, m);
     StoreCodes(q, in[p].offset, in[p].count, in[p].vector, packed);
-    *reinterpret_cast<uint64_t*>(&tile[in[p].slot.row][in[p].slot.col]) = packed;
+    *reinterpret_cast<uint64_t*>(tile + plan::GuardedTileIndex(in[p].slot.row, in[p].slot.col)) =
+        packed;
   }
   __syncthreads();
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     const plan::TileChunk out = plan::StoreChunk(a, mt, t, p);
+    // The chunk's 8 rows share a row block: one swizzled column for all 8.
+    const uint8_t* column = tile + plan::GuardedTileIndex(out.slot.row, out.slot.col);
     uint64_t packed = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      packed |= static_cast<uint64_t>(tile[out.slot.row + j][out.slot.col]) << (8 * j);
-    }
+    for (int j = 0; j < 8; ++j) packed |= static_cast<uint64_t>(column[j * plan::kTile]) << (8 * j);
     StoreCodes(qt, out.offset, out.count, out.vector, packed);
   }
   if constexpr (kDbias) {  // each group of 8 rows of the sub-tile, rows in order
@@ -130,7 +133,7 @@ __device__ __forceinline__ void CastTransposeGuardedTile(
       float acc = 0.0f;
 #pragma unroll
       for (int i = 0; i < plan::kSumGroup; ++i) {
-        acc = __fadd_rn(acc, vals[gs.group * plan::kSumGroup + i][gs.col]);
+        acc = __fadd_rn(acc, vals[plan::GuardedValsIndex(gs.group * plan::kSumGroup + i, gs.col)]);
       }
       colpart[plan::ColpartIndex(plan::SubTileGroup0(sub) + gs.group,
                                  plan::SubTileCol0(sub) + gs.col)] = acc;
@@ -173,12 +176,12 @@ __global__ void __launch_bounds__(plan::kThreads, 2)
                         uint32_t* __restrict__ amax_bits, int64_t groups, plan::TransposeArgs a,
                         float* __restrict__ partial) {
   __shared__ __align__(16) uint64_t words[plan::kBigTile * plan::kBlocksPerEdge];
-  static_assert(sizeof(words) >= plan::kTile * (plan::kTile + 8));
+  static_assert(sizeof(words) >= plan::kTile * plan::kTile);
   constexpr int kSumRows = kDbias ? plan::kRowGroups : 1;
   constexpr int kValRows = kDbias ? plan::kTile : 1;
   __shared__ float colpart[kSumRows * plan::kColpartStride];
-  __shared__ float vals[kValRows][plan::kTile + 1];
-  auto* tile = reinterpret_cast<uint8_t (*)[plan::kTile + 8]>(words);
+  __shared__ float vals[kValRows * plan::kValsStride];
+  auto* tile = reinterpret_cast<uint8_t*>(words);
   WriteScaleInv(scale, scale_inv, groups);
   const int t = threadIdx.x;
   uint32_t m = 0;
