@@ -288,28 +288,35 @@ def _partitioned(
         return [split(s) for s in ins], [split(s) for s in outs], local
 
     if op.coarse is None:
-        rule, sizes = op.rule(n_batch, *(len(s) for s in shapes)), {}
-    else:
-        rule, sizes = _coarse_rule(ins, outs, shapes[0], op.coarse(**dict(params)))
-    return _partition.partitioned(
-        kernel, plan, rule, need_replication=op.need_replication, factor_sizes=sizes
-    )
+        rule = op.rule(n_batch, *(len(s) for s in shapes))
+        return _partition.partitioned(kernel, plan, rule, need_replication=op.need_replication)
+    coarse = op.coarse(**dict(params))
+
+    def mesh_rule(mesh):
+        devices = mesh.size if not mesh.empty else jax.device_count()
+        return _coarse_rule(ins, outs, shapes[0], coarse, devices)
+
+    return _partition.partitioned(kernel, plan, mesh_rule, need_replication=op.need_replication)
 
 
-def _coarse_rule(ins, outs, shape, coarse):
-    """The Shardy rule of an op with coarse factors, and its factor sizes: a coarse factor of
-    block 1 is its base factor; one whose base dim is a multiple of its block splits the base
-    into the compound ``(name name_in)`` wherever the base occurs, so that propagation splits
-    the grid like the dim; others (a ragged dim, or one block: never split) stay independent
-    factors."""
+def _coarse_rule(ins, outs, shape, coarse, devices: int):
+    """The Shardy rule of an op with coarse factors, and its factor sizes, for a mesh of
+    ``devices``: a coarse factor of block 1 is its base factor; one whose base dim holds a
+    multiple of ``devices`` blocks splits the base into the compound ``(name name_in)`` wherever
+    the base occurs, so that propagation splits the grid like the dim; others stay independent
+    factors (a ragged dim or one block is never split; the plan splits the others' grids, and
+    the partitioner reshards them to what propagation chose). A split finer than the block count
+    would make Shardy cut a mesh axis into sub-axes for the grid, which JAX's custom partitioning
+    cannot express: it failed with an internal KeyError; this way the plan's ValueError, naming
+    the dim and the split, is what the user sees."""
     rename, compound, sizes = {}, {}, {}
     for name, (base, block) in coarse.items():
         if block == 1:
             rename[name] = base
             continue
         dim = shape[ins[0].index(base)]
-        if dim % block or dim == block:  # ragged, or one block (Shardy wants no size-1 part)
-            continue
+        if dim % block or dim == block or (dim // block) % devices:
+            continue  # ragged, one block (Shardy wants no size-1 part), or too few blocks
         if base in compound:  # a second coarse factor with the same base
             prev = compound[base]
             if sizes[f"{prev}_in"] == block:

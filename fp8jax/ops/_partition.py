@@ -210,7 +210,7 @@ def _replicated_plan(
 def partitioned(
     kernel: Callable[..., tuple[jax.Array, ...]],
     plan: Callable[[Mesh, Sequence[Any]], Plan],
-    rule: str,
+    rule: str | Callable[[Mesh], tuple[str, dict[str, int]]],
     *,
     need_replication: tuple[str, ...] = (),
     factor_sizes: dict[str, int] | None = None,
@@ -223,7 +223,9 @@ def partitioned(
     axes bound, so it may use collectives over them). ``rule`` is the Shardy sharding rule that
     propagation uses; it must agree with the plan (same factor for a dimension that keeps its
     sharding); ``need_replication`` names its factors that must not be split;
-    ``factor_sizes`` gives the sizes of factors used only inside compound factors.
+    ``factor_sizes`` gives the sizes of factors used only inside compound factors. ``rule`` may
+    instead be a function of the mesh (the lowering's; its device count when it has none) that
+    returns the rule and its factor sizes.
     """
     op = custom_partitioning(kernel)
 
@@ -240,13 +242,26 @@ def partitioned(
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):  # the GSPMD partitioner
         return tuple(resolve(mesh, arg_shapes, len(result_shape))[1][1])
 
-    op.def_partition(
-        partition,
-        infer_sharding_from_operands=infer_sharding_from_operands,
-        sharding_rule=rule,
-        need_replication_factors=need_replication,
-        **(factor_sizes or {}),
-    )
+    if callable(rule):
+
+        def mesh_rule(*args):  # (*static_args, mesh, value_types, result_types)
+            mesh = args[-3]
+            text, sizes = rule(mesh)
+            return text, {"need_replication_factors": need_replication, **sizes}
+
+        op.def_partition(
+            partition,
+            infer_sharding_from_operands=infer_sharding_from_operands,
+            sharding_rule=mesh_rule,
+        )
+    else:
+        op.def_partition(
+            partition,
+            infer_sharding_from_operands=infer_sharding_from_operands,
+            sharding_rule=rule,
+            need_replication_factors=need_replication,
+            **(factor_sizes or {}),
+        )
 
     def call(*args):
         # In a shard_map body that leaves some mesh axes automatic, XLA's partitioner cannot

@@ -122,10 +122,12 @@ def _bits(a):
 @pytest.mark.parametrize("cast", list(_CASTS))
 @pytest.mark.parametrize("spec", [P("data", None), P(None, "model"), P("data", "model")], ids=str)
 def test_block_casts_split_where_each_device_holds_whole_blocks(cast, spec):
-    """Rows and columns split into parts of whole blocks (256 / 2 and 512 / 4 = 128): each device
-    casts its part, with no collective, and the result equals one device's bit for bit."""
+    """Rows and columns split into parts of whole blocks (1024 / 2 and 1024 / 4, each a multiple
+    of 128), dims of 8 blocks (a multiple of the device count, so the Shardy rule carries the
+    grids): each device casts its part, with no collective, and the result equals one device's
+    bit for bit."""
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
-    x = rand((256, 512), seed=7) * 3
+    x = rand((1024, 1024), seed=7) * 3
     want = jax.jit(_CASTS[cast])(x)
     xs = jax.device_put(x, NamedSharding(mesh, spec))
     fn = jax.jit(_CASTS[cast])
@@ -176,14 +178,34 @@ def test_a_block_straddling_two_devices_is_a_clear_error(cast, shape, spec, dim)
 
 
 @pytest.mark.parametrize("cast", ["block", "block-2d"])
-def test_a_split_finer_than_the_blocks_fails_in_the_partitioner(cast):
-    """256 rows are two 128-row blocks; split 4 ways, Shardy cuts the block-count factor of the
-    rule into sub-axes, which JAX's partitioner refuses before fp8jax's check can run: still an
-    error, never a result, but JAX's message (docs/numerics.md, "Block scaling", says so)."""
+def test_a_split_finer_than_the_blocks_is_a_clear_error(cast):
+    """256 rows are two 128-row blocks; split 4 ways, a block would straddle two devices. (With
+    the block count in the Shardy rule, Shardy cut the mesh axis into sub-axes that JAX's custom
+    partitioning cannot express, and JAX failed first with an internal KeyError; a dim of fewer
+    blocks than a multiple of the device count now keeps its grid out of the rule.)"""
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
     xs = jax.device_put(rand((256, 512)), NamedSharding(mesh, P("model", None)))
-    with pytest.raises(Exception):  # noqa: B017  (JAX's internal error)
+    with pytest.raises(Exception, match=r"dim -2 of x \(size 256\) is split 4 ways .* straddle"):
         jax.jit(_CASTS[cast])(xs)
+
+
+@pytest.mark.parametrize("spec", [P("data", None), P(None, "model")], ids=str)
+@pytest.mark.parametrize("cast", list(_CASTS))
+def test_dims_of_fewer_blocks_than_devices_split_whole(cast, spec):
+    """256 rows over "data" (one 128-row block a device), 512 columns over "model" (one block
+    each): dims of fewer blocks than devices, whose grids the plan splits. The one-device bits;
+    the codes stay split, and at most a float32 scale grid is gathered (to the sharding
+    propagation chose for it)."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    x = rand((256, 512), seed=5) * 3
+    xs = jax.device_put(x, NamedSharding(mesh, spec))
+    fn = jax.jit(_CASTS[cast])
+    for got, want in zip(fn(xs), jax.jit(_CASTS[cast])(x), strict=True):
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+    hlo = fn.lower(xs).compile().as_text()
+    assert not re.search(r"all-reduce|all-to-all|collective-permute", hlo)
+    gathered = re.findall(r"= (\w+)\[[\d,]*\]\S* all-gather\(", hlo)
+    assert set(gathered) <= {"f32", "f8e8m0fnu"}, gathered
 
 
 # ---------------------------------------------------------------- block_gemm's CUDA plan on a mesh
