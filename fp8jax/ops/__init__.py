@@ -47,15 +47,14 @@ from fp8jax.ops.cast_transpose import (
 )
 from fp8jax.ops.gemm import gemm, gemm_reference
 from fp8jax.ops.norm import (
-    layernorm,
     norm_backward,
     norm_backward_reference,
     norm_forward,
     norm_forward_fp8,
     norm_forward_fp8_reference,
     norm_forward_reference,
-    rmsnorm,
 )
+from fp8jax.ops.norm_autodiff import layernorm, rmsnorm
 from fp8jax.ops.quantize import (
     cast_to_representable,
     dequantize,

@@ -19,8 +19,8 @@ tests/ops/test_norm.py), not bit for bit.
 (what the next GEMM's weight gradient reads, K-major); one kernel writes both without ``y``
 touching memory.
 
-:func:`layernorm` and :func:`rmsnorm` are differentiable (:func:`jax.custom_vjp`: forward
-:func:`norm_forward`, backward :func:`norm_backward`). :func:`norm_backward`'s ``dgamma`` and
+:func:`~fp8jax.ops.layernorm` and :func:`~fp8jax.ops.rmsnorm` (``norm_autodiff.py``) are these
+ops made differentiable. :func:`norm_backward`'s ``dgamma`` and
 ``dbeta`` are column sums over the rows, computed in a fixed order (per-block partial sums, then
 the blocks in order), so they are the same bits on every run whatever the thread count.
 
@@ -40,7 +40,6 @@ rows.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -48,19 +47,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks, _implementation, _opdef
+from fp8jax.ops import _checks, _opdef
 from fp8jax.ops.quantize import quantize_reference
 
 __all__ = [
     "NORM_TYPES",
-    "layernorm",
     "norm_backward",
     "norm_backward_reference",
     "norm_forward",
     "norm_forward_fp8",
     "norm_forward_fp8_reference",
     "norm_forward_reference",
-    "rmsnorm",
 ]
 
 NORM_TYPES: tuple[str, ...] = ("layernorm", "rmsnorm")
@@ -559,93 +556,3 @@ def norm_backward(
         implementation=implementation,
     )
     return dx.astype(dy.dtype), dgamma, dbeta
-
-
-# ------------------------------------------------------------------------------- differentiable
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _norm(x, gamma, beta, cfg):
-    return _norm_fwd(x, gamma, beta, cfg)[0]
-
-
-def _norm_fwd(x, gamma, beta, cfg):
-    norm_type, epsilon, zero_centered_gamma, impl, _ = cfg
-    y, mu, rsigma = norm_forward(
-        x,
-        gamma,
-        beta,
-        norm_type=norm_type,
-        epsilon=epsilon,
-        zero_centered_gamma=zero_centered_gamma,
-        implementation=impl,
-    )
-    return y, (x, mu, rsigma, gamma)
-
-
-def _norm_bwd(cfg, residuals, dy):
-    norm_type, _, zero_centered_gamma, impl, beta_dtype = cfg
-    x, mu, rsigma, gamma = residuals
-    dx, dgamma, dbeta = norm_backward(
-        dy,
-        x,
-        mu,
-        rsigma,
-        gamma,
-        norm_type=norm_type,
-        zero_centered_gamma=zero_centered_gamma,
-        implementation=impl,
-    )
-    dbeta = None if beta_dtype is None else dbeta.astype(beta_dtype)
-    return dx.astype(x.dtype), dgamma.astype(gamma.dtype), dbeta
-
-
-_norm.defvjp(_norm_fwd, _norm_bwd)
-
-
-def _differentiable(op, norm_type, x, gamma, beta, epsilon, zero_centered_gamma, implementation):
-    norm_type = _norm_type_arg(op, norm_type)
-    x = _matrix_arg(op, "x", x)
-    gamma, beta = _params_args(op, norm_type, x, gamma, beta)
-    eps = _epsilon_arg(op, epsilon)
-    impl = _implementation.choose(op, "norm", implementation)
-    beta_dtype = None if beta is None else jnp.dtype(beta.dtype).name  # dbeta comes back in it
-    return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl, beta_dtype))
-
-
-def layernorm(
-    x: jax.Array,
-    gamma: jax.Array,
-    beta: jax.Array,
-    *,
-    epsilon: float,
-    zero_centered_gamma: bool = False,
-    implementation: str | None = None,
-) -> jax.Array:
-    """Differentiable LayerNorm over the last axis of ``x`` (rank >= 2); returns ``y``.
-
-    The forward is :func:`norm_forward` (``norm_type="layernorm"``), the backward
-    :func:`norm_backward`; the gradients of ``x``, ``gamma`` and ``beta`` come back in their
-    dtypes. ``implementation`` (``"kernel"``/``"xla"``) is
-    resolved when this is called and used by both passes.
-    """
-    return _differentiable(
-        "layernorm", "layernorm", x, gamma, beta, epsilon, zero_centered_gamma, implementation
-    )
-
-
-def rmsnorm(
-    x: jax.Array,
-    gamma: jax.Array,
-    *,
-    epsilon: float,
-    zero_centered_gamma: bool = False,
-    implementation: str | None = None,
-) -> jax.Array:
-    """Differentiable RMSNorm over the last axis of ``x`` (rank >= 2); returns ``y``.
-
-    As :func:`layernorm`, with ``norm_type="rmsnorm"`` (no bias).
-    """
-    return _differentiable(
-        "rmsnorm", "rmsnorm", x, gamma, None, epsilon, zero_centered_gamma, implementation
-    )
