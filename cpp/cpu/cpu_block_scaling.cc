@@ -102,12 +102,23 @@ void BlockCastBoth(ffi::ThreadPool* pool, const Source& src, const block::Cast& 
   BlockCastCompute<W, F>(pool, src, ct, static_cast<uint8_t*>(qt.untyped_data()),
                          scale_inv_t.untyped_data());
   if (dbias == nullptr) return;
+  // block::TileColumnSum's order for every column, walked row by row (every column's group sum
+  // in a row of accumulators): the same additions in the same order, reading src along its rows.
   const int64_t tiles = (c.rows + block::kTile - 1) / block::kTile;
   ParallelFor(pool, c.groups * tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> group(static_cast<size_t>(c.cols));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t g = item / tiles, r0 = item % tiles * block::kTile;
-      for (int64_t col = 0; col < c.cols; ++col) {
-        partial[item * c.cols + col] = block::TileColumnSum(src, g, r0, c.rows, col);
+      float* tile = partial + item * c.cols;
+      std::fill(tile, tile + c.cols, 0.0f);
+      for (int64_t q0 = r0; q0 < r0 + block::kTile && q0 < c.rows; q0 += plan::kSumGroup) {
+        std::fill(group.begin(), group.end(), 0.0f);
+        for (int64_t r = q0; r < q0 + plan::kSumGroup && r < c.rows; ++r) {
+          for (int64_t col = 0; col < c.cols; ++col) {
+            group[col] = RnAdd(group[col], src(g, r, col));
+          }
+        }
+        for (int64_t col = 0; col < c.cols; ++col) tile[col] = RnAdd(tile[col], group[col]);
       }
     }
   });
