@@ -40,18 +40,7 @@ __device__ __forceinline__ void LoadVec(const void* p, int64_t i, int count, flo
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
   } else {
     static_assert(VEC == 8);
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if constexpr (W == WideKind::kBF16) {
-        v[2 * k] = __uint_as_float(w[k] << 16);
-        v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-      } else {
-        v[2 * k] = F16BitsToFloatFast(static_cast<uint16_t>(w[k] & 0xFFFFu));
-        v[2 * k + 1] = F16BitsToFloatFast(static_cast<uint16_t>(w[k] >> 16));
-      }
-    }
+    WidenEight<W>(RawEight<W>(p, i), v);  // one 16-byte load
   }
 }
 
