@@ -3,6 +3,7 @@
 #include "testing/host_cuda.h"
 
 #include <link.h>
+#include <pthread.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -96,6 +97,10 @@ struct Grid {
   std::unordered_map<SiteKey, std::vector<LaneAccess>, SiteHash> sites;  // since the barrier
   // The threads' stacks (local memory), one block of threads * kStackBytes.
   std::unique_ptr<char[]> stacks;
+  // The launching thread's stack, where the kernel's parameters are (a GPU's constant bank):
+  // the threads read them as they start.
+  uintptr_t launcher_lo = 0;
+  uintptr_t launcher_hi = 0;
   // Global memory: the thread (block * 1024 + tid) that wrote each byte in this launch.
   std::unordered_map<uintptr_t, uint64_t> global_writers;
   bool Failed() const { return !error.empty() || fault.what != nullptr; }
@@ -123,6 +128,10 @@ uint32_t g_block_serial = 0;
 struct TlsBlock {
   uintptr_t start = 0;
   uintptr_t stop = 0;
+  // This module's loaded image (its PT_LOAD segments): static data, such as the coverage
+  // build's gcov counters, which every thread of a kernel increments. Not global memory.
+  uintptr_t image_lo = 0;
+  uintptr_t image_hi = 0;
 };
 thread_local TlsBlock g_tls;
 
@@ -130,16 +139,23 @@ int FindTls(dl_phdr_info* info, size_t, void* data) {
   const auto here = reinterpret_cast<uintptr_t>(&FindTls);
   bool mine = false;
   size_t tls_bytes = 0;
+  uintptr_t image_lo = ~uintptr_t{0}, image_hi = 0;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const ElfW(Phdr) & ph = info->dlpi_phdr[i];
     const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
-    if (ph.p_type == PT_LOAD && here >= lo && here < lo + ph.p_memsz) mine = true;
+    if (ph.p_type == PT_LOAD) {
+      if (here >= lo && here < lo + ph.p_memsz) mine = true;
+      image_lo = std::min(image_lo, lo);
+      image_hi = std::max(image_hi, lo + ph.p_memsz);
+    }
     if (ph.p_type == PT_TLS) tls_bytes = ph.p_memsz;
   }
   if (!mine || info->dlpi_tls_data == nullptr) return 0;
   auto* out = static_cast<TlsBlock*>(data);
   out->start = reinterpret_cast<uintptr_t>(info->dlpi_tls_data);
   out->stop = out->start + tls_bytes;
+  out->image_lo = image_lo;
+  out->image_hi = image_hi;
   return 1;
 }
 
@@ -366,8 +382,6 @@ void ResetStats() {
   s.shared_requests = 0;
   s.shared_wavefronts = 0;
   s.shared_ideal = 0;
-  s.global_bytes = 0;
-  s.global_vector_bytes = 0;
 }
 
 std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>& body) {
@@ -385,6 +399,16 @@ std::string RunGrid(unsigned grid, unsigned threads, const std::function<void()>
   for (unsigned t = 0; t < threads; ++t) g.fibers[t].stack = g.stacks.get() + t * kStackBytes;
   g.warp_values.resize((threads + 31) / 32);
   g.banks = GetOptions().banks;
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+    void* stack = nullptr;
+    size_t bytes = 0;
+    if (pthread_attr_getstack(&attr, &stack, &bytes) == 0) {
+      g.launcher_lo = reinterpret_cast<uintptr_t>(stack);
+      g.launcher_hi = g.launcher_lo + bytes;
+    }
+    pthread_attr_destroy(&attr);
+  }
   g_grid = &g;
   if (g_tls.start == 0) dl_iterate_phdr(FindTls, &g_tls);
   if (g_shadow.size() != g_tls.stop - g_tls.start) g_shadow.assign(g_tls.stop - g_tls.start, {});
@@ -439,15 +463,14 @@ void SharedAccessError(Grid& g, const char* what, uintptr_t offset, unsigned oth
 }
 
 // A kernel thread's load or store of `size` bytes of global memory at `addr` (neither shared
-// memory nor a thread's stack): it must be aligned to its size (a GPU faults on a misaligned
-// access), and no byte may be written by two threads of one launch (atomics excepted: they are
-// host_cuda.cc's, uninstrumented).
+// memory, nor a thread's stack, nor this module's static data, nor the launching thread's stack):
+// it must be aligned to its size (a GPU faults on a misaligned access), and no byte may be written
+// by two threads of one launch (atomics excepted: they are host_cuda.cc's, uninstrumented).
 void GlobalAccess(Grid& g, uintptr_t addr, unsigned size, bool write) {
   const auto stacks = reinterpret_cast<uintptr_t>(g.stacks.get());
   if (addr >= stacks && addr < stacks + size_t{g.threads} * kStackBytes) return;
-  Stats& stats = GetStats();
-  stats.global_bytes += size;
-  if (size >= 8) stats.global_vector_bytes += size;
+  if (addr >= g_tls.image_lo && addr < g_tls.image_hi) return;  // the module's own statics
+  if (addr >= g.launcher_lo && addr < g.launcher_hi) return;    // the kernel's parameters
   const unsigned tid = g.current->tid;
   if (addr % size != 0 && !g.Failed()) {
     g.fault = SharedFault{"makes a misaligned access to global memory", true, addr, g.block, tid};

@@ -32,10 +32,13 @@
 //   at the same collective with the full mask; a warp collective with a lane that returned, or
 //   threads of a block waiting at different kinds of synchronisation with none able to go on,
 //   is an error (a deadlock or undefined behaviour on a GPU), reported by the launch.
-// - Global memory (what is neither shared nor a thread's stack): every access must be aligned to
-//   its size, as a GPU requires, and no byte may be stored by two threads of one launch (a
-//   write-write race, or a tile walk that visits an element twice); either fails the launch.
-//   Stats count the bytes moved, and those moved by 8- and 16-byte (vector) accesses.
+// - Global memory (what is neither shared, nor a thread's stack, nor the launching thread's
+//   stack, where the kernel's parameters are, nor the module's own static data such as the
+//   coverage build's counters): every access must be aligned to its size, as a GPU requires,
+//   and no byte may be stored by two threads of one launch (a write-write race, or a tile walk
+//   that visits an element twice); either fails the launch. (The host compiler splits and
+//   merges accesses its own way, so a host run does not show which of a kernel's accesses are
+//   vectors on a GPU: that is the launch plan's choice, tested on its own.)
 // - atomicMax is a plain read-modify-write (one OS thread runs everything), outside the checks.
 // - The element conversions are the CUDA headers' host implementations and the common headers'
 //   host paths (without __CUDA_ARCH__), which tests/cpp/test_device_numerics.py checks against
@@ -97,10 +100,6 @@ struct Stats {
   std::atomic<int64_t> shared_requests{0};
   std::atomic<int64_t> shared_wavefronts{0};
   std::atomic<int64_t> shared_ideal{0};
-  // Global memory: bytes the kernel threads loaded and stored, and those of them moved by
-  // accesses of 8 bytes or more (vector accesses).
-  std::atomic<int64_t> global_bytes{0};
-  std::atomic<int64_t> global_vector_bytes{0};
 };
 
 Stats& GetStats();

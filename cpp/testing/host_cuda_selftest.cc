@@ -5,6 +5,7 @@
 // The runtime first.
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace fp8jax::host_cuda {
 namespace {
@@ -66,7 +67,9 @@ __global__ void GlobalKernel(int mode, float* out) {
 
 // Runs one of the kernels above (one block of `threads` threads); returns the launch's error.
 std::string RunSelfTest(const std::string& kind, int threads, int param) {
-  alignas(16) float out[1025] = {};
+  // Global memory (the heap, 16-byte aligned), not the launching thread's stack.
+  std::vector<float> buffer(1025, 0.0f);
+  float* out = buffer.data();
   if (threads < 1 || threads > 1024) throw std::invalid_argument("threads: 1 to 1024");
   if (kind == "neighbour") return RunGrid(1, threads, [&] { NeighbourKernel(param != 0, out); });
   if (kind == "unwritten") return RunGrid(1, threads, [&] { UnwrittenKernel(out); });

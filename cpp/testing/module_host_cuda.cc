@@ -61,8 +61,6 @@ NB_MODULE(_fp8jax_host_cuda, m) {
     d["shared_requests"] = s.shared_requests.load();
     d["shared_wavefronts"] = s.shared_wavefronts.load();
     d["shared_ideal"] = s.shared_ideal.load();
-    d["global_bytes"] = s.global_bytes.load();
-    d["global_vector_bytes"] = s.global_vector_bytes.load();
     return d;
   });
   m.def("reset_stats", []() { hc::ResetStats(); });

@@ -7,9 +7,10 @@ resident block, three, and an H100's 132 x 8, over shapes that take every branch
 empty tensors and groups, one element, heads and tails shorter than a vector, groups of three
 elements (vmap over 5,000 of them), rows not a multiple of 8 or 16, several matrices per scale.
 Each run must give the reference's bits, and the runtime fails the launch if a thread makes a
-misaligned access or two threads store the same byte (an element visited twice); its counters
-show which accesses were vectors. The launch plan's own arithmetic, for sizes too large to run
-(more than 65,535 row tiles, more than 2**31 elements), is tests/ops/test_launch_plan.py's.
+misaligned access or two threads store the same byte (an element visited twice). Which chunks
+are vector accesses is the plan's choice (the host compiler may split or merge accesses, so a
+host run cannot count the GPU's): tests/ops/test_launch_plan.py checks it, with the plan's
+arithmetic at sizes too large to run (more than 65,535 row tiles, more than 2**31 elements).
 """
 
 from __future__ import annotations
@@ -75,13 +76,11 @@ def test_quantize_walk_gives_the_reference(groups, per_group, dtype, device, mon
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_quantize_vector_body_with_scalar_head_and_tail(dtype, monkeypatch):
-    """Groups of 1,003: each starts where the last ended, so most start mid-vector; each keeps a
-    vector body (16-byte loads of x, 8-byte stores of q) with at most 7 + 7 scalar elements."""
+    """Groups of 1,003: each starts where the last ended, so most start mid-vector: a scalar
+    head, a vector body and a scalar tail per group (the plan's split, test_launch_plan.py)."""
     groups, n = 6, 1003
     x = normal(np.random.default_rng(2), (groups, n), dtype, 3.0)
-    stats = _kernel_equals_reference(monkeypatch, _grouped_quantize, x, _scales(groups))
-    per_element = jnp.dtype(dtype).itemsize + 1
-    assert stats["global_vector_bytes"] >= groups * (n - 14) * per_element, stats
+    _kernel_equals_reference(monkeypatch, _grouped_quantize, x, _scales(groups))
 
 
 def test_quantize_walk_over_many_groups(monkeypatch):
@@ -140,22 +139,3 @@ def test_several_matrices_per_scale(rows, cols, monkeypatch):
     the six, written also when the matrices are empty."""
     x = normal(np.random.default_rng(9), (6, rows, cols), jnp.bfloat16, 3.0)
     _kernel_equals_reference(monkeypatch, _stacked_cast_transpose, x, jnp.float32(0.5))
-
-
-def _vector_share(monkeypatch, rows, cols, dtype=jnp.bfloat16):
-    x = normal(np.random.default_rng(rows + cols), (1, rows, cols), dtype, 3.0)
-    stats = _kernel_equals_reference(monkeypatch, _stacked_cast_transpose, x, _scales(1))
-    return stats["global_vector_bytes"], stats["global_bytes"]
-
-
-def test_cast_transpose_vector_accesses(monkeypatch):
-    """Rows and columns multiples of 8: x, q and q_t all move in vectors. Rows not a multiple of
-    8 (61): the loads and q stay vectors; q_t's rows start misaligned, so only its aligned chunks
-    are. Columns not a multiple of 8 (100): q_t stays vectors; x and q keep a vector body after
-    a scalar head on the rows that start mid-vector."""
-    vec, total = _vector_share(monkeypatch, 64, 128)
-    assert vec >= 64 * 128 * 4  # 2 bytes of x, 1 of q and 1 of q_t per element
-    vec, total = _vector_share(monkeypatch, 61, 128)
-    assert 61 * 128 * 3 < vec < 61 * 128 * 4
-    vec, total = _vector_share(monkeypatch, 64, 100)
-    assert 64 * 100 * 4 * 3 // 4 <= vec < total

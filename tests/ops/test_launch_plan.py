@@ -113,6 +113,38 @@ def test_cast_transpose_empty_plans_one_block():
         assert plan["tiles"] == 0 and plan["grid"] == 1
 
 
+def _vector_elements(rows, cols):
+    """Elements of a bfloat16 [rows, cols] (one tile or less) that the guarded tile's plan moves
+    in vector chunks, (loads of x and q, stores of q_t); each vector chunk whole and aligned."""
+    loads = stores = 0
+    for sub in range(4):
+        for t in range(256):
+            for p in range(2):
+                c = ext._plan_transpose_chunks(rows, cols, 2, BASE, 2 * BASE, 3 * BASE, 0, 1,
+                                               sub, t, p)  # fmt: skip
+                for kind, addr, width in (("load", BASE, 2), ("store", 3 * BASE, 1)):
+                    chunk = c[kind]
+                    if chunk["vector"]:
+                        assert chunk["count"] == 8
+                        assert (addr + chunk["offset"] * width) % (8 * width) == 0
+                        if kind == "load":
+                            assert (2 * BASE + chunk["offset"]) % 8 == 0  # q
+                            loads += 8
+                        else:
+                            stores += 8
+    return loads, stores
+
+
+def test_guarded_tile_vector_chunks():
+    """Rows and columns multiples of 8: x, q and q_t all in vectors. 61 rows: the loads stay
+    vectors; q_t's rows (61 bytes) start 8-byte aligned only in every 8th column, whose 7 whole
+    chunks are vectors. 100 columns: q_t's 64-byte rows all vectors; x's rows (200 bytes) start
+    16-byte aligned only on even rows, whose 12 whole chunks are vectors."""
+    assert _vector_elements(64, 128) == (64 * 128, 64 * 128)
+    assert _vector_elements(61, 128) == (61 * 128, 16 * 56)
+    assert _vector_elements(64, 100) == (32 * 96, 64 * 100)
+
+
 def test_cast_transpose_misaligned_pointers():
     """Fake misaligned addresses (XLA's buffers never are): every chunk is scalar; 16 bytes of
     alignment suffice for float32's vector loads."""
