@@ -444,41 +444,39 @@ inline ffi::Error CheckNormBackward(const ffi::AnyBuffer& dy, const ffi::AnyBuff
 }
 
 // clang-format off
+// The block casts' attributes (block shape, scale mode, amax epsilon) and the four outputs of a
+// cast in both layouts (q, scale_inv, q_t, scale_inv_t), shared by their signatures below.
+#define FP8JAX_BLOCK_CAST_ATTRS \
+  .Attr<int64_t>("block_rows")  \
+  .Attr<int64_t>("block_cols")  \
+  .Attr<int64_t>("scale_mode")  \
+  .Attr<float>("epsilon")
+#define FP8JAX_BLOCK_CAST_BOTH_RETS \
+  .Ret<fp8jax::sig::Any>()          \
+  .Ret<fp8jax::sig::Any>()          \
+  .Ret<fp8jax::sig::Any>()          \
+  .Ret<fp8jax::sig::Any>()
+
 // x; block_rows, block_cols, scale_mode, epsilon -> q, scale_inv
 #define FP8JAX_SIGNATURE_BlockQuantize \
   .Arg<fp8jax::sig::Any>()             \
-  .Attr<int64_t>("block_rows")         \
-  .Attr<int64_t>("block_cols")         \
-  .Attr<int64_t>("scale_mode")         \
-  .Attr<float>("epsilon")              \
+  FP8JAX_BLOCK_CAST_ATTRS              \
   .Ret<fp8jax::sig::Any>()             \
   .Ret<fp8jax::sig::Any>()
 
 // x; block_rows, block_cols, scale_mode, epsilon -> q, scale_inv, q_t, scale_inv_t
 #define FP8JAX_SIGNATURE_BlockCastTranspose \
   .Arg<fp8jax::sig::Any>()                  \
-  .Attr<int64_t>("block_rows")              \
-  .Attr<int64_t>("block_cols")              \
-  .Attr<int64_t>("scale_mode")              \
-  .Attr<float>("epsilon")                   \
-  .Ret<fp8jax::sig::Any>()                  \
-  .Ret<fp8jax::sig::Any>()                  \
-  .Ret<fp8jax::sig::Any>()                  \
-  .Ret<fp8jax::sig::Any>()
+  FP8JAX_BLOCK_CAST_ATTRS                   \
+  FP8JAX_BLOCK_CAST_BOTH_RETS
 
 // x, workspace; block_rows, block_cols, scale_mode, epsilon -> q, scale_inv, q_t, scale_inv_t,
 // dbias, workspace
 #define FP8JAX_SIGNATURE_BlockCastTransposeDbias \
   .Arg<fp8jax::sig::Any>()                       \
   .Arg<fp8jax::sig::F32>()                       \
-  .Attr<int64_t>("block_rows")                   \
-  .Attr<int64_t>("block_cols")                   \
-  .Attr<int64_t>("scale_mode")                   \
-  .Attr<float>("epsilon")                        \
-  .Ret<fp8jax::sig::Any>()                       \
-  .Ret<fp8jax::sig::Any>()                       \
-  .Ret<fp8jax::sig::Any>()                       \
-  .Ret<fp8jax::sig::Any>()                       \
+  FP8JAX_BLOCK_CAST_ATTRS                        \
+  FP8JAX_BLOCK_CAST_BOTH_RETS                    \
   .Ret<fp8jax::sig::F32>()                       \
   .Ret<fp8jax::sig::F32>()
 
@@ -487,14 +485,8 @@ inline ffi::Error CheckNormBackward(const ffi::AnyBuffer& dy, const ffi::AnyBuff
   .Arg<fp8jax::sig::Any>()                            \
   .Attr<int64_t>("act")                               \
   .Attr<int64_t>("gated")                             \
-  .Attr<int64_t>("block_rows")                        \
-  .Attr<int64_t>("block_cols")                        \
-  .Attr<int64_t>("scale_mode")                        \
-  .Attr<float>("epsilon")                             \
-  .Ret<fp8jax::sig::Any>()                            \
-  .Ret<fp8jax::sig::Any>()                            \
-  .Ret<fp8jax::sig::Any>()                            \
-  .Ret<fp8jax::sig::Any>()
+  FP8JAX_BLOCK_CAST_ATTRS                             \
+  FP8JAX_BLOCK_CAST_BOTH_RETS
 
 // g, x, workspace; act, gated, block_rows, block_cols, scale_mode, epsilon -> q, scale_inv, q_t,
 // scale_inv_t, dbias, workspace
@@ -504,14 +496,8 @@ inline ffi::Error CheckNormBackward(const ffi::AnyBuffer& dy, const ffi::AnyBuff
   .Arg<fp8jax::sig::F32>()                                  \
   .Attr<int64_t>("act")                                     \
   .Attr<int64_t>("gated")                                   \
-  .Attr<int64_t>("block_rows")                              \
-  .Attr<int64_t>("block_cols")                              \
-  .Attr<int64_t>("scale_mode")                              \
-  .Attr<float>("epsilon")                                   \
-  .Ret<fp8jax::sig::Any>()                                  \
-  .Ret<fp8jax::sig::Any>()                                  \
-  .Ret<fp8jax::sig::Any>()                                  \
-  .Ret<fp8jax::sig::Any>()                                  \
+  FP8JAX_BLOCK_CAST_ATTRS                                   \
+  FP8JAX_BLOCK_CAST_BOTH_RETS                               \
   .Ret<fp8jax::sig::F32>()                                  \
   .Ret<fp8jax::sig::F32>()
 
@@ -524,14 +510,8 @@ inline ffi::Error CheckNormBackward(const ffi::AnyBuffer& dy, const ffi::AnyBuff
   .Attr<int64_t>("norm_type")                   \
   .Attr<float>("norm_epsilon")                  \
   .Attr<int64_t>("zero_centered_gamma")         \
-  .Attr<int64_t>("block_rows")                  \
-  .Attr<int64_t>("block_cols")                  \
-  .Attr<int64_t>("scale_mode")                  \
-  .Attr<float>("epsilon")                       \
-  .Ret<fp8jax::sig::Any>()                      \
-  .Ret<fp8jax::sig::Any>()                      \
-  .Ret<fp8jax::sig::Any>()                      \
-  .Ret<fp8jax::sig::Any>()                      \
+  FP8JAX_BLOCK_CAST_ATTRS                       \
+  FP8JAX_BLOCK_CAST_BOTH_RETS                   \
   .Ret<fp8jax::sig::F32>()                      \
   .Ret<fp8jax::sig::F32>()
 // clang-format on
