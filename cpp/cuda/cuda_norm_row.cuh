@@ -40,7 +40,7 @@ __device__ __forceinline__ void LoadVec(const void* p, int64_t i, int count, flo
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
   } else {
     static_assert(VEC == 8);
-    WidenEight<W>(RawEight<W>(p, i), v);  // one 16-byte load
+    LoadEight<W>(p, i, v);  // one 16-byte load
   }
 }
 
@@ -54,13 +54,8 @@ __device__ __forceinline__ void StoreVec(void* p, int64_t i, int count, const fl
   } else if constexpr (W == WideKind::kF32) {
     *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(v[0], v[1], v[2], v[3]);
   } else {
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[k] = static_cast<uint32_t>(WideBits<W, FastHalf>(v[2 * k])) |
-             (static_cast<uint32_t>(WideBits<W, FastHalf>(v[2 * k + 1])) << 16);
-    }
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    static_assert(VEC == 8);
+    StoreEight<W>(p, i, v);  // one 16-byte store
   }
 }
 
