@@ -42,8 +42,8 @@
 namespace fp8jax {
 namespace {
 
-constexpr int64_t kGrain = int64_t{1} << 15;  // elements per chunk of work
-constexpr int64_t kStripRows = 64;            // rows per transpose strip (FP8 form)
+constexpr int64_t kNormGrain = int64_t{1} << 15;  // elements per chunk of work (norm rows)
+constexpr int64_t kStripRows = 64;                // rows per transpose strip (FP8 form)
 
 // Element i of a float32/bf16/f16 buffer as float, whatever its runtime dtype
 // (for the small gamma/beta vectors).
@@ -223,12 +223,14 @@ uint32_t Fp8Strip(const Fp8Args& a, int64_t g, int64_t r0, int64_t r1, float* s,
 
 // ------------------------------------------------------------------ forward
 
-void ForwardInto(ffi::ThreadPool* pool, bool layer, const ffi::AnyBuffer& x,
-                 const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
-                 bool zero_centered, const NormShape& s, void* y, float* mu, float* rs) {
+}  // namespace
+
+void NormForwardInto(ffi::ThreadPool* pool, bool layer, const ffi::AnyBuffer& x,
+                     const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
+                     bool zero_centered, const NormShape& s, void* y, float* mu, float* rs) {
   const Params p = ParamsOf(gamma, beta, zero_centered);
   const FwdArgs a{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h, y, mu, rs};
-  const int64_t grain = std::max<int64_t>(1, kGrain / s.h);
+  const int64_t grain = std::max<int64_t>(1, kNormGrain / s.h);
   DispatchWide("norm_forward", WideKindOf(x.element_type()), [&]<WideKind W>() {
     ParallelFor(pool, s.groups * s.rows, grain, [&](int64_t r0, int64_t r1) {
       std::vector<float> scratch(s.h);
@@ -242,13 +244,16 @@ void ForwardInto(ffi::ThreadPool* pool, bool layer, const ffi::AnyBuffer& x,
   });
 }
 
+namespace {
+
 ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                        const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
                        int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
                        int64_t n_stats) {
   NormShape s;
   FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
-  ForwardInto(&pool, layer, x, gamma, beta, eps, zero_centered != 0, s, y.untyped_data(), mu, rs);
+  NormForwardInto(&pool, layer, x, gamma, beta, eps, zero_centered != 0, s, y.untyped_data(), mu,
+                  rs);
   return ffi::Error::Success();
 }
 
@@ -306,7 +311,7 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
   const float* sc = scale.typed_data();
   const int64_t strips = (s.rows + kStripRows - 1) / kStripRows;
   std::unique_ptr<std::atomic<uint32_t>[]> amax_bits(new std::atomic<uint32_t>[s.groups]());
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, kStripRows * s.h));
+  const int64_t grain = std::max<int64_t>(1, kNormGrain / std::max<int64_t>(1, kStripRows * s.h));
   const int64_t wide_bytes = WideKindOf(x.element_type()) == WideKind::kF32 ? 4 : 2;
   auto err = DispatchWideFp8(
       op, WideKindOf(x.element_type()), Fp8KindOf(o.q->element_type()),
@@ -355,12 +360,6 @@ ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, s
 }
 
 }  // namespace
-
-void NormForwardInto(ffi::ThreadPool* pool, bool layer, const ffi::AnyBuffer& x,
-                     const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
-                     bool zero_centered, const NormShape& s, void* y, float* mu, float* rs) {
-  ForwardInto(pool, layer, x, gamma, beta, eps, zero_centered, s, y, mu, rs);
-}
 
 }  // namespace fp8jax
 
