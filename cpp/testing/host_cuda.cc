@@ -1,5 +1,6 @@
-// The scheduler of cpp/testing/host_cuda.h (fibers, barriers, warp collectives) and the CUDA
-// runtime stubs the handlers call there.
+// The scheduler of cpp/testing/host_cuda.h (fibers, barriers, warp collectives) and its memory
+// checks (shared memory, bank model, global memory; the instrumentation's callbacks). The CUDA
+// runtime stubs the handlers call are host_cuda_stubs.cc's.
 #include "testing/host_cuda.h"
 
 #include <link.h>
@@ -598,35 +599,3 @@ extern "C" __attribute__((visibility("hidden"))) char __tsan_atomic8_load(const 
 }
 extern "C" __attribute__((visibility("hidden"))) void __tsan_func_entry(void*) {}
 extern "C" __attribute__((visibility("hidden"))) void __tsan_func_exit() {}
-
-// ---- The CUDA runtime calls of the handlers, for the host ----
-
-extern "C" {
-
-cudaError_t cudaGetDevice(int* device) {
-  *device = fp8jax::host_cuda::GetOptions().device;
-  return cudaSuccess;
-}
-
-cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-  if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
-  *value = fp8jax::host_cuda::GetOptions().sms;
-  return cudaSuccess;
-}
-
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int threads,
-                                                          size_t) {
-  const int set = fp8jax::host_cuda::GetOptions().blocks_per_sm;
-  *blocks = set > 0 ? set : (threads > 0 ? (2048 / threads > 0 ? 2048 / threads : 1) : 0);
-  return cudaSuccess;
-}
-
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
-  if (bytes > 0) std::memset(p, value, bytes);
-  return cudaSuccess;
-}
-
-const char* cudaGetErrorName(cudaError_t) { return "cudaErrorHostStub"; }
-const char* cudaGetErrorString(cudaError_t) { return "a CUDA runtime stub of host_cuda failed"; }
-
-}  // extern "C"

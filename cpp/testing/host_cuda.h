@@ -43,7 +43,7 @@
 // - The element conversions are the CUDA headers' host implementations and the common headers'
 //   host paths (without __CUDA_ARCH__), which tests/cpp/test_device_numerics.py checks against
 //   the hardware's definition over all inputs.
-// - The CUDA runtime calls of the handlers are stubs (host_cuda.cc): the device has
+// - The CUDA runtime calls of the handlers are stubs (host_cuda_stubs.cc): the device has
 //   Options::sms multiprocessors and each kernel Options::blocks_per_sm resident blocks per SM
 //   (0: 2048 / threads), the current device is Options::device, cudaMemsetAsync is memset.
 #pragma once
