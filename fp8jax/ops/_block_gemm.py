@@ -178,5 +178,14 @@ def block_gemm(
     jax.eval_shape(reference, a_q, a_scale_inv, b_q, b_scale_inv)  # the argument checks
     _ffi.ensure_registered()
     cuda = _partitioned_cuda(a_block, b_block, jnp.dtype(out_dtype))
-    return lax.platform_dependent(a_q, a_scale_inv, b_q, b_scale_inv, cuda=cuda,
-                                  default=reference)  # fmt: skip
+
+    def by_platform(*args):
+        return lax.platform_dependent(*args, cuda=cuda, default=reference)
+
+    args = (a_q, a_scale_inv, b_q, b_scale_inv)
+    if not _partition.explicit_mesh():
+        return by_platform(*args)
+    # Explicit sharding: both branches typed with the sharding the GEMM's rule gives the result
+    # (custom partitioning wants the mesh axes automatic inside).
+    out_spec = _partition.explicit_matmul_spec(a_q, b_q, b_rows_are_n=True)
+    return jax.sharding.auto_axes(by_platform, out_sharding=out_spec)(*args)

@@ -44,11 +44,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from fp8jax.ops import _partition
 
-__all__ = ["explicit_matmul_spec", "gemm_sharding_rule", "partitioned_gemm"]
+__all__ = ["gemm_sharding_rule", "partitioned_gemm"]
 
 
 def gemm_sharding_rule(
@@ -184,21 +184,7 @@ def partitioned_gemm(
         # Explicit sharding: the sharding of the result is part of its type, and the rule above
         # is the one to give it. Inside, the mesh axes are automatic, as custom_partitioning
         # wants them; the result is typed with the sharding the rule gives it.
-        out_spec = explicit_matmul_spec(a, b, b_rows_are_n=True)
+        out_spec = _partition.explicit_matmul_spec(a, b, b_rows_are_n=True)
         return jax.sharding.auto_axes(lambda *xs: op(*xs)[0], out_sharding=out_spec)(*args)
 
     return call
-
-
-def explicit_matmul_spec(a: jax.Array, b: jax.Array, *, b_rows_are_n: bool) -> PartitionSpec:
-    """The spec of ``a [M, K] . b`` under explicit sharding, as the GEMM's rule gives it: M keeps
-    ``a``'s rows' axes, N takes ``b``'s N axes not already used by M. ``b`` is ``[N, K]`` when
-    ``b_rows_are_n``, else ``[K, N]`` (e.g. for the plain ``jnp.dot`` of a disabled layer)."""
-
-    def axes(x, dim):
-        spec = (*jax.typeof(x).sharding.spec, None, None)
-        return _partition.entry_axes(spec[dim])
-
-    m = axes(a, 0)
-    n = tuple(x for x in axes(b, 0 if b_rows_are_n else 1) if x not in m)
-    return _partition.spec((m, n))

@@ -266,10 +266,7 @@ def _partitioned(
         first = arg_shapes[0]
         dims = _partition.dim_axes(first.sharding, first.shape)
         axes = {f: a for f, a in zip(ins[0], dims, strict=True) if f not in op.need_replication}
-        if op.coarse is not None:
-            for name, (base, size) in op.coarse(**dict(params)).items():
-                d = ins[0].index(base) - len(ins[0])
-                axes[name] = _whole_blocks(op, mesh, d, first.shape[d], axes.get(base, ()), size)
+        axes.update(_block_axes(op, params, ins[0], mesh, first.shape, axes))
 
         def split(spec):
             return _partition.named(mesh, tuple(axes.get(f, ()) for f in spec))
@@ -335,6 +332,33 @@ def _coarse_rule(ins, outs, shape, coarse, devices: int):
     return f"{', '.join(map(spell, ins))} -> {', '.join(map(spell, outs))}", sizes
 
 
+def _block_axes(op: OpDef, params, factors, mesh, shape, axes) -> dict[str, tuple[str, ...]]:
+    """The mesh axes of each coarse factor (a scale grid's dim), given ``axes`` of the first
+    operand's factors ``factors`` (of ``shape``): its base dim's, where each device holds whole
+    blocks of it; else the ValueError of :func:`_whole_blocks`."""
+    out = {}
+    for name, (base, size) in (op.coarse(**dict(params)) if op.coarse else {}).items():
+        d = factors.index(base) - len(factors)
+        out[name] = _whole_blocks(op, mesh, d, shape[d], axes.get(base, ()), size)
+    return out
+
+
+def _check_blocks_at_trace(op: OpDef, params, n_batch: int, operands: Sequence[jax.Array]):
+    """Under explicit sharding (``AxisType.Explicit``) the first operand's sharding is part of
+    its type, so a split that is not whole blocks is refused here, at trace time, with the
+    ValueError the partitioner would raise (which reaches the user inside XLA's compile error,
+    a ``JaxRuntimeError``)."""
+    if op.coarse is None or not _partition.explicit_mesh():
+        return
+    x = operands[0]
+    sharding = jax.typeof(x).sharding
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return
+    factors = op._specs(n_batch, tuple(jnp.ndim(v) for v in operands))[0][0]
+    dims = _partition.dim_axes(sharding, x.shape)
+    _block_axes(op, params, factors, sharding.mesh, x.shape, dict(zip(factors, dims, strict=True)))
+
+
 def _whole_blocks(op: OpDef, mesh, d: int, size: int, axes: tuple[str, ...], block: int):
     """``axes``, the mesh axes splitting dim ``d`` (of ``size``) of the first operand, when each
     device's part holds whole ``block``-sized blocks; else a ValueError naming the op, the dim,
@@ -356,6 +380,7 @@ def _batched(
     """The op for operands with ``n_batch`` leading vmap dims (what ``batchable_call`` wants)."""
 
     def call(*operands):
+        _check_blocks_at_trace(op, params, n_batch, operands)
         shapes = tuple(tuple(x.shape) for x in operands)
         return _partitioned(op, params, reduction, n_batch, shapes)(*operands)
 

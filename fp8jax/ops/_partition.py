@@ -33,6 +33,7 @@ sharding (``AxisType.Explicit``) the outputs' types carry the shardings above (:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +51,7 @@ __all__ = [
     "batchable_call",
     "dim_axes",
     "entry_axes",
+    "explicit_matmul_spec",
     "explicit_mesh",
     "factors",
     "named",
@@ -196,6 +198,46 @@ def result(
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
+def decode(mesh: Mesh, sharding: Any, shape: Sequence[int]) -> NamedSharding | None:
+    """``sharding`` (any :class:`jax.sharding.Sharding`, e.g. the partitioner's HLO sharding) of
+    an array of ``shape`` as a :class:`NamedSharding` over ``mesh``, from where each device's
+    block starts; ``None`` when a dim is split other than along whole mesh axes (Shardy splits a
+    mesh axis into sub-axes where a dim holds fewer parts than the axis has devices).
+
+    The partitioner hands the custom partitioning callbacks its shardings undecoded
+    (``decode_shardings=False``): JAX's own decoding raises an internal ``IndivisibleError`` on a
+    sub-axis sharding of any operand or result, before fp8jax could name the problem."""
+    if isinstance(sharding, NamedSharding) and sharding.mesh.shape == mesh.shape:
+        return sharding
+    shape = tuple(int(n) for n in shape)
+    try:
+        starts = sharding.devices_indices_map(shape)
+        part = sharding.shard_shape(shape)
+    except (ValueError, TypeError, AttributeError):  # another device set or rank
+        return None
+    grid = mesh.devices
+    if set(grid.flat) != set(starts):
+        return None
+    coords = np.indices(grid.shape)  # coords[i]: each device's position along mesh axis i
+    entries = []
+    for d, n in enumerate(shape):
+        if part[d] in (0, n):
+            entries.append(())
+            continue
+        index = np.vectorize(lambda dev, d=d: (starts[dev][d].start or 0) // part[d])(grid)
+        used = [i for i in range(grid.ndim) if np.any(np.diff(index, axis=i))]
+        for order in itertools.permutations(used):
+            expect = np.zeros(grid.shape, np.int64)
+            for i in order:  # the first axis is the major one
+                expect = expect * grid.shape[i] + coords[i]
+            if np.array_equal(expect, index):
+                entries.append(tuple(mesh.axis_names[i] for i in order))
+                break
+        else:
+            return None
+    return NamedSharding(mesh, spec(tuple(entries)))
+
+
 def _replicated_plan(
     kernel: Callable[..., Any], mesh: Mesh, arg_shapes: Sequence[Any], n_out: int
 ) -> tuple[Mesh, Plan]:
@@ -231,9 +273,14 @@ def partitioned(
 
     def resolve(mesh: Mesh, arg_shapes: Sequence[Any], n_out: int) -> tuple[Mesh, Plan]:
         # Plans read only the first operand's sharding (GSPMD may not know the others yet).
-        if mesh.empty or not isinstance(arg_shapes[0].sharding, NamedSharding):
+        if mesh.empty:
             return _replicated_plan(kernel, mesh, arg_shapes, n_out)
-        return mesh, plan(mesh, arg_shapes)
+        decoded = [decode(mesh, a.sharding, a.shape) for a in arg_shapes]
+        if decoded[0] is None:
+            return _replicated_plan(kernel, mesh, arg_shapes, n_out)
+        args = [a if d is None else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=d)
+                for a, d in zip(arg_shapes, decoded, strict=True)]  # fmt: skip
+        return mesh, plan(mesh, args)
 
     def partition(mesh, arg_shapes, result_shape):
         mesh, (arg_shardings, out_shardings, local) = resolve(mesh, arg_shapes, len(result_shape))
@@ -252,12 +299,14 @@ def partitioned(
         op.def_partition(
             partition,
             infer_sharding_from_operands=infer_sharding_from_operands,
+            decode_shardings=False,
             sharding_rule=mesh_rule,
         )
     else:
         op.def_partition(
             partition,
             infer_sharding_from_operands=infer_sharding_from_operands,
+            decode_shardings=False,
             sharding_rule=rule,
             need_replication_factors=need_replication,
             **(factor_sizes or {}),
@@ -277,6 +326,20 @@ def explicit_mesh() -> bool:
     ``jax.make_mesh``), where an array's sharding is part of its type."""
     types = getattr(jax.sharding.get_abstract_mesh(), "axis_types", ())
     return any(t == jax.sharding.AxisType.Explicit for t in types)
+
+
+def explicit_matmul_spec(a: jax.Array, b: jax.Array, *, b_rows_are_n: bool) -> PartitionSpec:
+    """The spec of ``a [M, K] . b`` under explicit sharding, as the GEMM's rule gives it: M keeps
+    ``a``'s rows' axes, N takes ``b``'s N axes not already used by M. ``b`` is ``[N, K]`` when
+    ``b_rows_are_n``, else ``[K, N]`` (e.g. for the plain ``jnp.dot`` of a disabled layer)."""
+
+    def axes(x, dim):
+        spec = (*jax.typeof(x).sharding.spec, None, None)
+        return entry_axes(spec[dim])
+
+    m = axes(a, 0)
+    n = tuple(x for x in axes(b, 0 if b_rows_are_n else 1) if x not in m)
+    return spec((m, n))
 
 
 def _per_device(local: Callable[..., Any]) -> Callable[..., Any]:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks, _opdef
+from fp8jax.ops import _checks, _opdef, _partition
 from fp8jax.ops.quantize import _SPECIAL_CODES, _to_fp8
 from fp8jax.recipe import fp8_max
 
@@ -185,7 +185,11 @@ def _pow2(k: jax.Array) -> jax.Array:
 
 def _expand(grid: jax.Array, block: tuple[int, int], shape: tuple[int, int]) -> jax.Array:
     """A per-block array broadcast to every element of a ``shape`` matrix."""
-    full = jnp.repeat(jnp.repeat(grid, block[0], axis=0), block[1], axis=1)
+    (gr, gc), (br, bc) = grid.shape, block
+    full = jnp.broadcast_to(grid[:, None, :, None], (gr, br, gc, bc))
+    # under explicit sharding each merged dim keeps the grid dim's split (whole blocks a device)
+    spec = jax.typeof(grid).sharding.spec if _partition.explicit_mesh() else None
+    full = jax.lax.reshape(full, (gr * br, gc * bc), out_sharding=spec)
     return full[: shape[0], : shape[1]]
 
 
@@ -526,9 +530,13 @@ def block_scaled_matmul(
         )
     a = block_dequantize(a_q, a_scale_inv, a_block)
     b = block_dequantize(b_q, b_scale_inv, b_block)
+    # under explicit sharding, the output sharded as the GEMM's rule gives it (a split K summed)
+    spec = _partition.explicit_matmul_spec(a_q, b_q, b_rows_are_n=True) if (
+        _partition.explicit_mesh()) else None  # fmt: skip
     out = jnp.matmul(
-        a, b.T, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32
-    )
+        a, b.T, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32,
+        out_sharding=spec,
+    )  # fmt: skip
     return out.astype(out_dtype)
 
 
