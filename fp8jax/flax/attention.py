@@ -228,7 +228,8 @@ class MultiHeadAttention(nn.Module):
     apply_residual_connection_post_layernorm: bool | None = None
     fuse_qkv: bool | None = None
 
-    def _check(self) -> tuple[int, int]:
+    def check_config(self) -> tuple[int, int]:
+        """The refusals of the configuration alone; returns ``(heads, gqa groups)``."""
         owner = "MultiHeadAttention"
         check_off(
             owner, self, "low_rank_adaptation_scope", "softmax_type", "score_mod",
@@ -273,10 +274,10 @@ class MultiHeadAttention(nn.Module):
         if inputs_kv is None:
             inputs_kv = inputs_q
         is_self = inputs_q is inputs_kv
-        heads, groups = self._check()
         check_no_score_mod(owner, score_mod_tensors, score_mod_bprop_tensors)
-        inputs_q, inputs_kv = check_attention_inputs(
-            owner, inputs_q, inputs_kv, self.transpose_batch_sequence
+        step = decode and self.has_variable("cache", "cached_key")
+        heads, groups, inputs_q, inputs_kv = self.check(
+            inputs_q, inputs_kv, decode=decode, step=step, segment_ids=segment_ids
         )
         d = int(self.head_dim)
         packed = self.fuse_qkv_params and groups == heads
@@ -313,13 +314,8 @@ class MultiHeadAttention(nn.Module):
         k = k.reshape(*k.shape[:2], groups, d)
         v = v.reshape(*v.shape[:2], groups, d)
         mask_type = self.attn_mask_type
-        step = decode and self.has_variable("cache", "cached_key")
         positions = None
         if step:
-            if segment_ids is not None or self.window_size is not None:
-                raise ValueError(
-                    f"{owner}: decode steps support neither segment_ids nor window_size"
-                )
             positions = self.get_variable("cache", "cache_index")[None]
         if self.enable_rotary_pos_emb:
             rope = dict(
@@ -342,13 +338,47 @@ class MultiHeadAttention(nn.Module):
         x = x.reshape(*x.shape[:2], heads * d)
         return layers["out"](x), ln_out
 
+    def check(
+        self,
+        inputs_q: Any,
+        inputs_kv: Any,
+        *,
+        decode: bool = False,
+        step: bool = False,
+        segment_ids: Any = None,
+    ) -> tuple[int, int, jax.Array, jax.Array]:
+        """Every refusal of a call (ValueError/TypeError naming the argument): the
+        configuration, the inputs (``inputs_kv is inputs_q`` for self-attention), and with
+        ``decode`` what decoding supports; ``step``: the call is a decode step on an existing
+        cache. Returns ``(heads, gqa groups, inputs_q, inputs_kv)``. Shared with
+        :class:`fp8jax.nnx.MultiHeadAttention`, which calls it with its own call's arguments."""
+        owner = "MultiHeadAttention"
+        heads, groups = self.check_config()
+        q, kv = check_attention_inputs(owner, inputs_q, inputs_kv, self.transpose_batch_sequence)
+        if decode:
+            mask_type = canonical_mask_type(self.attn_mask_type)
+            if mask_type not in ("causal", "padding_causal"):
+                raise ValueError(
+                    f"{owner}: decode=True needs a causal attention (attn_mask_type 'causal' or "
+                    "'padding_causal'): each cached step attends to the tokens before it; got "
+                    f"attn_mask_type={self.attn_mask_type!r}"
+                )
+            if self.window_size is not None:
+                raise ValueError(
+                    f"{owner}: decode=True does not support window_size (sliding-window "
+                    f"attention over the cache); got window_size={self.window_size!r}"
+                )
+        if step and segment_ids is not None:
+            raise ValueError(f"{owner}: decode steps do not support segment_ids")
+        return heads, groups, q, kv
+
     def core_config(self, attn_mask_type: str, dtype: Any) -> dict[str, Any]:
         """The attention core's settings (the attributes of
         :class:`~fp8jax.flax.DotProductAttention` and arguments of
         :func:`~fp8jax.flax.dot_product_attention.attention_core`) for inputs of ``dtype``;
         ``attn_mask_type``: the call's (``"padding"`` on a decode step). Shared with
         :class:`fp8jax.nnx.MultiHeadAttention`."""
-        heads, groups = self._check()
+        heads, groups = self.check_config()
         d = int(self.head_dim)
         return dict(
             head_dim=d, num_attention_heads=heads, num_gqa_groups=groups,
@@ -366,7 +396,7 @@ class MultiHeadAttention(nn.Module):
         ``qkv`` (self-attention with the packed kernel) or ``query`` and ``kv`` (or ``key``
         and ``value``), and ``out`` (``out_features`` wide). Shared with
         :class:`fp8jax.nnx.MultiHeadAttention`, which configures its layers from them."""
-        heads, groups = self._check()
+        heads, groups = self.check_config()
         d = int(self.head_dim)
         q_width, kv_width = heads * d, groups * d
         kernel_init = self.kernel_init or default_mha_kernel_init

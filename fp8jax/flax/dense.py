@@ -114,8 +114,12 @@ class DenseGeneral(nn.Module):
     low_rank_adaptation_alpha: float | None = None
     quantization_checkpoint_name: str | None = None
 
-    def _check_config(self) -> tuple[int, ...]:
+    def check(self, inputs: Any) -> tuple[tuple[int, ...], jax.Array]:
+        """Every refusal of a call on ``inputs`` but the axis names' (ValueError/TypeError
+        naming the argument); returns ``(features, inputs)`` checked. Shared with
+        :class:`fp8jax.nnx.DenseGeneral`, which calls it with its own call's input."""
         owner = "DenseGeneral"
+        inputs = check_float_array(owner, "inputs", inputs)
         check_off(owner, self, "enable_low_rank_adaptation", "quantization_checkpoint_name")
         if as_tuple(self.batch_dims) != ():
             raise ValueError(
@@ -132,14 +136,14 @@ class DenseGeneral(nn.Module):
             not isinstance(f, (int, np.integer)) or isinstance(f, bool) or f < 1 for f in features
         ):
             raise ValueError(f"{owner}: features must be positive ints, got {self.features!r}")
-        return tuple(int(f) for f in features)
+        normalize_axes(owner, "axis", self.axis, inputs.ndim)
+        return tuple(int(f) for f in features), inputs
 
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """Contracts ``inputs``' ``axis`` dims with the kernel; returns the rest + features."""
         owner = "DenseGeneral"
-        features = self._check_config()
-        inputs = check_float_array(owner, "inputs", inputs)
+        features, inputs = self.check(inputs)
         inputs = constrain(owner, "input_axes", inputs, self.input_axes or ())
         axes = normalize_axes(owner, "axis", self.axis, inputs.ndim)
         contract = tuple(inputs.shape[a] for a in axes)

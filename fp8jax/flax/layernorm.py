@@ -97,11 +97,17 @@ class LayerNorm(nn.Module):
     param_dtype: Any = jnp.float32
     transpose_batch_sequence: bool = False
 
+    def check(self, x: Any) -> jax.Array:
+        """Every refusal of a call on ``x`` (ValueError/TypeError naming the argument);
+        returns ``x`` checked. Shared with :class:`fp8jax.nnx.LayerNorm`."""
+        owner = "LayerNorm"
+        check_norm_args(owner, self.layernorm_type, self.epsilon, self.zero_centered_gamma)
+        return check_float_array(owner, "x", x)
+
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         owner = "LayerNorm"
-        check_norm_args(owner, self.layernorm_type, self.epsilon, self.zero_centered_gamma)
-        x = check_float_array(owner, "x", x)
+        x = self.check(x)
         gamma, beta = norm_params(
             self, owner, x.shape[-1], layernorm_type=self.layernorm_type,
             zero_centered_gamma=self.zero_centered_gamma, scale_init=self.scale_init,
@@ -182,8 +188,10 @@ class LayerNormDenseGeneral(nn.Module):
     low_rank_adaptation_alpha: float | None = None
     quantization_checkpoint_name: str | None = None
 
-    @nn.compact
-    def __call__(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    def check(self, inputs: Any) -> tuple[jax.Array, tuple[int, ...]]:
+        """Every refusal of a call on ``inputs`` but the axis names' (ValueError/TypeError
+        naming the argument); returns ``(inputs, features)`` checked. Shared with
+        :class:`fp8jax.nnx.LayerNormDenseGeneral`, which calls it with its own call's input."""
         owner = "LayerNormDenseGeneral"
         check_off(owner, self, "enable_low_rank_adaptation", "quantization_checkpoint_name")
         inputs = check_float_array(owner, "inputs", inputs)
@@ -192,6 +200,12 @@ class LayerNormDenseGeneral(nn.Module):
             raise ValueError(f"{owner}: axis must be -1 (the normalised axis), got {self.axis!r}")
         if self.enable_layernorm:
             check_norm_args(owner, self.layernorm_type, self.epsilon, self.zero_centered_gamma)
+        return inputs, features
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        owner = "LayerNormDenseGeneral"
+        inputs, features = self.check(inputs)
         hidden = inputs.shape[-1]
         x = constrain(owner, "layernorm_input_axes", inputs, self.layernorm_input_axes or ())
         gamma = beta = None

@@ -140,9 +140,7 @@ class LayerNormMLP(nn.Module):
     ) -> tuple[jax.Array, jax.Array | None]:
         """The block on ``inputs`` ``[..., hidden]``; dropout is off when ``deterministic``."""
         owner = "LayerNormMLP"
-        inputs = check_float_array(owner, "inputs", inputs)
-        acts = check_activations(owner, self.activations)
-        self._check(owner, inputs)
+        inputs, acts = self.check(inputs)
         hidden, inter, k = inputs.shape[-1], int(self.intermediate_dim), len(acts)
         x = constrain(owner, "layernorm_input_axes", inputs, self.layernorm_input_axes or ())
         gamma = beta = None
@@ -181,7 +179,13 @@ class LayerNormMLP(nn.Module):
             fp8.record(seen)
         return checkpoint_name(y, self.ffn2_ckpt_name), ln
 
-    def _check(self, owner: str, inputs: jax.Array) -> None:
+    def check(self, inputs: Any) -> tuple[jax.Array, tuple[str, ...]]:
+        """Every refusal of a call on ``inputs`` (ValueError/TypeError naming the argument);
+        returns ``(inputs, activations)`` checked. Shared with :class:`fp8jax.nnx.LayerNormMLP`,
+        which calls it with its own call's input."""
+        owner = "LayerNormMLP"
+        inputs = check_float_array(owner, "inputs", inputs)
+        acts = check_activations(owner, self.activations)
         check_off(
             owner, self, "activation_params", "enable_low_rank_adaptation", "dot_1_input_axes",
             "dot_2_input_axes", "quantization_checkpoint_name",
@@ -205,6 +209,7 @@ class LayerNormMLP(nn.Module):
                     f"{owner}: intermediate_hidden_dropout_dims holds {d!r}, not a dim of the "
                     f"rank-{inputs.ndim} hidden activation"
                 )
+        return inputs, acts
 
     def _dropout_mask(
         self, lead: tuple[int, ...], inter: int, dtype: Any, deterministic: bool

@@ -86,8 +86,9 @@ class RelativePositionBiases(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
 
-    @nn.compact
-    def __call__(self, q_seqlen: int, k_seqlen: int, bidirectional: bool = True) -> jax.Array:
+    def check(self, q_seqlen: Any, k_seqlen: Any, bidirectional: bool) -> None:
+        """Every refusal of a call (ValueError naming the argument). Shared with
+        :class:`fp8jax.nnx.RelativePositionBiases`."""
         owner = "RelativePositionBiases"
         for name in ("num_buckets", "max_distance", "num_attention_heads"):
             v = getattr(self, name)
@@ -101,6 +102,11 @@ class RelativePositionBiases(nn.Module):
         for name, v in (("q_seqlen", q_seqlen), ("k_seqlen", k_seqlen)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
+
+    @nn.compact
+    def __call__(self, q_seqlen: int, k_seqlen: int, bidirectional: bool = True) -> jax.Array:
+        owner = "RelativePositionBiases"
+        self.check(q_seqlen, k_seqlen, bidirectional)
         buckets = t5_relative_buckets(
             int(q_seqlen), int(k_seqlen), int(self.num_buckets), int(self.max_distance),
             bool(bidirectional),

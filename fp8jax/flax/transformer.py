@@ -185,7 +185,10 @@ class TransformerLayer(nn.Module):
         """Submodule axis-name arguments: ``names`` with ``logical_axes``, else none."""
         return names if self.logical_axes else {}
 
-    def _check(self, inputs: jax.Array, encoded: jax.Array | None, decode: bool) -> None:
+    def check(self, inputs: jax.Array, encoded: jax.Array | None, decode: bool) -> None:
+        """Every refusal of a call on ``inputs`` (and a decoder's ``encoded``), with
+        ``decode``: the configuration and the arguments (ValueError naming them). Shared with
+        :class:`fp8jax.nnx.TransformerLayer`, which calls it with its own call's arguments."""
         owner = "TransformerLayer"
         check_off(
             owner, self, "low_rank_adaptation_scope", "mlp_activation_params", "softmax_type",
@@ -216,7 +219,7 @@ class TransformerLayer(nn.Module):
                 f"{self.hidden_size}"
             )
         if decode:
-            self._check_decode()
+            self.check_decode()
         if self.layer_type is TransformerLayerType.DECODER and encoded is None:
             raise ValueError(f"{owner}: a DECODER layer needs encoded (the encoder's output)")
         for name in ("hidden_dropout", "attention_dropout", "intermediate_dropout", "drop_path"):
@@ -224,7 +227,7 @@ class TransformerLayer(nn.Module):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"{owner}: {name} must be a float in [0, 1), got {v!r}")
 
-    def _check_decode(self) -> None:
+    def check_decode(self) -> None:
         """The configurations ``decode=True`` supports (ValueError otherwise)."""
         owner = "TransformerLayer"
         mask_type = canonical_mask_type(self.self_attn_mask_type, "self_attn_mask_type")
@@ -372,7 +375,7 @@ class TransformerLayer(nn.Module):
         ``decode``/``max_decode_length``: the key/value cache (see the class docstring)."""
         check_no_score_mod("TransformerLayer", score_mod_tensors, score_mod_bprop_tensors)
         inputs = check_float_array("TransformerLayer", "inputs", inputs)
-        self._check(inputs, encoded, decode)
+        self.check(inputs, encoded, decode)
         decoder = self.layer_type is TransformerLayerType.DECODER
         seq_dim = 0 if self.transpose_batch_sequence else 1
         attn_name = "self_attention" if decoder else "attention"

@@ -32,12 +32,11 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax import flax as fflax
-from fp8jax._norm_layer import check_norm_args, norm_layer
+from fp8jax._norm_layer import norm_layer
 from fp8jax.dense import _dense
 from fp8jax.flax._params import constrain, laid_out, normalize_axes
-from fp8jax.flax._variables import check_float_array
 from fp8jax.layernorm_dense import _layernorm_dense
-from fp8jax.layernorm_mlp import _layernorm_mlp, check_activations
+from fp8jax.layernorm_mlp import _layernorm_mlp
 from fp8jax.nnx._base import Fp8Module, Given, linen_init, positive_int
 from fp8jax.nnx._probe import check_recipe, fp8_use
 
@@ -152,7 +151,7 @@ class DenseGeneral(Fp8Module):
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """Contracts ``inputs``' ``axis`` dims with the kernel; returns the rest + features."""
         owner, cfg = "DenseGeneral", self._linen
-        inputs = check_float_array(owner, "inputs", inputs)
+        _, inputs = cfg.check(inputs)
         inputs = constrain(owner, "input_axes", inputs, cfg.input_axes or ())
         axes = normalize_axes(owner, "axis", cfg.axis, inputs.ndim)
         kernel, bias = self._value("kernel"), self._value("bias")
@@ -204,9 +203,8 @@ class LayerNorm(Fp8Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         owner, cfg = "LayerNorm", self._linen
-        check_norm_args(owner, cfg.layernorm_type, cfg.epsilon, cfg.zero_centered_gamma)
+        x = cfg.check(x)
         check_recipe(owner, None, needs_state=False)
-        x = check_float_array(owner, "x", x)
         gamma, beta = self._value("scale"), self._value("ln_bias")
         dtype = cfg.dtype or jnp.result_type(*(v for v in (x, gamma, beta) if v is not None))
         return norm_layer(x, gamma, beta, cfg.layernorm_type, cfg.epsilon,
@@ -249,9 +247,7 @@ class LayerNormDenseGeneral(Fp8Module):
 
     def __call__(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         owner, cfg = "LayerNormDenseGeneral", self._linen
-        inputs = check_float_array(owner, "inputs", inputs)
-        if cfg.enable_layernorm:
-            check_norm_args(owner, cfg.layernorm_type, cfg.epsilon, cfg.zero_centered_gamma)
+        inputs, _ = cfg.check(inputs)
         x = constrain(owner, "layernorm_input_axes", inputs, cfg.layernorm_input_axes or ())
         if not cfg.enable_layernorm:
             x = constrain(owner, "dot_input_axes", x, cfg.dot_input_axes or ())
@@ -321,8 +317,7 @@ class LayerNormMLP(Fp8Module):
         """The block on ``inputs`` ``[..., in_features]``; ``deterministic`` (default: the
         attribute) turns dropout off; ``rngs`` overrides the kept dropout stream."""
         owner, cfg = "LayerNormMLP", self._linen
-        inputs = check_float_array(owner, "inputs", inputs)
-        acts = check_activations(owner, cfg.activations)
+        inputs, acts = cfg.check(inputs)
         deterministic = self._deterministic(deterministic)
         x = constrain(owner, "layernorm_input_axes", inputs, cfg.layernorm_input_axes or ())
         gamma, beta = self._value("scale"), self._value("ln_bias")

@@ -24,12 +24,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from fp8jax import flax as fflax
 from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.attention import check_attention_inputs, decode_step
+from fp8jax.flax.attention import decode_step
 from fp8jax.flax.dot_product_attention import attention_core
 from fp8jax.flax.relative_position import t5_relative_buckets
 from fp8jax.nnx._base import (
@@ -128,7 +127,7 @@ class MultiHeadAttention(Fp8Module):
             _given = linen_init(owner, linen, (x, kv), rngs, {"deterministic": True})
         linen = _given.linen
         self._linen, self._recipe = linen, _given.recipe
-        self._heads, self._groups = linen._check()
+        self._heads, self._groups = linen.check_config()
         configs = linen.projection_configs(self.kv_features is None, self.in_features)
         for name, (cls, kwargs) in configs.items():
             setattr(self, name, _layer(_given, name, cls(**kwargs), rngs, deterministic))
@@ -184,9 +183,13 @@ class MultiHeadAttention(Fp8Module):
                 "(the params of self- and cross-attention differ)"
             )
         deterministic = self._deterministic(deterministic)
-        inputs_q, inputs_kv = check_attention_inputs(
-            owner, inputs_q, inputs_q if is_self else inputs_kv, cfg.transpose_batch_sequence
-        )
+        # decode=True is always a step here: init_cache made the cache
+        _, _, inputs_q, inputs_kv = cfg.check(
+            inputs_q, inputs_q if is_self else inputs_kv, decode=decode, step=decode,
+            segment_ids=segment_ids,
+        )  # fmt: skip
+        if decode and not hasattr(self, "cache_index"):
+            raise ValueError(f"{owner}: decode=True needs a cache: call init_cache first")
         bdim = 1 if cfg.transpose_batch_sequence else 0
         heads, groups, d = self._heads, self._groups, int(cfg.head_dim)
         if "qkv" in self._projections:
@@ -205,12 +208,6 @@ class MultiHeadAttention(Fp8Module):
         v = v.reshape(*v.shape[:2], groups, d)
         mask_type, positions = cfg.attn_mask_type, None
         if decode:
-            if not hasattr(self, "cache_index"):
-                raise ValueError(f"{owner}: decode=True needs a cache: call init_cache first")
-            if segment_ids is not None or cfg.window_size is not None:
-                raise ValueError(
-                    f"{owner}: decode steps support neither segment_ids nor window_size"
-                )
             positions = self.cache_index.get_value()[None]
         if cfg.enable_rotary_pos_emb:
             rope = dict(
@@ -264,10 +261,8 @@ class RelativePositionBiases(Fp8Module):
         self._adopt(_given)
 
     def __call__(self, q_seqlen: int, k_seqlen: int, bidirectional: bool = True) -> jax.Array:
-        owner, cfg = "RelativePositionBiases", self._linen
-        for name, v in (("q_seqlen", q_seqlen), ("k_seqlen", k_seqlen)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
+        cfg = self._linen
+        cfg.check(q_seqlen, k_seqlen, bidirectional)
         buckets = t5_relative_buckets(
             int(q_seqlen), int(k_seqlen), int(cfg.num_buckets), int(cfg.max_distance),
             bool(bidirectional),
@@ -365,7 +360,7 @@ class TransformerLayer(Fp8Module):
         attention is *not* allowed; ``decode``: one token against the cache."""
         cfg = self._linen
         inputs = check_float_array("TransformerLayer", "inputs", inputs)
-        cfg._check(inputs, encoded, False)
+        cfg.check(inputs, encoded, decode)
         deterministic = self._deterministic(deterministic)
         rngs = call_rngs(rngs)
         on = not deterministic

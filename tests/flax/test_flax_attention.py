@@ -7,6 +7,7 @@ from __future__ import annotations
 import doctest
 import math
 
+import flax.errors
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -261,7 +262,7 @@ def test_dropout_uses_its_rng_stream_and_is_off_when_deterministic():
     c = attn.apply({}, q, k, v, rngs={"attn_drop": jax.random.key(2)})
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, c) and not np.allclose(a, base)
-    with pytest.raises(Exception, match="attn_drop"):
+    with pytest.raises(flax.errors.InvalidRngError, match="attn_drop"):
         attn.apply({}, q, k, v)  # no RNG for the stream
 
 

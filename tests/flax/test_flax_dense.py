@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+import flax.errors
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -507,7 +508,7 @@ def test_bad_input_dense_general():
         _init(DenseGeneral(features=3), jnp.ones((4, 8), jnp.int32))
     model = DenseGeneral(features=3)
     variables = _init(model, x)
-    with pytest.raises(Exception, match="kernel"):  # Flax's ScopeParamShapeError names it
+    with pytest.raises(flax.errors.ScopeParamShapeError, match="kernel"):
         _apply(model, variables, rand((4, 9), 0))
     # initialised outside autocast, applied with FP8 on: the state is missing
     plain = model.init(jax.random.key(0), x)

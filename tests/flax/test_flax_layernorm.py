@@ -3,6 +3,7 @@ behaviours every fp8jax module shares (params, FP8 state, errors, scan, remat)."
 
 from __future__ import annotations
 
+import flax.errors
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -182,7 +183,7 @@ def test_mlp_dropout_uses_its_rng_and_broadcast_dims():
     m = LayerNormMLP(intermediate_dim=16, intermediate_dropout_rate=0.5,
                      intermediate_hidden_dropout_dims=(-2,))  # fmt: skip
     v = m.init(jax.random.key(0), x, deterministic=True)
-    with pytest.raises(Exception, match="dropout"):
+    with pytest.raises(flax.errors.InvalidRngError, match="dropout"):
         m.apply(v, x)  # dropout active and no rng
     a = m.apply(v, x, rngs={"dropout": jax.random.key(1)})[0]
     b = m.apply(v, x, rngs={"dropout": jax.random.key(1)})[0]

@@ -112,7 +112,9 @@ def test_handler_refuses_scale_outputs_of_another_size(op, monkeypatch):
     try:
         with monkeypatch.context() as m:
             m.setattr(jax.ffi, "ffi_call", one_more)
-            with pytest.raises(Exception, match="scale_inv and amax must have one value per scale"):
+            with pytest.raises(
+                jax.errors.JaxRuntimeError, match="scale_inv and amax must have one value per scale"
+            ):
                 jax.block_until_ready(s.call(implementation="kernel"))
     finally:
         jax.clear_caches()  # and none with the wrong ones outlives this test
