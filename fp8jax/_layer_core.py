@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from fp8jax.autocast import _current_state
+from fp8jax.autocast import current_state
 from fp8jax.ops import _grouped_gemm
 from fp8jax.ops._block_gemm import block_gemm
 from fp8jax.ops._implementation import get_implementation
@@ -93,6 +93,17 @@ save_fp8_operands = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NA
 WIDE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+class LayerOutput(NamedTuple):
+    """What a functional layer returns to the modules built on it: its output, the norm's
+    output (``None`` without one, or when not asked for) and the forward observations
+    (``float32[n_roles]`` amaxes, NaN for the output-gradient roles, which the forward cannot
+    see; ``None`` with FP8 off)."""
+
+    out: jax.Array
+    ln_out: jax.Array | None
+    observed: jax.Array | None
+
+
 class Fp8Setup(NamedTuple):
     """Static FP8 settings of one layer call (hashable: part of a custom_vjp's config)."""
 
@@ -142,7 +153,7 @@ def resolve(
     else the autocast's. Returns ``(setup, scale, probe)``; ``setup`` is ``None`` with FP8 off.
     ``families``: the op families besides ``cast`` and ``gemm`` whose implementation the layer
     reads (:meth:`Fp8Setup.implementation`)."""
-    state = _current_state()
+    state = current_state()
     if enabled is None:
         enabled = True if recipe is not None else state.enabled
     if not enabled:

@@ -127,7 +127,7 @@ def layernorm_dense(
     >>> y.shape
     (4, 2)
     """
-    y, ln, _ = _layernorm_dense(
+    y, ln, _ = layernorm_dense_observed(
         x, gamma, beta, kernel, bias, fp8_meta, recipe, probe=probe,
         layernorm_type=layernorm_type, epsilon=epsilon, zero_centered_gamma=zero_centered_gamma,
         return_layernorm_output=return_layernorm_output, dtype=dtype, enabled=enabled,
@@ -157,11 +157,12 @@ def _check(x, gamma, beta, kernel, bias, norm, dtype):
         raise TypeError(f"{where}: dtype must be float32, bfloat16 or float16, got {dtype!r}")
 
 
-def _layernorm_dense(
+def layernorm_dense_observed(
     x, gamma, beta, kernel, bias, fp8_meta, recipe, *, probe, layernorm_type, epsilon,
     zero_centered_gamma, return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_dense",
 ):  # fmt: skip
-    """:func:`layernorm_dense` -> ``(y, norm output or None, forward observations or None)``."""
+    """:func:`layernorm_dense` with its norm output and forward observations
+    (:class:`~fp8jax._layer_core.LayerOutput`): what the Flax modules call."""
     norm = None if layernorm_type is None else (layernorm_type, epsilon, zero_centered_gamma)
     if dtype is None and hasattr(x, "dtype") and hasattr(kernel, "dtype"):
         dtype = jnp.result_type(x, kernel)
@@ -174,7 +175,7 @@ def _layernorm_dense(
         y = jax.lax.dot_general(ln, kernel.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
         if bias is not None:
             y = y + bias.astype(dtype)
-        return y, (ln.astype(x.dtype) if return_layernorm_output else None), None
+        return core.LayerOutput(y, ln.astype(x.dtype) if return_layernorm_output else None, None)
     if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
     m = int(np.prod(lead, dtype=np.int64))
@@ -203,4 +204,4 @@ def _layernorm_dense(
     w = w if grouped else w.reshape(hidden, n)
     y2, ln2, seen = _ln_dense2d(cfg, (x_in, gamma, beta, w, b), scale, probe)
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
-    return y2.reshape(*lead, *features), ln, seen
+    return core.LayerOutput(y2.reshape(*lead, *features), ln, seen)

@@ -257,7 +257,7 @@ def layernorm_mlp(
     >>> y.shape
     (8, 16)
     """
-    y, ln, _ = _layernorm_mlp(
+    y, ln, _ = layernorm_mlp_observed(
         x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, fp8_meta, recipe, probe=probe,
         layernorm_type=layernorm_type, epsilon=epsilon, zero_centered_gamma=zero_centered_gamma,
         activations=activations, dropout_mask=dropout_mask,
@@ -266,14 +266,13 @@ def layernorm_mlp(
     return (y, ln) if return_layernorm_output else y
 
 
-def _layernorm_mlp(
+def layernorm_mlp_observed(
     x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, fp8_meta, recipe, *, probe,
     layernorm_type, epsilon, zero_centered_gamma, activations, dropout_mask,
     return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_mlp",
 ):  # fmt: skip
-    """:func:`layernorm_mlp` -> ``(y, norm output or None, forward observations or None)``;
-    the observations are ``float32[6]`` (NaN for the output-grad roles), ``None`` with FP8
-    off."""
+    """:func:`layernorm_mlp` with its norm output and forward observations
+    (:class:`~fp8jax._layer_core.LayerOutput`; ``float32[6]``): what the Flax modules call."""
     norm = None if layernorm_type is None else (layernorm_type, epsilon, zero_centered_gamma)
     if dtype is None and hasattr(x, "dtype") and hasattr(kernel_1, "dtype"):
         dtype = jnp.result_type(x, kernel_1, kernel_2)
@@ -290,7 +289,7 @@ def _layernorm_mlp(
     if setup is None:
         y, ln = _reference(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, acts,
                            dropout_mask, dtype)  # fmt: skip
-        return y, (ln.astype(x.dtype) if keep else None), None
+        return core.LayerOutput(y, ln.astype(x.dtype) if keep else None, None)
     if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
     m = int(np.prod(lead, dtype=np.int64))
@@ -324,7 +323,7 @@ def _layernorm_mlp(
     x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
     y2, ln2, seen = _mlp2d(cfg, (x_in, gamma, beta, w1, b1, w2, b2), scale, probe, (mask2,))
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
-    return y2.reshape(*lead, out), ln, seen
+    return core.LayerOutput(y2.reshape(*lead, out), ln, seen)
 
 
 _PLAIN = {

@@ -42,11 +42,11 @@ from fp8jax import _ffi, _support
 from fp8jax.ops import _implementation, _partition
 from fp8jax.ops.block_scaling import (
     CUBLASLT_SCALE_MODES,
-    _check_block,
     block_scaled_matmul,
+    check_block,
     cublaslt_scales,
 )
-from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, _round_up
+from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, round_up
 
 __all__ = ["block_gemm", "scale_mode_unsupported"]
 
@@ -71,7 +71,7 @@ def _gpu_runs(modes: tuple[int, int]) -> bool:
         devices = jax.devices("gpu")
     except RuntimeError:
         return True
-    cc = _support._capability(devices[0])
+    cc = _support.capability(devices[0])
     return cc is None or not any(scale_mode_unsupported(m, cc[0]) for m in modes)
 
 
@@ -95,7 +95,7 @@ def _operand(q, scale, block, rows_p, k_p):
 
 def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype):
     (m, k), n = a_q.shape, b_q.shape[0]
-    m_p, n_p, k_p = (_round_up(d, PAD_MULTIPLE) for d in (m, n, k))
+    m_p, n_p, k_p = (round_up(d, PAD_MULTIPLE) for d in (m, n, k))
     a_q, a_sl = _operand(a_q, a_s, a_block, m_p, k_p)
     b_q, b_sl = _operand(b_q, b_s, b_block, n_p, k_p)
     out_types = (
@@ -163,8 +163,8 @@ def block_gemm(
     the GPU has the scale modes. ``implementation``: ``"kernel"`` or ``"xla"`` (the reference on
     every platform); default: the enclosing :func:`fp8jax.ops.implementation` choice for
     ``"gemm"``."""
-    a_block = _check_block("block_gemm", a_block)
-    b_block = _check_block("block_gemm", b_block)
+    a_block = check_block("block_gemm", a_block)
+    b_block = check_block("block_gemm", b_block)
     impl = _implementation.choose("block_gemm", "gemm", implementation)
     modes = (CUBLASLT_SCALE_MODES.get(a_block), CUBLASLT_SCALE_MODES.get(b_block))
     supported = None not in modes and a_block[1] == b_block[1]

@@ -74,7 +74,7 @@ def _split(mesh, axes: tuple[str, ...], size: int) -> tuple[str, ...]:
     return axes if size % math.prod(mesh.shape[a] for a in axes) == 0 else ()
 
 
-def _dims(arg) -> tuple[tuple[str, ...], ...]:
+def gemm_dims(arg) -> tuple[tuple[str, ...], ...]:
     if isinstance(arg.sharding, NamedSharding):
         return _partition.dim_axes(arg.sharding, arg.shape)
     return ((),) * arg.ndim  # not known yet (GSPMD): take it as replicated
@@ -87,7 +87,7 @@ def _as_is(mesh, arg) -> NamedSharding:
     return _partition.named(mesh, ((),) * arg.ndim)
 
 
-def _plan_mnk(mesh, a, b, a_dims, b_dims):
+def plan_mnk(mesh, a, b, a_dims, b_dims):
     """The axes that split M, N and K of ``a [M, K] . b [N, K]^T`` (see the module docstring)."""
     (am, ak), (bn, bk) = a_dims, b_dims
     m = am  # the activations keep their rows' split (DP, SP); never re-laid out
@@ -101,12 +101,12 @@ def _reused_plan(mesh, a, w_t, x_t):
     """For the dgrad GEMM ``a [M, N] . w_q [K, N]^T``: ``(m, n, k)`` of the GEMM run on the
     transpose of the gathered ``w_t`` the forward GEMM ``x [M, K] . w_t [N, K]^T`` made, or
     ``None`` when the forward GEMM did not gather ``w_t``."""
-    x_dims = _dims(x_t)[::-1]
+    x_dims = gemm_dims(x_t)[::-1]
     x = jax.ShapeDtypeStruct(x_t.shape[::-1], x_t.dtype)
-    _, fwd_n, fwd_k = _plan_mnk(mesh, x, w_t, x_dims, _dims(w_t))
-    if (fwd_n, fwd_k) == _dims(w_t):
+    _, fwd_n, fwd_k = plan_mnk(mesh, x, w_t, x_dims, gemm_dims(w_t))
+    if (fwd_n, fwd_k) == gemm_dims(w_t):
         return None  # w_t ran as it lives: nothing was gathered, nothing to reuse
-    m = _dims(a)[0]
+    m = gemm_dims(a)[0]
     if set(m) & set(fwd_n + fwd_k):
         return None  # the gradient's rows are split otherwise than x's: the plain plan
     # dgrad's N is the forward's K (output columns), its K is the forward's N (contracted).
@@ -154,7 +154,7 @@ def partitioned_gemm(
     def plan(mesh, arg_shapes):
         a, b = arg_shapes[0], arg_shapes[1]
         reused = _reused_plan(mesh, a, *arg_shapes[-2:]) if has_reuse else None
-        m, n, k = reused or _plan_mnk(mesh, a, b, _dims(a), _dims(b))
+        m, n, k = reused or plan_mnk(mesh, a, b, gemm_dims(a), gemm_dims(b))
         ins = [
             _partition.named(mesh, (m, k)),
             _as_is(mesh, b) if reused else _partition.named(mesh, (n, k)),

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.ops import _partition
-from fp8jax.ops._gemm_partition import _dims, _plan_mnk
-from fp8jax.ops.gemm import _local, gemm_codes
+from fp8jax.ops._gemm_partition import gemm_dims, plan_mnk
+from fp8jax.ops.gemm import gemm_codes, local_gemm
 
 __all__ = ["gemm_k", "gemm_n", "usable"]
 
@@ -78,7 +78,7 @@ def _local_2d(local, k_axes, out_dtype, accumulate, a, b, sa, sb, bias):
 
 @functools.cache
 def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim):
-    local = _local(codes)
+    local = local_gemm(codes)
 
     def kernel(k_axes, a, b, sa, sb, *bias):
         g, n, k = b.shape
@@ -88,8 +88,8 @@ def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim):
 
     def plan(mesh, args):
         a, b = args[0], args[1]
-        _, bn, bk = _dims(b)
-        m, n, k = _plan_mnk(mesh, a, _fake(b.shape[1:], b.dtype), _dims(a), (bn, bk))
+        _, bn, bk = gemm_dims(b)
+        m, n, k = plan_mnk(mesh, a, _fake(b.shape[1:], b.dtype), gemm_dims(a), (bn, bk))
         ins = [
             _partition.named(mesh, (m, k)),
             _partition.named(mesh, ((), n, k)),
@@ -110,13 +110,13 @@ def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim):
 def _reused(mesh, a, w_t, x_t):
     """The dgrad's ``(m, n, k)`` on the forward GEMM's gathered ``w_t [g, N_fwd, K_fwd]`` (see
     ``_gemm_partition._reused_plan``), or ``None`` when the forward gathered nothing."""
-    x_dims = _dims(x_t)[::-1]
+    x_dims = gemm_dims(x_t)[::-1]
     x = _fake(x_t.shape[::-1], x_t.dtype)
-    _, wn, wk = _dims(w_t)
-    _, fwd_n, fwd_k = _plan_mnk(mesh, x, _fake(w_t.shape[1:], w_t.dtype), x_dims, (wn, wk))
+    _, wn, wk = gemm_dims(w_t)
+    _, fwd_n, fwd_k = plan_mnk(mesh, x, _fake(w_t.shape[1:], w_t.dtype), x_dims, (wn, wk))
     if (fwd_n, fwd_k) == (wn, wk):
         return None
-    m = _dims(a)[0]
+    m = gemm_dims(a)[0]
     if set(m) & set(fwd_n + fwd_k):
         return None
     return m, fwd_k, fwd_n
@@ -124,7 +124,7 @@ def _reused(mesh, a, w_t, x_t):
 
 @functools.cache
 def _gemm_k(codes, out_dtype, accumulate, sa_ndim, sb_ndim):
-    local = _local(codes)
+    local = local_gemm(codes)
 
     def kernel(k_axes, from_reuse, a, b, sa, sb, w_t, x_t):
         del x_t
@@ -141,12 +141,12 @@ def _gemm_k(codes, out_dtype, accumulate, sa_ndim, sb_ndim):
         if reused:
             m, n, k = reused
         else:
-            (am, _, ak), (bn, _, bk) = _dims(a), _dims(b)
+            (am, _, ak), (bn, _, bk) = gemm_dims(a), gemm_dims(b)
             a2, b2 = (
                 _fake((a.shape[0], a.shape[2]), a.dtype),
                 _fake((b.shape[0], b.shape[2]), b.dtype),
             )
-            m, n, k = _plan_mnk(mesh, a2, b2, (am, ak), (bn, bk))
+            m, n, k = plan_mnk(mesh, a2, b2, (am, ak), (bn, bk))
         as_is = lambda v: v.sharding if isinstance(v.sharding, jax.sharding.NamedSharding) else (
             _partition.named(mesh, ((),) * v.ndim))  # fmt: skip
         ins = [

@@ -168,7 +168,7 @@ def gemm_reference(
     return _reference_2d(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
 
 
-def _round_up(x: int, multiple: int) -> int:
+def round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
@@ -186,7 +186,7 @@ def _pad_operands(
     """
     m, k = a.shape
     n = b.shape[0]
-    kp, np_ = _round_up(k, multiple), _round_up(n, multiple)
+    kp, np_ = round_up(k, multiple), round_up(n, multiple)
     if kp != k:
         a = jnp.pad(a, ((0, 0), (0, kp - k)))
     if kp != k or np_ != n:
@@ -253,7 +253,7 @@ def _gemm_2d(
 
 
 @functools.cache
-def _local(codes: tuple[np.dtype, np.dtype] | None) -> Any:
+def local_gemm(codes: tuple[np.dtype, np.dtype] | None) -> Any:
     """The per-device 2-D GEMM; with ``codes = (a_dtype, b_dtype)`` its operands are the
     ``uint8`` codes of FP8 tensors of those dtypes, viewed as FP8 on each device."""
     if codes is None:
@@ -277,7 +277,7 @@ def _batchable_gemm(
     def gemm_2d(a, b, a_scale_inv, b_scale_inv, bias):
         # Partitioned under jit on a mesh (see _gemm_partition); plain _gemm_2d otherwise.
         op = _gemm_partition.partitioned_gemm(
-            _local(codes),
+            local_gemm(codes),
             out_dtype,
             accumulate,
             bias is not None,
@@ -318,7 +318,7 @@ def _batchable_gemm_reuse(
     @jax.custom_batching.custom_vmap
     def gemm_2d(a, b, a_scale_inv, b_scale_inv, w_t, x_t):
         op = _gemm_partition.partitioned_gemm(
-            _local(codes),
+            local_gemm(codes),
             out_dtype,
             accumulate,
             False,
