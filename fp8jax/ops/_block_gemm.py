@@ -94,7 +94,7 @@ def _operand(q, scale, block, rows_p, k_p):
     return q, cublaslt_scales(scale, block, rows_p, k_p)
 
 
-def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype, autotune):
+def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype, autotune=True):
     (m, k), n = a_q.shape, b_q.shape[0]
     m_p, n_p, k_p = (round_up(d, PAD_MULTIPLE) for d in (m, n, k))
     a_q, a_sl = _operand(a_q, a_s, a_block, m_p, k_p)

@@ -125,6 +125,13 @@ def gemm_dgelu_reference(
     return q, scale_inv, amax, dbias
 
 
+# The "xla" implementations: the references, jitted (XLA fuses, batches and partitions them).
+_GELU_XLA = jax.jit(gemm_gelu_reference, static_argnames="fp8_dtype")
+_DGELU_XLA = jax.jit(
+    gemm_dgelu_reference, static_argnames=("fp8_dtype", "dbias_dtype", "with_dbias")
+)
+
+
 # ------------------------------------------------------------------ the CUDA calls
 
 
@@ -388,9 +395,7 @@ def gemm_gelu(
             raise ValueError(f"{op}: bias must be bfloat16 or float16 [N], got {bias.dtype}"
                              f"{list(bias.shape)}")  # fmt: skip
     if _implementation.choose(op, "gemm", implementation) == "xla":
-        return jax.jit(gemm_gelu_reference, static_argnames="fp8_dtype")(
-            a_v, b_v, a_sinv, b_sinv, scale, fp8_dtype=fp8, bias=bias
-        )
+        return _GELU_XLA(a_v, b_v, a_sinv, b_sinv, scale, fp8_dtype=fp8, bias=bias)
     _ffi.ensure_registered()
     bias_dtype = EPILOGUE_DTYPES[0] if bias is None else jnp.dtype(bias.dtype)
     cfg = (np.dtype(fp8), bias_dtype, True, get_gemm_options().autotune)
@@ -434,11 +439,8 @@ def gemm_dgelu(
         raise ValueError(f"{op}: dbias_dtype must be bfloat16 or float16, got {dbias_dtype}")
     with_dbias = bool(with_dbias)
     if _implementation.choose(op, "gemm", implementation) == "xla":
-        return jax.jit(gemm_dgelu_reference,
-                       static_argnames=("fp8_dtype", "dbias_dtype", "with_dbias"))(
-            a_v, b_v, a_sinv, b_sinv, aux, scale, fp8_dtype=fp8, dbias_dtype=dbias_dtype,
-            with_dbias=with_dbias,
-        )  # fmt: skip
+        return _DGELU_XLA(a_v, b_v, a_sinv, b_sinv, aux, scale, fp8_dtype=fp8,
+                          dbias_dtype=dbias_dtype, with_dbias=with_dbias)  # fmt: skip
     _ffi.ensure_registered()
     cfg = (np.dtype(fp8), dbias_dtype, with_dbias, get_gemm_options().autotune)
     op = _partitioned_dgelu(cfg, codes, reuse is not None)
