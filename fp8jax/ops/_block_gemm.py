@@ -113,7 +113,7 @@ def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype, autotune=True):
 
 
 @functools.cache
-def _partitioned_cuda(a_block, b_block, out_dtype, autotune):
+def _partitioned_cuda(a_block, b_block, out_dtype, autotune=True):
     """The CUDA path, split along ``a``'s and ``b``'s rows on a mesh (see the module
     docstring)."""
 
