@@ -407,14 +407,20 @@ def gemm_forward(
     with fast accumulation; both backward GEMMs that use ``w_t`` see the very same value, so an
     FSDP gather of it is shared."""
     fwd = setup.fwd_dtype
-    w_q, w_t, w_sinv, w_amax = cast_t(setup, w, w_scale, fwd, role="w")
-    w_q, w_t = named(codes(w_q), 1), named(codes(w_t), 3)
-    w_sinv, w_amax = named(w_sinv, 4), named(w_amax, 5)
+    w_amax, res = cast_kernel(setup, w, w_scale)
     y = _gemm(
-        setup, x_q, _rows(x_sinv), w_t, _cols(w_sinv), roles=("x", "w"), dtypes=(fwd, fwd),
-        out_dtype=out_dtype, bias=bias, accumulate="fast",
+        setup, x_q, _rows(x_sinv), res.w_t, _cols(res.w_sinv), roles=("x", "w"),
+        dtypes=(fwd, fwd), out_dtype=out_dtype, bias=bias, accumulate="fast",
     )  # fmt: skip
-    return y, w_amax, GemmResiduals(w_q, w_t, w_sinv)
+    return y, w_amax, res
+
+
+def cast_kernel(setup: Fp8Setup, w: jax.Array, w_scale: jax.Array):
+    """A GEMM's high-precision kernel ``w`` [K, N] cast for its three GEMMs (both layouts, as
+    checkpoint-named codes) -> ``(w's amax, GemmResiduals)``."""
+    w_q, w_t, w_sinv, w_amax = cast_t(setup, w, w_scale, setup.fwd_dtype, role="w")
+    w_q, w_t = named(codes(w_q), 1), named(codes(w_t), 3)
+    return named(w_amax, 5), GemmResiduals(w_q, w_t, named(w_sinv, 4))
 
 
 def gemm_backward(
@@ -438,11 +444,16 @@ def gemm_backward(
         setup, g_q, _rows(g_sinv), res.w_q, _rows(res.w_sinv), roles=("grad", "w"),
         dtypes=(bwd, fwd), reuse=(res.w_t, x_t), out_dtype=x_dtype, accumulate="split",
     )  # fmt: skip
-    dw = _gemm(
-        setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"), dtypes=(fwd, bwd),
-        out_dtype=w_dtype, accumulate="split",
+    return dx, gemm_wgrad(setup, g_t, g_sinv, x_t, x_sinv, w_dtype)
+
+
+def gemm_wgrad(setup: Fp8Setup, g_t, g_sinv, x_t, x_sinv, w_dtype: Any) -> jax.Array:
+    """The wgrad ``dw = x^T @ g`` in ``w_dtype`` of :func:`gemm_backward`, from the transposed
+    codes ``g_t`` [N, M] and ``x_t`` [K, M], with split accumulation."""
+    return _gemm(
+        setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"),
+        dtypes=(setup.fwd_dtype, setup.bwd_dtype), out_dtype=w_dtype, accumulate="split",
     )  # fmt: skip
-    return dx, dw
 
 
 def zeros_if_symbolic(g: Any) -> jax.Array:

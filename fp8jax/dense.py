@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec
 from fp8jax import _layer_core as core
 from fp8jax._layer_core import CHECKPOINT_NAMES, save_fp8_operands
 from fp8jax.ops._partition import explicit_matmul_spec, explicit_mesh
+from fp8jax.ops.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -184,6 +185,13 @@ def dense_observed(
         dtype = jnp.result_type(x, kernel) if hasattr(x, "dtype") else jnp.float32
     features = _check_inputs(x, kernel, bias, axes, dtype)
     setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, _N)
+    shape = (
+        int(np.prod([x.shape[a] for a in range(x.ndim) if a not in axes])),
+        int(np.prod(features)),
+        int(np.prod([x.shape[a] for a in axes])),
+    )
+    if setup is not None and below_fp8_flops([shape]):
+        setup = None  # too small for FP8 to pay (fp8jax.ops.gemm_options): a plain dense
     if setup is None or jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
     if setup is None or jnp.dtype(kernel.dtype) not in core.WIDE:

@@ -25,6 +25,7 @@ from fp8jax._norm_layer import (
     input_forward,
 )
 from fp8jax.ops import _grouped_gemm
+from fp8jax.ops.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -170,6 +171,10 @@ def layernorm_dense_observed(
     dtype = jnp.dtype(dtype)
     lead, hidden, features = x.shape[:-1], x.shape[-1], kernel.shape[1:]
     setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, _N, ("norm",))
+    m = int(np.prod(lead, dtype=np.int64))
+    n = int(np.prod(features, dtype=np.int64))
+    if setup is not None and below_fp8_flops([(m, n, hidden)]):
+        setup = None  # too small for FP8 to pay (fp8jax.ops.gemm_options): the plain block
     if setup is None:
         ln = x.astype(dtype) if norm is None else flax_norm(x, gamma, beta, *norm, dtype=dtype)
         y = jax.lax.dot_general(ln, kernel.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
@@ -178,8 +183,6 @@ def layernorm_dense_observed(
         return core.LayerOutput(y, ln.astype(x.dtype) if return_layernorm_output else None, None)
     if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
-    m = int(np.prod(lead, dtype=np.int64))
-    n = int(np.prod(features, dtype=np.int64))
     w = kernel if jnp.dtype(kernel.dtype) in core.WIDE else kernel.astype(dtype)
     # a (hidden, g, N) kernel (fused QKV: g = 3) keeps its group dim, so that a split of N
     # (tensor parallelism) needs no resharding; with delayed scaling and the kernel GEMM

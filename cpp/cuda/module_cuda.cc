@@ -12,8 +12,16 @@
 namespace nb = nanobind;
 
 FP8JAX_OPS(FP8JAX_DECLARE_CUDA_HANDLER_)
-XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmCuda);
+// The cuBLASLt GEMMs (cuda/gemm_cublaslt.cc): a plain one and the MLP's two GELU epilogues.
+#define FP8JAX_GEMM_TARGETS(X)    \
+  X(Gemm, "fp8jax_gemm")          \
+  X(GemmGelu, "fp8jax_gemm_gelu") \
+  X(GemmDGelu, "fp8jax_gemm_dgelu")
+#define FP8JAX_DECLARE_GEMM_(Symbol, target)                      \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Symbol##InitializeCuda); \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Symbol##Cuda);
+FP8JAX_GEMM_TARGETS(FP8JAX_DECLARE_GEMM_)
+#undef FP8JAX_DECLARE_GEMM_
 
 namespace {
 
@@ -31,12 +39,17 @@ NB_MODULE(_fp8jax_cuda, m) {
 #define FP8JAX_REGISTER_(Stem, target) d[target] = Capsule(Fp8jax##Stem##Cuda);
     FP8JAX_OPS(FP8JAX_REGISTER_)
 #undef FP8JAX_REGISTER_
-    // The GEMM's initialize stage creates the cuBLASLt handle and runs the
-    // heuristic query outside CUDA-graph capture; execute only calls cublasLtMatmul.
-    nb::dict gemm;
-    gemm["initialize"] = Capsule(Fp8jaxGemmInitializeCuda);
-    gemm["execute"] = Capsule(Fp8jaxGemmCuda);
-    d["fp8jax_gemm"] = gemm;
+    // A GEMM's initialize stage creates the cuBLASLt handle and chooses the algorithm (the
+    // heuristic, timed when autotuning) outside CUDA-graph capture; execute calls cublasLtMatmul.
+#define FP8JAX_REGISTER_GEMM_(Symbol, target)                       \
+  {                                                                 \
+    nb::dict stages;                                                \
+    stages["initialize"] = Capsule(Fp8jax##Symbol##InitializeCuda); \
+    stages["execute"] = Capsule(Fp8jax##Symbol##Cuda);              \
+    d[target] = stages;                                             \
+  }
+    FP8JAX_GEMM_TARGETS(FP8JAX_REGISTER_GEMM_)
+#undef FP8JAX_REGISTER_GEMM_
     return d;
   });
   // The traits to register each target with (XLA reads the registration's, not the
@@ -47,7 +60,9 @@ NB_MODULE(_fp8jax_cuda, m) {
 #define FP8JAX_TRAITS_(Stem, target) d[target] = traits;
     FP8JAX_OPS(FP8JAX_TRAITS_)
 #undef FP8JAX_TRAITS_
-    d["fp8jax_gemm"] = traits;
+#define FP8JAX_GEMM_TRAITS_(Symbol, target) d[target] = traits;
+    FP8JAX_GEMM_TARGETS(FP8JAX_GEMM_TRAITS_)
+#undef FP8JAX_GEMM_TRAITS_
     return d;
   });
 }

@@ -44,13 +44,16 @@ class DotProductAttention(nn.Module):
     TransformerEngine's arguments, grouped-query attention, masks, sliding windows and
     attention dropout; no params.
 
-    The core is :func:`jax.nn.dot_product_attention` (``implementation=None``: JAX's choice,
-    which in JAX 0.10 is its XLA path; ``"cudnn"`` asks for cuDNN's fused kernel, which raises
-    where cuDNN's constraints do not hold). With an active attention dropout (``rate > 0`` and
-    not ``deterministic``), which that function lacks, the same formula runs in XLA with the
-    dropout applied to the probabilities (:func:`attention_with_dropout`), using the
+    The core is :func:`jax.nn.dot_product_attention` (``implementation=None``: cuDNN's fused
+    flash attention where JAX can lower it, XLA's path elsewhere and on CPU, chosen while tracing
+    by :func:`fp8jax.layers.attention_backend.choose_attention`; ``"xla"`` or ``"cudnn"`` force
+    one, and ``"cudnn"`` raises where cuDNN's constraints do not hold). With an active
+    attention dropout (``rate > 0`` and not ``deterministic``), which that function lacks, the
+    same formula runs in XLA with the dropout applied to the probabilities
+    (:func:`~fp8jax.layers.attention_core.attention_with_dropout`), using the
     ``dropout_rng_name`` RNG stream. The module has no variables: it calls
-    :func:`attention_core` (which :class:`fp8jax.nnx.MultiHeadAttention` calls too).
+    :func:`~fp8jax.layers.attention_core.attention_core` (which
+    :class:`fp8jax.nnx.MultiHeadAttention` calls too).
 
     Call: ``attn(query, key, value, sequence_descriptor=None, bias=None, *,
     deterministic=False, mask=None, segment_ids=None)``; returns the attention output with
@@ -105,7 +108,8 @@ class DotProductAttention(nn.Module):
       max_segments_per_seq, context_parallel_causal_load_balanced, context_parallel_axis,
         context_parallel_strategy, softmax_type, score_mod, score_mod_bprop: TE's, at its
         defaults only (see above).
-      implementation: passed to :func:`jax.nn.dot_product_attention` (fp8jax's).
+      implementation: ``None`` (cuDNN where it can run, else XLA; see above), ``"xla"`` or
+        ``"cudnn"``: the :func:`jax.nn.dot_product_attention` implementation (fp8jax's).
     """
 
     head_dim: int

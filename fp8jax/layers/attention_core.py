@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from fp8jax.layers.attention_backend import choose_attention
+
 __all__ = [
     "ATTN_BIAS_TYPES",
     "ATTN_MASK_TYPES",
@@ -397,10 +399,9 @@ def attention_core(
             rate=float(attention_dropout), rng=rng,
         )  # fmt: skip
     else:
-        out = jax.nn.dot_product_attention(
-            q, k, v, bias, keep, scale=scale, is_causal=is_causal,
-            local_window_size=jax_window, implementation=implementation,
-        )  # fmt: skip
+        kwargs = dict(scale=scale, is_causal=is_causal, local_window_size=jax_window)
+        impl = choose_attention(implementation, q, k, v, bias, keep, **kwargs)
+        out = jax.nn.dot_product_attention(q, k, v, bias, keep, implementation=impl, **kwargs)
     if transpose_batch_sequence:
         out = jnp.swapaxes(out, 0, 1)
     return checkpoint_name(out, context_checkpoint_name)

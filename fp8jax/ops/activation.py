@@ -85,7 +85,7 @@ def activations_arg(op: str, activations: Any) -> tuple[str, ...]:
 # ------------------------------------------------------------------ the float32 math
 
 
-def _act(name: str, a: jax.Array) -> jax.Array:
+def act_f32(name: str, a: jax.Array) -> jax.Array:
     """``act(a)`` for float32 ``a`` (the order of operations is the kernels')."""
     if name == "gelu":
         inner = _SQRT_2_OVER_PI * (a + _GELU_CUBIC * (a * a * a))
@@ -99,7 +99,7 @@ def _act(name: str, a: jax.Array) -> jax.Array:
     return a
 
 
-def _dact(name: str, a: jax.Array) -> jax.Array:
+def dact_f32(name: str, a: jax.Array) -> jax.Array:
     """``act'(a)`` for float32 ``a``."""
     if name == "gelu":
         a2 = a * a
@@ -129,7 +129,7 @@ def activation_reference(x: jax.Array, activations: tuple[str, ...]) -> jax.Arra
     """Pure-jnp reference of :func:`activation`: ``act(x[..., 0, :])`` (times ``x[..., 1, :]``
     when gated), in float32, rounded once to ``x.dtype``."""
     a, b = _halves(x, len(activations) == 2)
-    y = _act(activations[0], a)
+    y = act_f32(activations[0], a)
     if b is not None:
         y = y * b
     return y.astype(x.dtype)
@@ -140,11 +140,11 @@ def dactivation_reference(g: jax.Array, x: jax.Array, activations: tuple[str, ..
     ``[g * act'(a)]``, stacked on the ``k`` axis, in float32, rounded once to ``g.dtype``."""
     a, b = _halves(x, len(activations) == 2)
     gf = g.astype(jnp.float32)
-    da = gf * _dact(activations[0], a)
+    da = gf * dact_f32(activations[0], a)
     if b is None:
         return da[..., None, :].astype(g.dtype)
     da = da * b
-    db = gf * _act(activations[0], a)
+    db = gf * act_f32(activations[0], a)
     return jnp.stack([da, db], axis=-2).astype(g.dtype)
 
 
