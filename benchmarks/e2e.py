@@ -15,11 +15,12 @@ FP8 is faster): ``fp8_vs_bf16``, ``fp8_vs_fp8_xla``, ``fp8_vs_flax_fp8``; the is
 are checked for the two layers. The JSON (``--json``) also holds every measurement and loss.
 
 Without a CUDA device it writes ``{"skipped": true}`` unless ``--allow-cpu`` (tiny sizes, 4 timed
-steps, LayerNormMLP and gpt-small unless ``--workloads`` says otherwise: a smoke test whose
-timings mean nothing). ``--deadline`` (epoch seconds) skips what would end after it, and the
+steps, LayerNormMLP unless ``--workloads`` names others: a smoke test whose timings mean
+nothing). ``--deadline`` (epoch seconds) skips what would end after it, and the
 JSON is rewritten after every variant, so a run cut short keeps what it measured. Checks: the
 variants' first losses agree (the same weights), FP8's last loss is within 5% of BF16's, every
-variant runs the same attention, and on a GPU, the FP8 variants run FP8 GEMMs.
+variant runs the same attention, and on a GPU, the FP8 variants run FP8 GEMMs. A variant that
+fails (out of memory, say) is reported under the workload's ``failed`` and the run goes on.
 
   python benchmarks/e2e.py --json out/e2e.json
   python benchmarks/e2e.py --table out/e2e.json     # the Markdown table for docs/performance.md
@@ -52,9 +53,9 @@ TARGETS = {  # issue 36's, for one H100/H200
     "layernorm_mlp": {"fp8_vs_bf16": 1.6, "fp8_vs_fp8_xla": 1.1},
     "transformer_layer": {"fp8_vs_bf16": 1.5, "fp8_vs_fp8_xla": 1.1},
 }
-# --allow-cpu's default: the layer, and the GPT (scan, rotary, the demo's data and optimizer);
-# TransformerLayer is the GPT's layer, and gpt-medium is gpt-small's tiny size there
-CPU_WORKLOADS = ("layernorm_mlp", "gpt-small")
+# --allow-cpu's default (CI runs it): one workload, compiled four ways; the others compile for
+# minutes on 2 cores (tests/benchmarks/test_e2e.py traces every variant of every workload)
+CPU_WORKLOADS = ("layernorm_mlp",)
 # the comparisons that matter most first: a run cut short by --deadline keeps them
 RUN_ORDER = ("fp8", "bf16", "flax_fp8", "fp8_xla")
 PROGRAM = {  # what a compiled program runs: custom-call targets counted in its HLO
@@ -160,7 +161,14 @@ def run(args: argparse.Namespace, gpu: bool, names: list[str]) -> dict[str, Any]
                 print(f"  {name} {variant}: not run (--deadline)", flush=True)
                 continue
             t0 = time.time()
-            r = out["variants"][variant] = measure(wl, variant, args, gpu)
+            try:
+                r = out["variants"][variant] = measure(wl, variant, args, gpu)
+            except Exception as e:  # (out of memory, say): reported, and the run goes on
+                out.setdefault("failed", {})[variant] = f"{type(e).__name__}: {e}"[:2000]
+                print(f"  {name} {variant}: FAILED {type(e).__name__}: {e}"[:400], flush=True)
+                gc.collect()
+                write_json(args.json, report)
+                continue
             took = time.time() - t0
             print(
                 f"  {name:<18}{variant:<9}{r['median_step_ms']:>10.3f} ms "
@@ -171,7 +179,7 @@ def run(args: argparse.Namespace, gpu: bool, names: list[str]) -> dict[str, Any]
             out.update(summarize(name, out["variants"], gpu))
             report["results"] = rows(report)
             write_json(args.json, report)
-        if out["ratios"]:
+        if out.get("ratios"):
             print(
                 f"  {name} ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in out["ratios"].items())
             )
@@ -211,12 +219,16 @@ def table(report: dict[str, Any]) -> str:
     ]
     for name, w in report["workloads"].items():
         for variant, r in w["variants"].items():
-            ratio = w["ratios"].get(f"fp8_vs_{variant}")
+            ratio = w.get("ratios", {}).get(f"fp8_vs_{variant}")
             lines.append(
                 f"| {name} | {variant} | {r['median_step_ms']:.2f} | {r['tokens_per_s']:,.0f} | "
                 f"{'' if ratio is None else f'{ratio:.2f}x'} | "
                 f"{r['loss_first']:.4f} -> {r['loss_final']:.4f} |"
             )
+    failed = [f"{n}/{v} ({e.split(':')[0]})" for n, w in report["workloads"].items()
+              for v, e in w.get("failed", {}).items()]  # fmt: skip
+    if failed:
+        lines.append(f"\nFailed: {', '.join(failed)}")
     if report.get("not_run"):
         lines.append(f"\nNot run (deadline): {', '.join(report['not_run'])}")
     return "\n".join(lines)

@@ -53,10 +53,12 @@ def test_table_has_a_row_per_measured_variant():
                                     "ratios": {"fp8_vs_bf16": 1.5}}},
         "not_run": ["gpt-small/flax_fp8"],
     }  # fmt: skip
+    report["workloads"]["gpt-small"]["failed"] = {"fp8_xla": "XlaRuntimeError: RESOURCE_EXHAUSTED"}
     text = e2e.table(report)
     assert "| gpt-small | bf16 | 15.00 | 67 | 1.50x | 2.0000 -> 1.0000 |" in text
     assert "| gpt-small | fp8 | 10.00 | 100 |  |" in text
     assert "Not run (deadline): gpt-small/flax_fp8" in text
+    assert "Failed: gpt-small/fp8_xla (XlaRuntimeError)" in text
 
 
 @pytest.mark.skipif(e2e.on_gpu(), reason="a CUDA device is present: main() would run full size")
