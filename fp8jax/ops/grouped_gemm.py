@@ -33,7 +33,10 @@ Scales, applied as the FP8 GEMM applies them:
 The reference (:func:`grouped_gemm_reference`, the definition and the ``"xla"``
 implementation) is :func:`jax.lax.ragged_dot_general` of the dequantized float32 operands
 (``precision=HIGHEST``), then the per-group scales. On CPU, XLA lowers ``ragged_dot`` to a
-masked dense dot over all groups (``G`` times the FLOPs); the kernel path is fp8jax's own.
+masked dense dot over all groups (``G`` times the FLOPs). The kernel path (sharding rules,
+vmap, one call per device) runs this reference inside it until a CUDA kernel is registered as
+``fp8jax_grouped_gemm`` (:func:`has_cuda_kernel`; not yet written): no platform runs a
+grouped kernel of fp8jax's own today.
 
 Sharding (the kernel path): ``"rows"`` keeps ``a``'s row split (each device computes its rows
 with the sizes of the groups within them, from the global ``group_sizes`` and its position on
@@ -273,17 +276,28 @@ def out_shape(config, a, b, group_sizes) -> tuple[int, ...]:
     return (group_sizes.shape[0], a.shape[0], b.shape[0])
 
 
-def _kernel_call(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
+def _kernel_call(config, like, a, b, group_sizes, a_scale_inv, b_scale_inv):
     """The kernel: fp8jax's grouped GEMM handler (one launch, the group sizes read on the
-    device)."""
+    device); its result typed as varying like the reference's, ``like`` (in a ``shard_map``)."""
     operands, attrs = ffi_operands(config, a, b, group_sizes, a_scale_inv, b_scale_inv)
     result = jax.ShapeDtypeStruct(out_shape(config, a, b, group_sizes), config[3])
-    return jax.ffi.ffi_call("fp8jax_grouped_gemm", result)(*operands, **attrs)
+    out = jax.ffi.ffi_call("fp8jax_grouped_gemm", result)(*operands, **attrs)
+    return _partition.vary_like(out, *like)
+
+
+@functools.cache
+def has_cuda_kernel() -> bool:
+    """Whether this install's CUDA extension registers ``fp8jax_grouped_gemm``. Until it does
+    (the CUDA kernel is not written yet), the kernel path runs the reference on every platform,
+    so a GPU never meets an unregistered custom call."""
+    cuda = _ffi.cuda_extension()
+    return cuda is not None and "fp8jax_grouped_gemm" in cuda.registrations()
 
 
 def _local(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
     """The op on one device's blocks (``group_sizes``: the groups within its rows): the CUDA
-    kernel on CUDA, the reference elsewhere; nothing to run for an empty operand."""
+    kernel on CUDA where the extension has one, the reference elsewhere (on CPU: XLA's
+    ``ragged_dot``); nothing to run for an empty operand."""
     ragged, a_block, b_block, out_dtype = config
 
     def reference(*args):
@@ -292,9 +306,9 @@ def _local(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
         )
 
     args = (a, b, group_sizes, a_scale_inv, b_scale_inv)
-    if 0 in a.shape or 0 in b.shape:
+    if 0 in a.shape or 0 in b.shape or not has_cuda_kernel():
         return reference(*args)
-    cuda = functools.partial(_kernel_call, config)
+    cuda = functools.partial(_kernel_call, config, args)
     return lax.platform_dependent(*args, cuda=cuda, default=reference)
 
 

@@ -5,7 +5,6 @@ as ``nnx.Intermediate``."""
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 from _nnx import RECIPE, TRANSFORMER, assert_trees_equal, rand

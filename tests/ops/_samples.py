@@ -130,6 +130,10 @@ CUDA_ONLY = {"gemm", "grouped_gemm"}
 """Ops whose FFI target is CUDA only (on CPU their kernel path is XLA's compilation of the
 reference)."""
 
+KERNEL_PENDING = {"grouped_gemm"}
+"""Ops with no kernel on any platform yet: their kernel path runs the reference everywhere
+(fp8jax.ops.grouped_gemm.has_cuda_kernel() is False), so no program calls their target."""
+
 
 def family_and_target(op: str) -> tuple[str, str]:
     """The op's implementation family and FFI target."""
