@@ -42,7 +42,8 @@ Sharding (the kernel path): ``"rows"`` keeps ``a``'s row split (each device comp
 with the sizes of the groups within them, from the global ``group_sizes`` and its position on
 the mesh, so no collective) and ``b``'s N split (whole blocks); ``"contracting"`` keeps
 ``a``'s K and ``b``'s N splits; the group dim and the contraction are gathered. Under ``vmap``
-the kernel path runs one call per batch element (:func:`jax.lax.map`).
+both paths run one call per batch element (:func:`jax.lax.map`; JAX has no batched
+``ragged_dot``).
 
 Not differentiable itself: :func:`fp8jax.grouped_dense` defines the gradients.
 """
@@ -390,15 +391,10 @@ def _explicit_spec(config, a, b):
     return _partition.spec((first, n) if rows else ((), first, n))
 
 
-@functools.cache
-def _batchable(config, a_scale_ndim, b_scale_ndim):
-    @jax.custom_batching.custom_vmap
-    def call(a, b, group_sizes, sa, sb):
-        op = _partitioned(config, a_scale_ndim, b_scale_ndim)
-        if not _partition.explicit_mesh():
-            return op(a, b, group_sizes, sa, sb)
-        spec = _explicit_spec(config, a, b)
-        return jax.sharding.auto_axes(op, out_sharding=spec)(a, b, group_sizes, sa, sb)
+def _one_call_per_element(fn):
+    """``fn`` whose vmap is one call per batch element (:func:`jax.lax.map`): a batched
+    ``ragged_dot`` is not implemented by JAX, and each element has its own group sizes."""
+    call = jax.custom_batching.custom_vmap(fn)
 
     @call.def_vmap
     def rule(axis_size, in_batched, *args):
@@ -412,6 +408,27 @@ def _batchable(config, a_scale_ndim, b_scale_ndim):
         return lax.map(one, batched), True
 
     return call
+
+
+@functools.cache
+def _batchable(config, a_scale_ndim, b_scale_ndim):
+    def call(a, b, group_sizes, sa, sb):
+        op = _partitioned(config, a_scale_ndim, b_scale_ndim)
+        if not _partition.explicit_mesh():
+            return op(a, b, group_sizes, sa, sb)
+        spec = _explicit_spec(config, a, b)
+        return jax.sharding.auto_axes(op, out_sharding=spec)(a, b, group_sizes, sa, sb)
+
+    return _one_call_per_element(call)
+
+
+@functools.cache
+def _xla_batchable(config):
+    ragged, a_block, b_block, out_dtype = config
+    xla = functools.partial(
+        _xla, ragged=ragged, a_block=a_block, b_block=b_block, out_dtype=out_dtype
+    )
+    return _one_call_per_element(xla)
 
 
 def grouped_gemm(
@@ -473,7 +490,6 @@ def grouped_gemm(
         accumulate,
     )
     if _implementation.choose("grouped_gemm", _FAMILY, implementation) == "xla":
-        r, ab, bb, out_dt = config
-        return _xla(a, b, gs, sa, sb, ragged=r, a_block=ab, b_block=bb, out_dtype=out_dt)
+        return _xla_batchable(config)(a, b, gs, sa, sb)
     _ffi.ensure_registered()
     return _batchable(config, jnp.ndim(sa), jnp.ndim(sb))(a, b, gs, sa, sb)
