@@ -32,6 +32,7 @@ class Exchange(NamedTuple):
     axes: tuple[str, ...]  # the mesh axes the experts are split over (the all_to_all's)
     devices: int  # their device count
     capacity: int  # rows per (source, destination) bucket
+    data_axes: tuple[str, ...] = ()  # the other token axes (each expert replicated over them)
 
 
 class ExchangePlan(NamedTuple):
@@ -66,6 +67,12 @@ def to_tokens(ex: Exchange, plan: ExchangePlan, rows: jax.Array) -> jax.Array:
     return jnp.take(back, plan.send_pos, axis=0, mode="fill", fill_value=0)
 
 
-def global_max(ex: Exchange | None, x: Any) -> Any:
-    """``x`` max-reduced over the exchange's devices (``x`` itself without one)."""
-    return x if ex is None else jax.lax.pmax(x, ex.axes)
+def global_max(ex: Exchange | None, x: Any, side: str = "tokens") -> Any:
+    """``x`` max-reduced over the devices that hold parts of the same global tensor (``x``
+    itself without an exchange): on the token side every token axis (data axes and the
+    experts'); on the expert side the data axes, over which each expert is replicated with
+    other tokens."""
+    if ex is None:
+        return x
+    axes = (*ex.data_axes, *ex.axes) if side == "tokens" else ex.data_axes
+    return jax.lax.pmax(x, axes) if axes else x

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from fp8jax import _exchange
 from fp8jax import _layer_core as core
+from fp8jax.ops._partition import varying
 from fp8jax.ops.block_scaling import (
     block_cast_transpose,
     block_dequantize,
@@ -85,20 +86,21 @@ class _Config(NamedTuple):
     n_experts: int  # the state's experts (all of them, under expert parallelism)
 
 
-def _per_group_scale(s: core.Fp8Setup, x, sizes, scale, fp8_dtype, ex):
+def _per_group_scale(s: core.Fp8Setup, x, sizes, scale, fp8_dtype, ex, side):
     """The scale of each group's rows: the delayed ``scale``, or under current scaling the one
-    from each group's amax (max-reduced over the exchange's devices)."""
+    from each group's amax (max-reduced over the devices holding the same experts' rows,
+    ``side`` ``"tokens"`` or ``"experts"`` of the exchange)."""
     if not s.current_scaling:
         return scale
     _, _, amax = grouped_quantize(x, sizes, jnp.ones_like(scale), fp8_dtype)
-    return core.scale_from_amax(_exchange.global_max(ex, amax), fp8_dtype, s.margin)
+    return core.scale_from_amax(_exchange.global_max(ex, amax, side), fp8_dtype, s.margin)
 
 
-def _cast_rows(s: core.Fp8Setup, x, sizes, scale, fp8_dtype, role, ex=None):
+def _cast_rows(s: core.Fp8Setup, x, sizes, scale, fp8_dtype, role, ex=None, side="tokens"):
     """The rows of ``x`` in FP8 for a ``"rows"`` GEMM: ``(codes, scale_inv, amax [G])``; block
     scaling: ``scale_inv`` the row-wise grid, ``amax`` NaN (not observed)."""
     if s.blocks is None:
-        scale = _per_group_scale(s, x, sizes, scale, fp8_dtype, ex)
+        scale = _per_group_scale(s, x, sizes, scale, fp8_dtype, ex, side)
         q, sinv, amax = grouped_quantize(x, sizes, scale, fp8_dtype)
         return core.codes(q), sinv, amax
     block, pow2, eps = s.block(role)
@@ -211,9 +213,8 @@ def _forward(cfg: _Config, x, w, bias, scale, sizes, plan):
     # the input's rows: on the token side (all experts' scales) or the expert side
     x_sizes = plan.sizes_tokens if ex is not None and cfg.exchange_input else sizes
     x_scale = sc[:, 0] if ex is None or cfg.exchange_input else local(sc[:, 0])
-    x_q, x_sinv, x_amax = _cast_rows(
-        s, x, x_sizes, x_scale, fwd, "x", ex if cfg.exchange_input else None
-    )
+    x_side = "tokens" if cfg.exchange_input else "experts"
+    x_q, x_sinv, x_amax = _cast_rows(s, x, x_sizes, x_scale, fwd, "x", ex, x_side)
     if ex is not None and cfg.exchange_input:
         x_q = _exchange.to_experts(ex, plan, x_q)
         if s.blocks is not None:
@@ -244,7 +245,7 @@ def _forward(cfg: _Config, x, w, bias, scale, sizes, plan):
     if ex is not None and not cfg.exchange_input:
         y = _exchange.to_tokens(ex, plan, y)
     # observations, one triple per expert (global experts; this device's contributions)
-    seen = _observed(cfg, x_amax, w_amax, jnp.full(x_amax.shape, jnp.nan), first)
+    seen = _observed(cfg, x_amax, w_amax, None, first)
     res = (x_q, x_sinv, w_q, w_sinv, sizes, plan, x_amax, w_amax, sc[:, 2], first)
     return (y, seen), res
 
@@ -254,6 +255,11 @@ def _observed(cfg: _Config, x_amax, w_amax, g_amax, first):
     parallelism each device reports its own contributions (0 where it saw nothing) and the
     caller max-reduces over the devices."""
     ex = cfg.exchange
+    if g_amax is None:  # the forward pass: the gradients' roles are not observed
+        g_amax = jnp.full((cfg.n_experts,), jnp.nan, jnp.float32)
+        g_on_tokens = True
+    else:
+        g_on_tokens = ex is not None and not cfg.exchange_input
     if ex is None:
         return jnp.stack([x_amax, w_amax, g_amax], axis=1).reshape(-1)
 
@@ -265,7 +271,7 @@ def _observed(cfg: _Config, x_amax, w_amax, g_amax, first):
 
     x_g = widen(x_amax, cfg.exchange_input)
     w_g = widen(w_amax, False)
-    g_g = widen(g_amax, not cfg.exchange_input)
+    g_g = widen(g_amax, g_on_tokens)
     return jnp.stack([x_g, w_g, g_g], axis=1).reshape(-1)
 
 
@@ -279,9 +285,8 @@ def _backward(cfg: _Config, res, cts):
     g_on_tokens = ex is not None and not cfg.exchange_input
     g_sizes = plan.sizes_tokens if g_on_tokens else sizes
     g_scale = g_scale if ex is None or g_on_tokens else _local_rows(n_local, first, g_scale)
-    g_q, g_sinv, g_amax = _cast_rows(
-        s, g, g_sizes, g_scale, bwd, "grad", ex if g_on_tokens else None
-    )
+    g_side = "tokens" if g_on_tokens else "experts"
+    g_q, g_sinv, g_amax = _cast_rows(s, g, g_sizes, g_scale, bwd, "grad", ex, g_side)
     dbias = None
     if cfg.has_bias:
         g32 = g.astype(jnp.float32)
@@ -315,6 +320,8 @@ def _backward(cfg: _Config, res, cts):
         ("x", "grad"),
     )
     observed = _observed(cfg, x_amax, w_amax, g_amax, first)
+    if ex is not None:  # typed as the probe it is the cotangent of: varying over every token axis
+        observed = varying(observed, (*ex.data_axes, *ex.axes))
     return (dx, dw, dbias), observed
 
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from fp8jax import _exchange
 from fp8jax.grouped_dense import grouped_dense_observed, grouped_roles
+from fp8jax.ops._partition import varying
 from fp8jax.state import Fp8Meta
 
 __all__ = [
@@ -358,7 +359,8 @@ def _local_moe(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where, axes=()):
     capacity = capacity_of(n_tokens, k, e, cfg.capacity_factor)
     offsets = None
     if capacity is not None and cfg.expert_axis is not None:
-        offsets = _earlier_counts(experts, e, cfg.expert_axis)
+        # the tokens' global order runs over every token axis (data-major), not the experts'
+        offsets = _earlier_counts(experts, e, axes)
     d = dispatch(experts, e, capacity, offsets)
     rows = jnp.take(x, d.order // k, axis=0)
     if cfg.expert_axis is None:
@@ -389,11 +391,12 @@ def _local_moe(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where, axes=()):
     return combine(y, d, weights, dtype), aux, z, seen
 
 
-def _earlier_counts(experts, e, axis):
-    """Per expert, the assignments of the devices before this one along ``axis``."""
+def _earlier_counts(experts, e, axes):
+    """Per expert, the assignments of the devices whose tokens come before this one's in the
+    global token order (``axes``: the token-splitting mesh axes, major first)."""
     counts = jnp.zeros((e,), jnp.int32).at[experts.reshape(-1)].add(1)
-    every = jax.lax.all_gather(counts, axis)  # [P, E]
-    me = jax.lax.axis_index(axis)
+    every = jax.lax.all_gather(counts, tuple(axes))  # [P, E], in the tokens' device order
+    me = jax.lax.axis_index(tuple(axes))
     before = jnp.arange(every.shape[0]) < me
     return jnp.sum(jnp.where(before[:, None], every, 0), axis=0).astype(jnp.int32)
 
@@ -429,7 +432,7 @@ def _exchange_plan(cfg: MoEConfig, d: Dispatch, rows: int, capacity: int | None)
         recv.sum(axis=0).astype(jnp.int32),
         (jax.lax.axis_index(axis) * e_local).astype(jnp.int32),
     )
-    return _exchange.Exchange((axis,), p, bucket), plan
+    return _exchange.Exchange((axis,), p, bucket, tuple(cfg.data_parallelism_axes)), plan
 
 
 @jax.custom_vjp
@@ -443,18 +446,16 @@ def _fan_out_fwd(probe, n):
 
 def _fan_out_bwd(n, ct):
     # each device's observations: the step's amax is their max (never their sum)
-    return jnp.max(ct, axis=0), jnp.zeros_like(n)
+    return nan_max(ct), jnp.zeros_like(n)
+
+
+def nan_max(x: jax.Array) -> jax.Array:
+    """The max over the leading dim, NaN where any is NaN (XLA:CPU's max reduction may drop
+    NaNs, e.g. the forward pass's "not observed")."""
+    return jnp.where(jnp.any(jnp.isnan(x), axis=0), jnp.float32(jnp.nan), jnp.max(x, axis=0))
 
 
 _fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
-
-
-def _varying(x, axes):
-    """``x`` marked as varying over ``axes`` inside a ``shard_map`` (its gradient is then
-    summed over them by the ``shard_map``, outside the layers' ``custom_vjp``)."""
-    if hasattr(jax.lax, "pcast"):
-        return jax.lax.pcast(x, axes, to="varying")
-    return jax.lax.pvary(x, axes)  # JAX < 0.11
 
 
 def moe(
@@ -515,8 +516,10 @@ def _expert_parallel(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where) -> MoEO
         tiles = _fan_out(fp8.probe, jnp.zeros((shards,), jnp.float32))
 
     def body(x, params, meta, tiles):
+        # the experts' params marked as varying over the data axes: their gradients are then
+        # summed over them by the shard_map, outside the layers' custom_vjp
         params = {
-            n: _varying(v, cfg.data_parallelism_axes)
+            n: varying(v, cfg.data_parallelism_axes)
             if n in expert_names and cfg.data_parallelism_axes
             else v
             for n, v in params.items()
@@ -536,5 +539,5 @@ def _expert_parallel(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where) -> MoEO
         in_specs=(P(token_axes), specs, meta_spec, tile_spec),
         out_specs=(P(token_axes), P(), P(), P(token_axes)),
     )(x, present, meta, tiles)
-    observed = jnp.max(seen, axis=0) if seen.ndim == 2 else None  # FP8 on: [devices, 6 E]
+    observed = nan_max(seen) if seen.ndim == 2 else None  # FP8 on: [devices, 6 E]
     return MoEOutput(out, aux, z, observed)
