@@ -21,6 +21,7 @@ and an orbax checkpoint per run (``--resume`` continues from it).
     python examples/train_gpt.py                      # 3-7 minutes on a 2-core CPU
     python examples/train_gpt.py --api nnx            # the same with Flax NNX modules
     python examples/train_gpt.py --preset gpu-small   # 12 layers, hidden 768, sequence 1024
+    python examples/train_gpt.py --preset cpu-moe --recipes fp8,block,bf16  # 8 experts, top-2
     python examples/train_gpt.py --recipes bf16 --seed 1   # another draw, for the spread
 
 Progress: a bar on a terminal; otherwise (CI, ``| tee``, ``nohup``) a line at every evaluation
@@ -44,6 +45,11 @@ from typing import Any, NamedTuple
 
 PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
     "cpu": dict(layers=2, hidden=128, heads=4, mlp=512, seq=128, batch=16, steps=800, lr=2e-3),
+    # a mixture of experts: 8 SwiGLU experts of width 128, top-2 (an active width of 4 x
+    # hidden, as "cpu"'s dense MLP), TE's load-balancing loss; smaller than "cpu" in hidden,
+    # sequence and steps because XLA's CPU ragged_dot computes every expert on every row
+    "cpu-moe": dict(layers=2, hidden=64, heads=4, mlp=128, seq=64, batch=16, steps=300,
+                    lr=2e-3, experts=8, topk=2),
     "gpu-small": dict(layers=12, hidden=768, heads=12, mlp=3072, seq=1024, batch=32, steps=2000,
                       lr=6e-4),
     "gpu-medium": dict(layers=24, hidden=1024, heads=16, mlp=4096, seq=1024, batch=32,
@@ -90,6 +96,7 @@ from fp8jax import (
     MXFP8BlockScaling,
 )
 from fp8jax.flax import Fp8TrainState, TransformerLayer
+from fp8jax.layers import MoEBlockConfig
 
 RECIPES = {
     "fp8": DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
@@ -113,6 +120,8 @@ class Config:
     eval_every: int = 25
     eval_batches: int = 16
     seed: int = 0
+    experts: int = 0  # > 0: every MLP is a mixture of experts (fp8jax.flax.MoEBlock)
+    topk: int = 2
 
 
 # ------------------------------------------------------------------------------------- data
@@ -158,13 +167,22 @@ def batch_at(data: np.ndarray, cfg: Config, step: int, salt: int = 0) -> tuple[A
 # ------------------------------------------------------------------------------------ model
 
 
+AUX_LOSS_COEFF = 0.01  # the MoE presets' load-balancing loss (TE's aux_loss_coeff)
+
+
 def layer_config(cfg: Config) -> dict:
     """The ``TransformerLayer`` arguments besides ``hidden_size`` (Linen and NNX alike)."""
+    moe = {}
+    if cfg.experts:
+        moe = dict(mlp="moe", moe=MoEBlockConfig(
+            num_experts=cfg.experts, num_experts_per_tok=cfg.topk, intermediate_size=cfg.mlp,
+            activation_type="silu", aux_loss_coeff=AUX_LOSS_COEFF,
+        ))  # fmt: skip
     return dict(
         mlp_hidden_size=cfg.mlp, num_attention_heads=cfg.heads, hidden_dropout=0.0,
         attention_dropout=0.0, intermediate_dropout=0.0, self_attn_mask_type="causal",
         enable_relative_embedding=False, enable_rotary_pos_emb=True, mlp_activations=("gelu",),
-        dtype=jnp.bfloat16,
+        dtype=jnp.bfloat16, **moe,
     )  # fmt: skip
 
 
@@ -188,7 +206,8 @@ class GPT(nn.Module):
         embed = nn.Embed(256, self.cfg.hidden, embedding_init=nn.initializers.normal(0.02))
         x = embed(tokens).astype(jnp.bfloat16)
         blocks = nn.scan(
-            _Block, variable_axes={"params": 0, "fp8_meta": 0, "fp8_probe": 0},
+            _Block,
+            variable_axes={"params": 0, "fp8_meta": 0, "fp8_probe": 0, "intermediates": 0},
             split_rngs={"params": True}, length=self.cfg.layers,
         )  # fmt: skip
         x, _ = blocks(self.cfg, name="blocks")(x, None)
@@ -262,10 +281,19 @@ def linen_steps(recipe):
         with fp8jax.autocast(enabled=enabled, recipe=recipe):
             return state.apply_fn(state.variables(params, probes), tokens)
 
+    def forward_with_aux(state, params, probes, tokens):
+        """The logits and the MoE layers' load-balancing losses (0 for a dense model)."""
+        with fp8jax.autocast(enabled=enabled, recipe=recipe):
+            logits, sown = state.apply_fn(state.variables(params, probes), tokens,
+                                          mutable=["intermediates"])  # fmt: skip
+        aux = sum(jnp.sum(v) for v in jax.tree.leaves(sown.get("intermediates", {})))
+        return logits, aux
+
     @jax.jit
     def train_step(state, tokens, targets):
         def f(params, probes):
-            return loss_of(forward(state, params, probes, tokens), targets)
+            logits, aux = forward_with_aux(state, params, probes, tokens)
+            return loss_of(logits, targets) + aux
 
         loss, (g, pg) = jax.value_and_grad(f, argnums=(0, 1))(state.params, state.fp8_probe)
         return state.apply_gradients(grads=g, probe_grads=pg, skip_if_nonfinite=True), loss
@@ -538,6 +566,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train, val, desc = load_text(args.data, args.max_bytes)
+    if cfg.experts and args.api != "linen":
+        p.error("--preset cpu-moe: the mixture-of-experts demo runs with --api linen")
     print(f"data: {desc}\nmodel: {cfg}\ndevice: {jax.devices()[0].device_kind}")
     if args.api != "linen":
         print(f"api: {args.api}")

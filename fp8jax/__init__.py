@@ -13,8 +13,10 @@ from fp8jax import ops, sharding
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
 from fp8jax.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
+from fp8jax.grouped_dense import grouped_dense, grouped_roles
 from fp8jax.layernorm_dense import layernorm_dense
 from fp8jax.layernorm_mlp import MLP_ROLES, layernorm_mlp
+from fp8jax.moe import moe, moe_roles
 from fp8jax.ops.quantize import cast_to_representable
 from fp8jax.recipe import (
     DelayedScaling,
@@ -54,11 +56,15 @@ __all__ = [
     "fp8_support",
     "gemm_roles",
     "get_recipe",
+    "grouped_dense",
+    "grouped_roles",
     "init_fp8_meta",
     "is_fp8_enabled",
     "layernorm_dense",
     "layernorm_mlp",
     "merge_observations",
+    "moe",
+    "moe_roles",
     "ops",
     "save_fp8_operands",
     "sharding",

@@ -226,7 +226,13 @@ def named(x: Any, i: int) -> Any:
 
 def current_scale(x: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
     """Float8CurrentScaling: the scale from this tensor's own amax (1 if amax is 0/non-finite)."""
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+    return scale_from_amax(jnp.max(jnp.abs(x.astype(jnp.float32))), fp8_dtype, margin)
+
+
+def scale_from_amax(amax: jax.Array, fp8_dtype: Any, margin: int) -> jax.Array:
+    """Float8CurrentScaling's scale from an amax (elementwise: one per group of a grouped
+    GEMM's tensor): ``fp8_max / amax * 2**-margin``, 1 where amax is 0, subnormal or
+    non-finite."""
     s = (np.float32(fp8_max(fp8_dtype)) / amax) * np.float32(2.0**-margin)
     ok = (amax >= np.finfo(np.float32).smallest_normal) & jnp.isfinite(amax)
     return jnp.where(ok, jnp.minimum(s, np.finfo(np.float32).max), jnp.float32(1.0))
@@ -456,6 +462,14 @@ def gemm_wgrad(setup: Fp8Setup, g_t, g_sinv, x_t, x_sinv, w_dtype: Any) -> jax.A
     )  # fmt: skip
 
 
+def zero_cotangent(x: jax.Array) -> Any:
+    """A zero cotangent for ``x``: zeros of its dtype, or ``float0`` ones for an integer array
+    (a mixture of experts' group sizes)."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
 def zeros_if_symbolic(g: Any) -> jax.Array:
     """A cotangent as an array (``symbolic_zeros=True`` hands over ``SymbolicZero`` objects)."""
     if isinstance(g, jax.custom_derivatives.SymbolicZero):
@@ -547,7 +561,7 @@ def layer_vjp(forward: Callable[..., Any], backward: Callable[..., Any], name: s
         grads, observed = backward(wiring.cfg, res, cts)
         grads = as_primals(wiring.shardings, tuple(grads))
         zero = jnp.zeros(observed.shape, jnp.float32)
-        return grads, zero, observed, jax.tree.map(jnp.zeros_like, extra)
+        return grads, zero, observed, jax.tree.map(zero_cotangent, extra)
 
     fn.defvjp(fwd, bwd, symbolic_zeros=True)
 

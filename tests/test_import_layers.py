@@ -37,10 +37,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("fp8jax.state", "fp8jax._train_math", "fp8jax.autocast", "fp8jax.sharding"),
     ),
     # what every FP8 layer is built from: setup, casts, GEMM forward/backward, custom_vjp wiring
-    ("layer core", ("fp8jax._layer_core", "fp8jax._norm_layer")),
+    ("layer core", ("fp8jax._layer_core", "fp8jax._norm_layer", "fp8jax._exchange")),
     (
         "functional layers",
-        ("fp8jax.dense", "fp8jax.layernorm_dense", "fp8jax.layernorm_mlp", "fp8jax.rotary"),
+        (
+            "fp8jax.dense",
+            "fp8jax.layernorm_dense",
+            "fp8jax.layernorm_mlp",
+            "fp8jax.rotary",
+            "fp8jax.grouped_dense",
+            "fp8jax.moe",
+        ),
     ),
     # the framework-neutral layer spec both Flax front-ends are built on (no Flax module)
     ("layer spec", ("fp8jax.layers",)),

@@ -7,6 +7,8 @@
 - :class:`Fp8Einsum`: FP8 two-operand ``jnp.einsum`` with a weight.
 - :class:`LayerNorm`, :class:`LayerNormDenseGeneral`, :class:`LayerNormMLP`: norms and the norm
   fused into FP8 dense layers and a whole MLP block, with TransformerEngine's argument names.
+- :class:`MoEBlock`: a mixture-of-experts MLP block (router, dispatch, FP8 experts on the
+  ragged grouped GEMM, expert parallelism).
 - :class:`TransformerLayer` (:class:`TransformerLayerType`): a whole encoder or decoder layer.
 - :class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`zero_probes`,
   :func:`accumulate_gradients`, :func:`all_finite`: the train step (see
@@ -26,6 +28,7 @@ from fp8jax.flax.calibration import calibrate
 from fp8jax.flax.dense import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8Einsum
 from fp8jax.flax.layernorm import LayerNorm, LayerNormDenseGeneral
 from fp8jax.flax.mlp import LayerNormMLP
+from fp8jax.flax.moe import MoEBlock
 from fp8jax.flax.train import (
     Fp8TrainState,
     accumulate_gradients,
@@ -48,6 +51,7 @@ __all__ = [
     "LayerNorm",
     "LayerNormDenseGeneral",
     "LayerNormMLP",
+    "MoEBlock",
     "MultiHeadAttention",
     "RelativePositionBiases",
     "TransformerLayer",

@@ -30,10 +30,12 @@ import jax
 from fp8jax.flax.attention import MultiHeadAttention, RelativePositionBiases
 from fp8jax.flax.layernorm import LayerNorm
 from fp8jax.flax.mlp import LayerNormMLP
+from fp8jax.flax.moe import MoEBlock
 from fp8jax.layers.attention import MultiHeadAttentionConfig
 from fp8jax.layers.checks import check_float_array, check_no_score_mod
 from fp8jax.layers.dense import LayerNormConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
+from fp8jax.layers.moe import MoEBlockConfig
 from fp8jax.layers.relative_position import RelativePositionBiasesConfig
 from fp8jax.layers.transformer import TransformerLayerConfig, TransformerLayerType
 
@@ -45,6 +47,7 @@ _LINEN = {
     RelativePositionBiasesConfig: RelativePositionBiases,
     LayerNormMLPConfig: LayerNormMLP,
     LayerNormConfig: LayerNorm,
+    MoEBlockConfig: MoEBlock,
 }
 
 
@@ -89,6 +92,13 @@ class TransformerLayer(TransformerLayerConfig, nn.Module):
       drop_path: stochastic depth rate (whole residual branches dropped per example).
       fuse_qkv_params, transpose_batch_sequence, scale_attn_logits, scaled_query_init,
         window_size: passed to the attentions (see :class:`MultiHeadAttention`).
+      mlp, moe: ``"dense"`` (default: :class:`LayerNormMLP`) or ``"moe"``: the MLP is a
+        :class:`MoEBlock` (submodule ``mlp``) configured by ``moe`` (a
+        :class:`fp8jax.layers.MoEBlockConfig`; default: ``intermediate_size=mlp_hidden_size``,
+        ``activation_type=mlp_activations[0]``), with the layer's pre-norm, dtypes, kernel init
+        and logical axis names (``exp`` for the experts' dim). Its router losses are sown into
+        ``"intermediates"`` (``mlp/aux_loss``, ``mlp/z_loss``); add them to the training loss.
+        Not with ``apply_residual_connection_post_layernorm`` or ``intermediate_dropout``.
       logical_axes: annotate every param with logical axis names and constrain each block's
         input to ``("batch", "length", "embed")`` (``("length", "batch", "embed")`` with
         ``transpose_batch_sequence``), the names :data:`~fp8jax.flax.DEFAULT_RULES` maps:
@@ -163,6 +173,8 @@ class TransformerLayer(TransformerLayerConfig, nn.Module):
             "relpos_bias": self.relative_embedding or made.get("relpos_bias"),
             "mlp": lambda x: made["mlp"](x, deterministic=deterministic),
         }
+        if self.mlp == "moe":  # (out, aux_loss): the losses are sown by the block
+            children["mlp"] = lambda x: (made["mlp"](x)[0], None)
         if decoder:
             children["encoder_decoder_attention"] = lambda x, enc, mask: made[
                 "encoder_decoder_attention"

@@ -1,8 +1,9 @@
 """The framework-neutral layer spec that both Flax front-ends are built on.
 
 Each layer has a config dataclass here (``DenseGeneralConfig``, ``LayerNormConfig``,
-``LayerNormDenseGeneralConfig``, ``LayerNormMLPConfig``, ``MultiHeadAttentionConfig``,
-``RelativePositionBiasesConfig``, ``TransformerLayerConfig``): TransformerEngine's field names and
+``LayerNormDenseGeneralConfig``, ``LayerNormMLPConfig``, ``MoEBlockConfig``,
+``MultiHeadAttentionConfig``, ``RelativePositionBiasesConfig``, ``TransformerLayerConfig``):
+TransformerEngine's field names and
 defaults, every refusal of a call (``check``, ``check_decode``, ...), its params as data
 (``param_specs``: name -> shape, dtype, initializer, logical axes), a composite's children as
 configs, and the forward on given params or children. A Linen module of :mod:`fp8jax.flax` *is*
@@ -19,6 +20,7 @@ the argument checks (:mod:`fp8jax.layers.checks`) and the activation layout help
 from fp8jax.layers.attention import MultiHeadAttentionConfig
 from fp8jax.layers.dense import DenseGeneralConfig, LayerNormConfig, LayerNormDenseGeneralConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
+from fp8jax.layers.moe import MoEBlockConfig
 from fp8jax.layers.params import ParamSpec
 from fp8jax.layers.relative_position import RelativePositionBiasesConfig
 from fp8jax.layers.transformer import TransformerLayerConfig, TransformerLayerType
@@ -28,6 +30,7 @@ __all__ = [
     "LayerNormConfig",
     "LayerNormDenseGeneralConfig",
     "LayerNormMLPConfig",
+    "MoEBlockConfig",
     "MultiHeadAttentionConfig",
     "ParamSpec",
     "RelativePositionBiasesConfig",

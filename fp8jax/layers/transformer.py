@@ -19,6 +19,7 @@ from fp8jax.layers.attention_core import canonical_mask_type
 from fp8jax.layers.checks import check_off, positive_int
 from fp8jax.layers.dense import LayerNormConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
+from fp8jax.layers.moe import MoEBlockConfig
 from fp8jax.layers.params import Initializer, default_mha_kernel_init, zeros
 from fp8jax.layers.relative_position import RelativePositionBiasesConfig
 
@@ -85,6 +86,8 @@ class TransformerLayerConfig:
     score_mod: Any = None
     score_mod_bprop: Any = None
     logical_axes: bool = False
+    mlp: str = "dense"
+    moe: MoEBlockConfig | None = None
 
     def _input_axes(self) -> tuple[str, ...]:
         if not self.logical_axes:
@@ -131,6 +134,7 @@ class TransformerLayerConfig:
             )
         for name in ("hidden_size", "mlp_hidden_size", "num_attention_heads"):
             positive_int(owner, name, getattr(self, name))
+        self._check_mlp()
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"{owner}: num_attention_heads={self.num_attention_heads} must divide "
@@ -140,6 +144,51 @@ class TransformerLayerConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"{owner}: {name} must be a float in [0, 1), got {v!r}")
+
+    def _check_mlp(self) -> None:
+        """``mlp`` and ``moe``: the block's MLP kind and its mixture-of-experts settings."""
+        owner = "TransformerLayer"
+        if self.mlp not in ("dense", "moe"):
+            raise ValueError(f"{owner}: mlp must be 'dense' or 'moe', got {self.mlp!r}")
+        if self.moe is not None and not isinstance(self.moe, MoEBlockConfig):
+            raise TypeError(
+                f"{owner}: moe must be a fp8jax.layers.MoEBlockConfig (or None), got "
+                f"{type(self.moe).__name__}"
+            )
+        if self.mlp == "dense":
+            if self.moe is not None:
+                raise ValueError(f"{owner}: moe is set but mlp='dense'; pass mlp='moe'")
+            return
+        if self.apply_residual_connection_post_layernorm:
+            raise ValueError(
+                f"{owner}: mlp='moe' does not support apply_residual_connection_post_layernorm "
+                "(the MoE block returns no norm output)"
+            )
+        if self.intermediate_dropout:
+            raise ValueError(
+                f"{owner}: mlp='moe' has no intermediate dropout; got intermediate_dropout="
+                f"{self.intermediate_dropout!r}"
+            )
+        self.moe_config().check_config()
+
+    def moe_config(self) -> MoEBlockConfig:
+        """The ``mlp`` child's config with ``mlp="moe"``: ``moe`` (default ``MoEBlockConfig(
+        intermediate_size=mlp_hidden_size, activation_type=mlp_activations[0])``) with the
+        layer's pre-norm, dtypes, kernel init and (with ``logical_axes``) axis names."""
+        base = self.moe or MoEBlockConfig(
+            intermediate_size=self.mlp_hidden_size, activation_type=self.mlp_activations[0]
+        )
+        axes = self._axes(
+            scale_axes=("embed",), ln_bias_axes=("embed",), gate_kernel_axes=("embed", None),
+            wi_kernel_axes=("exp", "embed", "mlp"), wo_kernel_axes=("exp", "mlp", "embed"),
+        )  # fmt: skip
+        return dataclasses.replace(
+            base, enable_layernorm=True, layernorm_type=self.layernorm_type,
+            epsilon=self.layernorm_epsilon, zero_centered_gamma=self.zero_centered_gamma,
+            dtype=self.dtype, param_dtype=self.param_dtype,
+            kernel_init=base.kernel_init or self.mlp_kernel_init,
+            input_axes=self._input_axes(), **axes,
+        )  # fmt: skip
 
     def check_decode(self) -> None:
         """The configurations ``decode=True`` supports (ValueError otherwise)."""
@@ -229,7 +278,7 @@ class TransformerLayerConfig:
                 embedding_init=_RELPOS_INIT,
                 **self._axes(embedding_axes=("heads", "relpos_buckets")),
             ))  # fmt: skip
-        out["mlp"] = LayerNormMLPConfig(**dict(
+        out["mlp"] = self.moe_config() if self.mlp == "moe" else LayerNormMLPConfig(**dict(
             intermediate_dim=self.mlp_hidden_size, epsilon=self.layernorm_epsilon,
             return_layernorm_output=post, activations=tuple(self.mlp_activations),
             intermediate_dropout_rng_name=self.dropout_rng_name,

@@ -1,7 +1,8 @@
 """Flax NNX modules and the NNX train step of fp8jax.
 
 - :class:`DenseGeneral`, :class:`LayerNorm`, :class:`LayerNormDenseGeneral`,
-  :class:`LayerNormMLP`, :class:`MultiHeadAttention`, :class:`TransformerLayer`: native
+  :class:`LayerNormMLP`, :class:`MoEBlock`, :class:`MultiHeadAttention`,
+  :class:`TransformerLayer`: native
   ``nnx.Module``s over fp8jax's layer spec (:mod:`fp8jax.layers`) and functional layers,
   with the params, init and names of the Linen modules of :mod:`fp8jax.flax` (which are built
   on the same spec; sizes positional, options keyword-only, ``rngs=``). Each holds its config
@@ -25,6 +26,7 @@ import warnings
 from typing import Any
 
 from fp8jax.nnx.layers import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
+from fp8jax.nnx.moe import MoEBlock
 from fp8jax.nnx.train import (
     accumulate_gradients,
     apply_gradients,
@@ -43,6 +45,7 @@ __all__ = [
     "LayerNorm",
     "LayerNormDenseGeneral",
     "LayerNormMLP",
+    "MoEBlock",
     "MultiHeadAttention",
     "RelativePositionBiases",
     "TransformerLayer",

@@ -32,6 +32,7 @@ from fp8jax.layers.attention_core import attention_core
 from fp8jax.layers.checks import check_float_array, positive_int
 from fp8jax.layers.dense import DenseGeneralConfig, LayerNormConfig, LayerNormDenseGeneralConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
+from fp8jax.layers.moe import MoEBlockConfig
 from fp8jax.layers.relative_position import RelativePositionBiasesConfig
 from fp8jax.layers.transformer import TransformerLayerConfig, TransformerLayerType
 from fp8jax.nnx._base import Fp8Module, Keys, call_rngs, check_rngs, dropout, keys_for
@@ -42,6 +43,7 @@ from fp8jax.nnx.layers import (
     LayerNormMLP,
     make_config,
 )
+from fp8jax.nnx.moe import MoEBlock
 
 __all__ = ["MultiHeadAttention", "RelativePositionBiases", "TransformerLayer"]
 
@@ -57,6 +59,8 @@ def _child(config: Any, in_features: int, keys: Keys, rngs: nnx.Rngs, determinis
         return LayerNormMLP(in_features, rngs=rngs, deterministic=deterministic, **kw)
     if isinstance(config, LayerNormConfig):
         return LayerNorm(in_features, **kw)
+    if isinstance(config, MoEBlockConfig):
+        return MoEBlock(in_features, rngs=rngs, **kw)
     raise TypeError(f"no NNX layer for {type(config).__name__}")
 
 
@@ -257,9 +261,11 @@ class TransformerLayer(Fp8Module):
     Children (typed attributes, Linen's names): ``attention`` (encoder) or ``self_attention``
     and ``encoder_decoder_attention`` (decoder): :class:`MultiHeadAttention`; ``mlp``:
     :class:`~fp8jax.nnx.LayerNormMLP`, called as ``mlp(x, deterministic=..., rngs=...)`` and
-    returning ``(out, ln_out)``; ``relpos_bias`` (:class:`RelativePositionBiases`) and
-    ``output_layernorm`` (:class:`~fp8jax.nnx.LayerNorm`) when configured. Any of them may be
-    replaced by a module of your own with the same call signature.
+    returning ``(out, ln_out)`` (with ``mlp="moe"``: :class:`~fp8jax.nnx.MoEBlock`, called as
+    ``mlp(x)``, returning ``(out, aux_loss)``); ``relpos_bias``
+    (:class:`RelativePositionBiases`) and ``output_layernorm`` (:class:`~fp8jax.nnx.LayerNorm`)
+    when configured. Any of them may be replaced by a module of your own with the same call
+    signature.
 
     Decoding: :meth:`init_cache`, then ``layer(token, decode=True)`` per token.
 
@@ -347,6 +353,8 @@ class TransformerLayer(Fp8Module):
             ),
             "mlp": lambda x: self.mlp(x, **run),
         }
+        if cfg.mlp == "moe":  # (out, aux_loss): the losses are sown by the block
+            children["mlp"] = lambda x: (self.mlp(x)[0], None)
         if cfg.enable_relative_embedding:
             children["relpos_bias"] = self.relpos_bias
         if cfg.layer_type is TransformerLayerType.DECODER:

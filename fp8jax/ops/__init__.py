@@ -49,6 +49,13 @@ from fp8jax.ops.cast_transpose import (
 )
 from fp8jax.ops.gemm import gemm, gemm_reference
 from fp8jax.ops.gemm_options import GemmOptions, gemm_options, get_gemm_options
+from fp8jax.ops.grouped_gemm import grouped_gemm, grouped_gemm_reference
+from fp8jax.ops.grouped_scaling import (
+    grouped_quantize,
+    grouped_quantize_reference,
+    segment_block_dequantize,
+    segment_block_quantize,
+)
 from fp8jax.ops.norm import (
     norm_backward,
     norm_backward_reference,
@@ -104,6 +111,10 @@ __all__ = [
     "gemm_reference",
     "get_gemm_options",
     "get_implementation",
+    "grouped_gemm",
+    "grouped_gemm_reference",
+    "grouped_quantize",
+    "grouped_quantize_reference",
     "implementation",
     "layernorm",
     "mxfp8_cast_transpose",
@@ -121,6 +132,8 @@ __all__ = [
     "quantize",
     "quantize_reference",
     "rmsnorm",
+    "segment_block_dequantize",
+    "segment_block_quantize",
     "update_fp8_state",
     "update_fp8_states",
     "update_fp8_states_reference",

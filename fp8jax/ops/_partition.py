@@ -61,6 +61,9 @@ __all__ = [
     "result",
     "spec",
     "splitting_axes",
+    "vary_like",
+    "varying",
+    "varying_axes",
 ]
 
 DimAxes = tuple[tuple[str, ...], ...]
@@ -358,6 +361,39 @@ def _per_device(local: Callable[..., Any]) -> Callable[..., Any]:
             return local(*args)
 
     return body
+
+
+def varying_axes(x: Any) -> frozenset[str]:
+    """The manual mesh axes ``x`` varies over inside a ``shard_map`` (empty outside one):
+    ``typeof(x).vma`` up to JAX 0.11, ``typeof(x).manual_axis_type.varying`` since."""
+    t = jax.typeof(x)
+    if hasattr(t, "manual_axis_type") and t.manual_axis_type is not None:
+        return frozenset(t.manual_axis_type.varying)
+    return frozenset(getattr(t, "vma", ()) or ())
+
+
+def varying(x: jax.Array, axes: Sequence[str]) -> jax.Array:
+    """``x`` marked as varying over the manual mesh ``axes`` it does not vary over yet (inside
+    a ``shard_map``: JAX tracks which axes a value varies over, and a branch of
+    ``lax.platform_dependent`` or a ``custom_vjp`` cotangent must have its peers' type)."""
+    have = varying_axes(x)
+    missing = tuple(a for a in axes if a not in have)
+    if not missing:
+        return x
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, missing, to="varying")
+    return jax.lax.pvary(x, missing)  # JAX < 0.11
+
+
+def vary_like(out: jax.Array, *args: jax.Array) -> jax.Array:
+    """``out`` (an FFI call's result, which carries no varying axes) marked as varying over
+    every manual mesh axis any of ``args`` varies over, as XLA's own ops' results are."""
+    axes: list[str] = []
+    for x in args:
+        for a in sorted(varying_axes(x)):
+            if a not in axes:
+                axes.append(a)
+    return varying(out, axes) if axes else out
 
 
 def _partly_manual() -> bool:

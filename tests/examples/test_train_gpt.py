@@ -78,6 +78,25 @@ def test_short_nnx_run_learns_checkpoints_and_resumes(train_gpt, tmp_path):
     assert again["runs"]["fp8"]["final_val_loss"] < fp8
 
 
+@pytest.mark.slow  # compiles the MoE train and eval steps (most of a minute on 2 cores)
+def test_moe_preset_trains_a_few_fp8_steps(train_gpt, tmp_path):
+    """--preset cpu-moe (8 experts, top-2, every MLP a MoEBlock): two FP8 steps run and report
+    a finite loss below the start, and the FP8 state has one row per expert and tensor; the
+    full runs (delayed, block, BF16) are docs/convergence.md's."""
+    out = tmp_path / "runs"
+    summary = train_gpt.main(["--preset", "cpu-moe", "--steps", "2", "--out", str(out),
+                              "--max-bytes", "300000", "--recipes", "fp8"])  # fmt: skip
+    for name in ("fp8",):
+        loss = summary["runs"][name]["final_val_loss"]
+        assert 0 < loss < 5.6, summary["runs"]  # ln(256) = 5.55 at the start
+    cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu-moe"], "steps": 3})
+    state = train_gpt.APIS["linen"].init(cfg, train_gpt.RECIPES["fp8"])
+    scale = state.fp8_meta["blocks"]["layer"]["mlp"]["scale"]
+    assert scale.shape == (cfg.layers, 6 * cfg.experts)  # scanned layers x (2 GEMMs x 3 E)
+    with pytest.raises(SystemExit):
+        train_gpt.main(["--preset", "cpu-moe", "--api", "nnx", "--out", str(tmp_path)])
+
+
 def test_bad_arguments(train_gpt, tmp_path):
     with pytest.raises(SystemExit):
         train_gpt.main(["--recipes", "fp9", "--out", str(tmp_path)])

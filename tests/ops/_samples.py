@@ -61,7 +61,8 @@ class Sample:
     scale that XLA:GPU's own transcendentals can move a step, halving a whole block's codes); the
     conformance suite then checks only each implementation's determinism there, and the kernel's
     bits are tests/ops/test_host_cuda.py's. ``sums``: outputs summed over the rows (dbias,
-    dgamma), which a mesh adds in another order.
+    dgamma), which a mesh adds in another order. ``integer``: operands that are integer arrays
+    by design (a grouped GEMM's ``group_sizes``): the bad-argument check gives them floats.
     """
 
     fn: Callable[..., Any]
@@ -71,6 +72,7 @@ class Sample:
     gpu_close: Mapping[str, float] | None = None
     gpu_xla: str | None = None
     sums: tuple[int, ...] = ()
+    integer: tuple[str, ...] = ()
 
     def bound(self) -> dict[str, Any]:
         """Every argument by its parameter name."""
@@ -117,8 +119,20 @@ def fp8_codes(rng, shape, dtype):
     return jnp.asarray((rng.standard_normal(shape) * 8).astype(np.float32), dtype)
 
 
-NOT_OPDEFS = {"gemm": ("gemm", "fp8jax_gemm")}
-"""Ops outside the OpDef registry: (family, FFI target). The GEMM's target is CUDA only."""
+NOT_OPDEFS = {
+    "gemm": ("gemm", "fp8jax_gemm"),
+    "grouped_gemm": ("gemm", "fp8jax_grouped_gemm"),
+}
+"""Ops outside the OpDef registry (their split is decided from several operands): (family, FFI
+target)."""
+
+CUDA_ONLY = {"gemm", "grouped_gemm"}
+"""Ops whose FFI target is CUDA only (on CPU their kernel path is XLA's compilation of the
+reference)."""
+
+KERNEL_PENDING = {"grouped_gemm"}
+"""Ops with no kernel on any platform yet: their kernel path runs the reference everywhere
+(fp8jax.ops.grouped_gemm.has_cuda_kernel() is False), so no program calls their target."""
 
 
 def family_and_target(op: str) -> tuple[str, str]:

@@ -1,0 +1,137 @@
+"""Ragged grouped GEMM throughput: fp8jax.ops.grouped_gemm against jax.lax.ragged_dot and a loop
+of dense GEMMs, with uneven and empty groups, in one run.
+
+Every method computes a mixture of experts' forward GEMM: ``out[T, N]``, row ``t`` of group
+``g`` being ``x[t] . w[g]``, with ``T`` rows sorted by group and ``group_sizes`` on the device:
+
+  fp8jax       fp8jax.ops.grouped_gemm on E4M3 operands (per-group scales), bf16 result
+  ragged_dot   jax.lax.ragged_dot of the bf16 operands, bf16 result
+  dense_loop   one lax.dot of each group's rows (static slices from host-side sizes: what a
+               user without a ragged GEMM writes; it recompiles whenever the sizes change)
+
+Group sizes: ``even`` (T / G each), ``uneven`` (a skewed split, one group empty) and
+``one-hot`` (every row in one group, the others empty). TFLOP/s count the useful FLOPs
+(``2 T N K``), not the masked ones XLA's CPU ``ragged_dot`` spends. On CPU fp8jax's grouped GEMM
+runs its XLA reference (``ragged_dot`` of the dequantized operands: no CPU kernel of its own),
+so on CPU the numbers say what the reference costs, not what a kernel would; the CUDA kernel is
+not written yet (``has_cuda_kernel()``; the report's ``fp8jax_path``).
+
+  python benchmarks/grouped_gemm.py --allow-cpu --json out/grouped_gemm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _common import (
+    add_timing_args,
+    check_timing_args,
+    environment,
+    on_gpu,
+    skipped_report,
+    time_op,
+    write_json,
+)
+from jax import lax
+
+import fp8jax
+from fp8jax.ops.grouped_gemm import has_cuda_kernel
+
+E4M3 = jnp.float8_e4m3fn
+# (T, K, N, G): tokens x top-k rows, hidden, expert width, experts
+GPU_SHAPES = [(16384, 4096, 2048, 8), (32768, 7168, 2048, 32)]
+CPU_SHAPES = [(512, 128, 128, 8)]
+METHODS = ("fp8jax", "ragged_dot", "dense_loop")
+
+
+def split(t: int, g: int, kind: str) -> list[int]:
+    """Group sizes summing to ``t``: ``even``, ``uneven`` (skewed, one empty) or ``one-hot``."""
+    if kind == "even":
+        return [t // g + (i < t % g) for i in range(g)]
+    if kind == "one-hot":
+        return [t if i == g // 2 else 0 for i in range(g)]
+    weights = np.array([0 if i == 1 else 2.0 ** -(i % 4) for i in range(g)])
+    sizes = np.floor(weights / weights.sum() * t).astype(int)
+    sizes[0] += t - sizes.sum()
+    return [int(s) for s in sizes]
+
+
+def methods(x, w, sizes: list[int]) -> dict[str, Any]:
+    """The three methods on ``x [T, K]`` and ``w [G, K, N]`` (bf16), jitted."""
+    g = w.shape[0]
+    gs = jnp.asarray(sizes, jnp.int32)
+    xq, wq_t = x.astype(E4M3), jnp.swapaxes(w, 1, 2).astype(E4M3)  # w_t [G, N, K]: "NT"
+    one = jnp.ones((g,), jnp.float32)
+    fp8 = jax.jit(lambda a, b, s: fp8jax.ops.grouped_gemm(a, b, s, one, one))
+    ragged = jax.jit(lambda a, b, s: lax.ragged_dot(a, b, s))
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+
+    @jax.jit
+    def loop(a, b):
+        parts = [a[bounds[i] : bounds[i + 1]] @ b[i] for i in range(g) if sizes[i]]
+        return jnp.concatenate(parts, axis=0)
+
+    return {
+        "fp8jax": lambda: fp8(xq, wq_t, gs),
+        "ragged_dot": lambda: ragged(x, w, gs),
+        "dense_loop": lambda: loop(x, w),
+    }
+
+
+def measure(shape, kind: str, args) -> dict[str, Any]:
+    t, k, n, g = shape
+    sizes = split(t, g, kind)
+    r = np.random.default_rng(0)
+    x = jnp.asarray(r.standard_normal((t, k)), jnp.bfloat16)
+    w = jnp.asarray(r.standard_normal((g, k, n)) / np.sqrt(k), jnp.bfloat16)
+    fns = methods(x, w, sizes)
+    want = np.asarray(fns["ragged_dot"](), np.float32)
+    got = np.asarray(fns["fp8jax"](), np.float32)
+    rel = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+    flops = 2 * t * k * n
+    row: dict[str, Any] = {"shape": dict(T=t, K=k, N=n, G=g), "groups": kind, "sizes": sizes}
+    row["fp8_vs_bf16_rel_error"] = rel
+    for name in METHODS:
+        times = time_op(fns[name], iters=args.iters, inner=args.inner, warmup=args.warmup)
+        sec = statistics.median(times)
+        row[name] = {"median_s": sec, "tflops": flops / sec / 1e12}
+    base = row["ragged_dot"]["median_s"]
+    row["speedup_vs_ragged_dot"] = base / row["fp8jax"]["median_s"]
+    row["speedup_vs_dense_loop"] = row["dense_loop"]["median_s"] / row["fp8jax"]["median_s"]
+    print(
+        f"T={t} K={k} N={n} G={g} {kind:8s} "
+        + " ".join(f"{m}={row[m]['median_s'] * 1e3:.3f}ms" for m in METHODS)
+        + f" fp8jax/ragged_dot x{row['speedup_vs_ragged_dot']:.2f} rel.err {rel:.3g}"
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_timing_args(p, iters=5, inner=5)
+    args = p.parse_args(argv)
+    check_timing_args(p, args)
+    if not on_gpu() and not args.allow_cpu:
+        report = skipped_report("grouped_gemm")
+        write_json(args.json, report)
+        return report
+    shapes = GPU_SHAPES if on_gpu() else CPU_SHAPES
+    rows = [measure(s, kind, args) for s in shapes for kind in ("even", "uneven", "one-hot")]
+    report = {
+        "benchmark": "grouped_gemm",
+        "environment": environment(),
+        "fp8jax_path": "CUDA kernel" if has_cuda_kernel() and on_gpu() else "XLA reference",
+        "results": rows,
+    }
+    write_json(args.json, report)
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
