@@ -42,6 +42,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "functional layers",
         ("fp8jax.dense", "fp8jax.layernorm_dense", "fp8jax.layernorm_mlp", "fp8jax.rotary"),
     ),
+    # optax transforms with FP8 state (the block-scaling rules of ops; no layer, no Flax)
+    ("optim", ("fp8jax.optim",)),
     ("package", ("fp8jax",)),  # fp8jax/__init__.py: the public functional API
     ("flax", ("fp8jax.flax",)),
     ("nnx", ("fp8jax.nnx",)),
