@@ -10,8 +10,10 @@ For each config, side by side:
   benchmarks/transformer_memory.py measures them), the marginal cost of one more layer and one
   more batch; XLA's attention on CPU keeps the ``[seq, seq]`` probabilities, a GPU's fused
   attention does not (their share is reported);
-- the compiled train step's temp and peak bytes per device from XLA's memory analysis (on CPU
-  here; the state donated to the step, as a training loop does).
+- the compiled train step's bytes per device from XLA's memory analysis (on CPU here; the
+  state donated to the step, as a training loop does): ``temp`` (XLA's arena for what the step
+  makes and drops: activations, gradients, the optimizer's float32 intermediates) and ``peak``
+  = arguments + outputs - aliased + temp.
 
 Nothing is trained: the step is only compiled. ``--fsdp N`` shards params and optimizer state
 over N devices (on a CPU, N emulated devices) along each parameter's largest dim that N
@@ -132,66 +134,26 @@ def _shardings(state, n: int):
     return whole.replace(params=params, opt_state=opt), mesh
 
 
-def measure(
-    name: str, preset: str = "cpu", remat: str = "none", fsdp: int = 1, batch: int | None = None
-) -> dict[str, Any]:
-    """The report of one config (a key of :data:`CONFIGS`)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
+def config(name: str, preset: str = "cpu", remat: str = "none", **overrides: Any):
+    """``(train_gpt module, its Config, the recipe)`` of config ``name`` (a key of
+    :data:`CONFIGS`) on ``preset``, fields of the Config overridden by ``overrides``."""
     sys.path.insert(0, str(ROOT / "examples"))
     import train_gpt as gpt
 
-    label, recipe_name, optimizer = CONFIGS[name]
-    recipe = gpt.RECIPES[recipe_name]
-    preset_cfg = dict(gpt.PRESETS[preset])
-    if batch is not None:
-        preset_cfg["batch"] = batch
-    cfg = gpt.Config(**preset_cfg, optimizer=optimizer, remat=remat)
+    _, recipe_name, optimizer = CONFIGS[name]
+    fields = {**gpt.PRESETS[preset], **overrides}
+    return gpt, gpt.Config(**fields, optimizer=optimizer, remat=remat), gpt.RECIPES[recipe_name]
+
+
+def state_bytes(gpt, cfg, recipe) -> dict[str, Any]:
+    """Bytes per parameter of the params, the optimizer state, their sum, the gradients and
+    the FP8 scaling state (from the train state's shapes: nothing is allocated)."""
+    import jax
+
     state = jax.eval_shape(lambda: gpt.linen_init(cfg, recipe))
     n = sum(x.size for x in jax.tree.leaves(state.params))
     per = lambda tree: _nbytes(tree) / n
-
-    # activations: one more batch (per token) of one more layer (per layer)
-    tokens = cfg.batch * cfg.seq
-    marginal = {}
-    for layers in (cfg.layers, cfg.layers + 1):
-        c = dataclasses.replace(cfg, layers=layers)
-        small, large = (
-            _residuals(gpt, c, recipe, cfg.batch),
-            _residuals(gpt, c, recipe, 2 * cfg.batch),
-        )
-        marginal[layers] = [(large[i] - small[i]) / tokens for i in range(2)]
-    per_layer = [marginal[cfg.layers + 1][i] - marginal[cfg.layers][i] for i in range(2)]
-
-    # the compiled step, state donated
-    train_step = gpt.linen_steps(recipe)[0]
-    step = jax.jit(lambda s, x, y: train_step(s, x, y), donate_argnums=0)
-    batch_shape = jax.ShapeDtypeStruct((cfg.batch, cfg.seq), jnp.int32)
-    if fsdp > 1:
-        shardings, mesh = _shardings(state, fsdp)
-        state = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
-        )
-        spec = P("data", None) if cfg.batch % fsdp == 0 else P()
-        batch_shape = jax.ShapeDtypeStruct(
-            batch_shape.shape, jnp.int32, sharding=NamedSharding(mesh, spec)
-        )
-    mem = step.lower(state, batch_shape, batch_shape).compile().memory_analysis()
-    peak = getattr(mem, "peak_memory_in_bytes", 0) or (
-        mem.argument_size_in_bytes
-        + mem.output_size_in_bytes
-        - mem.alias_size_in_bytes
-        + mem.temp_size_in_bytes
-    )
     return {
-        "label": label,
-        "recipe": recipe_name,
-        "optimizer": optimizer,
-        "remat": remat,
-        "fsdp": fsdp,
         "params": n,
         "bytes_per_param": {
             "params": per(state.params),
@@ -200,16 +162,83 @@ def measure(
             "gradients": per(state.params),  # a gradient has its param's dtype
             "fp8_scaling_state": per((state.fp8_meta, state.fp8_probe)),
         },
-        "activations_per_token_per_layer": per_layer[0],
-        "activations_per_token_per_layer_seq_x_seq": per_layer[1],
-        "activations_per_token_whole_model": marginal[cfg.layers][0],
-        "step_per_device": {
-            "temp_bytes": mem.temp_size_in_bytes,
-            "argument_bytes": mem.argument_size_in_bytes,
-            "output_bytes": mem.output_size_in_bytes,
-            "alias_bytes": mem.alias_size_in_bytes,
-            "peak_bytes": peak,
-        },
+    }
+
+
+def activation_bytes(gpt, cfg, recipe) -> dict[str, float]:
+    """Residual bytes per token: of one more layer (and of them, the ``[seq, seq]`` arrays),
+    and of the whole model (embedding and logits included): one more batch of one more
+    layer."""
+    tokens = cfg.batch * cfg.seq
+    marginal = {}
+    for layers in (cfg.layers, cfg.layers + 1):
+        c = dataclasses.replace(cfg, layers=layers)
+        small = _residuals(gpt, c, recipe, cfg.batch)
+        large = _residuals(gpt, c, recipe, 2 * cfg.batch)
+        marginal[layers] = [(large[i] - small[i]) / tokens for i in range(2)]
+    return {
+        "per_token_per_layer": marginal[cfg.layers + 1][0] - marginal[cfg.layers][0],
+        "per_token_per_layer_seq_x_seq": marginal[cfg.layers + 1][1] - marginal[cfg.layers][1],
+        "per_token_whole_model": marginal[cfg.layers][0],
+    }
+
+
+def step_bytes(gpt, cfg, recipe, fsdp: int = 1) -> dict[str, int]:
+    """The compiled train step's memory per device (XLA's memory analysis), the state donated;
+    with ``fsdp > 1`` params and optimizer state sharded over that many devices."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    state = jax.eval_shape(lambda: gpt.linen_init(cfg, recipe))
+    train_step = gpt.linen_steps(recipe)[0]
+    step = jax.jit(lambda s, x, y: train_step(s, x, y), donate_argnums=0)
+    batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq), jnp.int32)
+    if fsdp > 1:
+        shardings, mesh = _shardings(state, fsdp)
+        state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
+        )
+        spec = P("data", None) if cfg.batch % fsdp == 0 else P()
+        batch = jax.ShapeDtypeStruct(batch.shape, jnp.int32, sharding=NamedSharding(mesh, spec))
+    mem = step.lower(state, batch, batch).compile().memory_analysis()
+    # What is live during the step: its arguments, what it writes that does not reuse an argument
+    # (the state is donated: the new state aliases the old), and XLA's temp arena. (XLA:CPU's
+    # own peak_memory_in_bytes counts the arguments only.)
+    peak = (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    )
+    return {
+        "temp_bytes": mem.temp_size_in_bytes,
+        "argument_bytes": mem.argument_size_in_bytes,
+        "output_bytes": mem.output_size_in_bytes,
+        "alias_bytes": mem.alias_size_in_bytes,
+        "peak_bytes": peak,
+    }
+
+
+def measure(
+    name: str, preset: str = "cpu", remat: str = "none", fsdp: int = 1, **overrides: Any
+) -> dict[str, Any]:
+    """The whole report of one config (a key of :data:`CONFIGS`)."""
+    gpt, cfg, recipe = config(name, preset, remat, **overrides)
+    label, recipe_name, optimizer = CONFIGS[name]
+    acts = activation_bytes(gpt, cfg, recipe)
+    return {
+        "label": label,
+        "recipe": recipe_name,
+        "optimizer": optimizer,
+        "remat": remat,
+        "fsdp": fsdp,
+        **state_bytes(gpt, cfg, recipe),
+        "activations_per_token_per_layer": acts["per_token_per_layer"],
+        "activations_per_token_per_layer_seq_x_seq": acts["per_token_per_layer_seq_x_seq"],
+        "activations_per_token_whole_model": acts["per_token_whole_model"],
+        "step_per_device": step_bytes(gpt, cfg, recipe, fsdp),
     }
 
 
@@ -242,7 +271,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if args.fsdp > jax.device_count():
         raise SystemExit(f"--fsdp {args.fsdp}: only {jax.device_count()} devices")
-    rows = [measure(c, args.preset, args.remat, args.fsdp, args.batch) for c in names]
+    overrides = {} if args.batch is None else {"batch": args.batch}
+    rows = [measure(c, args.preset, args.remat, args.fsdp, **overrides) for c in names]
     first = rows[0]
     print(
         f"GPT demo, preset {args.preset} ({first['params']:,} params), remat {args.remat}, "

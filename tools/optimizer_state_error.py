@@ -15,7 +15,7 @@ apart from any change of trajectory. Reported at each checkpoint step:
   rounded toward 0);
 - at the last step, the round trip of the float32 moments themselves (one quantization).
 
-    python tools/optimizer_state_error.py [--steps 800] [--json F]
+    python tools/optimizer_state_error.py [--steps 800] [--json F] [--markdown]
 """
 
 from __future__ import annotations
@@ -125,22 +125,23 @@ EPS, B1, B2 = 1e-8, 0.9, 0.999
 
 def _direction(m, v, count):
     c1, c2 = 1 - B1**count, 1 - B2**count
-    return (m / c1) / (jnp.sqrt(v / c2) + EPS)
+    return (m / c1) / (np.sqrt(v / c2) + EPS)
 
 
 def _compare(mv, ref, count) -> dict[str, float]:
-    """Errors of the moments ``mv`` (lists of per-param m and v) against ``ref``."""
+    """Errors of the moments ``mv`` (lists of per-param m and v) against ``ref`` (numpy, in
+    float64)."""
     num = den = 0.0
     ratios, amp = [], 0.0
     for m, v, m0, v0 in zip(*mv, *ref, strict=True):
+        m, v, m0, v0 = (np.asarray(a, np.float64) for a in (m, v, m0, v0))
         u, u0 = _direction(m, v, count), _direction(m0, v0, count)
-        num += float(jnp.sum((u - u0) ** 2))
-        den += float(jnp.sum(u0**2))
-        live = np.asarray(v0 > 0)
-        r = np.asarray(jnp.sqrt(v) / jnp.maximum(jnp.sqrt(v0), 1e-30))[live]
-        ratios.append(r)
-        a = np.abs(np.asarray(u))[live] / np.maximum(np.abs(np.asarray(u0))[live], 1e-30)
-        big = np.abs(np.asarray(u0))[live] > 0.1  # amplification of an update of Adam's size
+        num += float(np.sum((u - u0) ** 2))
+        den += float(np.sum(u0**2))
+        live = v0 > 0
+        ratios.append(np.sqrt(v[live]) / np.sqrt(v0[live]))
+        a = np.abs(u[live]) / np.maximum(np.abs(u0[live]), 1e-30)
+        big = np.abs(u0[live]) > 0.1  # amplification of an update of Adam's size
         amp = max(amp, float(a[big].max()) if big.any() else 0.0)
     ratios = np.concatenate(ratios)
     return {
@@ -154,41 +155,43 @@ def _compare(mv, ref, count) -> dict[str, float]:
 
 def _round_trip(ms, vs) -> dict[str, dict[str, float]]:
     """One quantization of the float32 moments, per representation."""
-    out = {}
     key = jax.random.key(0)
-    reps = {
-        "E4M3 (fp8jax)": M_OURS,
-        "E4M3, power-of-two scales": Repr(E4M3, pow2=True),
-        "E5M2": Repr(E5M2),
-        "int8": Repr("int8"),
-        "bfloat16": Repr("bf16"),
+    m_reps = {
+        "m E4M3 (fp8jax)": M_OURS,
+        "m E4M3, power-of-two scales": Repr(E4M3, pow2=True),
+        "m E5M2": Repr(E5M2),
+        "m int8": Repr("int8"),
+        "m bfloat16": Repr("bf16"),
     }
-    for name, r in reps.items():
-        err = [(r.round_trip(m, key) - m, m) for m in ms]
-        out[f"m {name}"] = _rel(err)
-    reps = {
-        "uint8 sqrt(v) (fp8jax)": V_OURS,
-        "E4M3 sqrt(v)": E4M3_SQRT,
-        "E4M3 v": Repr(E4M3, nonzero=True),
-        "E5M2 v": Repr(E5M2, nonzero=True),
-        "uint8 v": Repr("uint8"),
-        "uint8 log2 sqrt(v)": Repr("log8"),
-        "bfloat16 v": Repr("bf16"),
+    v_reps = {
+        "sqrt(v) of uint8 sqrt(v) (fp8jax)": V_OURS,
+        "sqrt(v) of E4M3 sqrt(v)": E4M3_SQRT,
+        "sqrt(v) of E4M3 v": Repr(E4M3, nonzero=True),
+        "sqrt(v) of E5M2 v": Repr(E5M2, nonzero=True),
+        "sqrt(v) of uint8 v": Repr("uint8"),
+        "sqrt(v) of uint8 log2 sqrt(v)": Repr("log8"),
+        "sqrt(v) of bfloat16 v": Repr("bf16"),
     }
-    for name, r in reps.items():
-        err = [(jnp.sqrt(r.round_trip(v, key)) - jnp.sqrt(v), jnp.sqrt(v)) for v in vs]
-        out[f"sqrt of {name}"] = _rel(err)
+    out = {}
+    for reps, xs, root in ((m_reps, ms, False), (v_reps, vs, True)):
+        for name, r in reps.items():
+            backs = jax.jit(lambda xs, r=r: [r.round_trip(x, key) for x in xs])(xs)
+            pairs = []
+            for back, x in zip(backs, xs, strict=True):
+                back, x = np.asarray(back, np.float64), np.asarray(x, np.float64)
+                if root:
+                    back, x = np.sqrt(back), np.sqrt(x)
+                pairs.append((back - x, x))
+            out[name] = _rel(pairs)
     return out
 
 
 def _rel(pairs) -> dict[str, float]:
     """Relative L2 error, mean relative error over nonzero elements, share lost to 0."""
-    num = sum(float(jnp.sum(e**2)) for e, _ in pairs)
-    den = sum(float(jnp.sum(x**2)) for _, x in pairs)
-    rel = np.concatenate(
-        [np.asarray(jnp.abs(e) / jnp.abs(x))[np.asarray(x != 0)] for e, x in pairs]
-    )
-    zero = np.concatenate([np.asarray((e + x == 0) & (x != 0)).ravel() for e, x in pairs])
+    num = sum(float(np.sum(e**2)) for e, _ in pairs)
+    den = sum(float(np.sum(x**2)) for _, x in pairs)
+    rel = np.concatenate([np.abs(e[x != 0]) / np.abs(x[x != 0]) for e, x in pairs])
+    zero = np.concatenate([((e + x == 0) & (x != 0)).ravel() for e, x in pairs])
     return {
         "rel_l2": float(np.sqrt(num / den)),
         "mean_rel": float(rel.mean()),
@@ -197,16 +200,26 @@ def _rel(pairs) -> dict[str, float]:
     }
 
 
-def run(steps: int, checkpoints: list[int]) -> dict[str, Any]:
-    cfg = train_gpt.Config(**train_gpt.PRESETS["cpu"])
-    train, _, desc = train_gpt.load_text(None, 8_000_000)
+def run(
+    steps: int,
+    checkpoints: list[int],
+    max_bytes: int = 8_000_000,
+    names: tuple[str, ...] | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The report: ``steps`` steps of the demo's CPU preset (fields overridden by
+    ``overrides``), the shadows of ``names`` (default: all of :data:`CANDIDATES`) compared at
+    ``checkpoints``."""
+    candidates = {n: CANDIDATES[n] for n in (names or CANDIDATES)}
+    cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], **overrides})
+    train, _, desc = train_gpt.load_text(None, max_bytes)
     state = train_gpt.linen_init(cfg, None)
     tx = train_gpt.make_tx(cfg)  # clip by global norm 1, then optax.adamw (float32)
     clip = optax.clip_by_global_norm(1.0)
     params, opt_state = state.params, tx.init(state.params)
     leaves = jax.tree.leaves(params)
     zeros = [jnp.zeros_like(p) for p in leaves]
-    shadows = {name: (list(zeros), list(zeros)) for name in CANDIDATES}
+    shadows = {name: (list(zeros), list(zeros)) for name in candidates}
 
     @jax.jit
     def step(params, opt_state, shadows, tokens, targets, key):
@@ -219,7 +232,7 @@ def run(steps: int, checkpoints: list[int]) -> dict[str, Any]:
         clipped, _ = clip.update(grads, clip.init(params))
         new = {}
         g = jax.tree.leaves(clipped)
-        for i, (name, (mr, vr)) in enumerate(CANDIDATES.items()):
+        for i, (name, (mr, vr)) in enumerate(candidates.items()):
             ms, vs = shadows[name]
             keys = jax.random.split(jax.random.fold_in(key, i), (len(g), 2))
             new[name] = (
@@ -243,7 +256,7 @@ def run(steps: int, checkpoints: list[int]) -> dict[str, Any]:
         if n in checkpoints:
             adam = opt_state[1][0]  # chain(clip, adamw) -> adamw's chain -> ScaleByAdamState
             ref = (jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu))
-            report["steps"][n] = {name: _compare(shadows[name], ref, n) for name in CANDIDATES}
+            report["steps"][n] = {name: _compare(shadows[name], ref, n) for name in candidates}
             print(
                 f"step {n}: "
                 + ", ".join(f"{k}: {v['update_err']:.3f}" for k, v in report["steps"][n].items()),
@@ -253,18 +266,49 @@ def run(steps: int, checkpoints: list[int]) -> dict[str, Any]:
     return report
 
 
+def tables(report: dict[str, Any]) -> str:
+    """The two markdown tables of docs/numerics.md from a report."""
+    steps = list(report["steps"])
+    last = steps[-1]
+    head = " | ".join(f"step {n}" for n in steps)
+    lines = [
+        f"| shadow moments | update error at {head} | median sqrt(v) / float32's at step "
+        f"{last} [1st, 99th percentile] |",
+        "|---|" + "---|" * len(steps) + "---|",
+    ]
+    for name in report["steps"][last]:
+        errs = " | ".join(f"{100 * report['steps'][n][name]['update_err']:.1f}%" for n in steps)
+        r = report["steps"][last][name]
+        lines.append(
+            f"| {name} | {errs} | {r['sqrt_v_ratio_median']:.3f} [{r['sqrt_v_ratio_p1']:.2f}, "
+            f"{r['sqrt_v_ratio_p99']:.2f}] |"
+        )
+    lines += [
+        "",
+        "| one round trip | relative L2 | mean relative | largest relative |",
+        "|---|---|---|---|",
+    ]
+    for name, r in report["round_trip"].items():
+        lines.append(
+            f"| {name} | {100 * r['rel_l2']:.2f}% | {100 * r['mean_rel']:.2f}% | "
+            f"{r['max_rel']:.3g} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--json", type=Path)
+    p.add_argument("--markdown", action="store_true", help="print docs/numerics.md's tables")
     args = p.parse_args(argv)
     checkpoints = sorted({c for c in (10, 100, 200, 400, 800) if c <= args.steps} | {args.steps})
     report = run(args.steps, checkpoints)
     print("\nround trip of the float32 moments at the last step (one quantization):")
-    print(f"{'':28s} {'rel L2':>8s} {'mean rel':>9s} {'max rel':>8s} {'to 0':>8s}")
+    print(f"{'':36s} {'rel L2':>8s} {'mean rel':>9s} {'max rel':>8s} {'to 0':>8s}")
     for name, r in report["round_trip"].items():
         print(
-            f"{name:28s} {r['rel_l2']:8.4f} {r['mean_rel']:9.4f} {r['max_rel']:8.3f} "
+            f"{name:36s} {r['rel_l2']:8.4f} {r['mean_rel']:9.4f} {r['max_rel']:8.3f} "
             f"{r['to_zero']:8.2e}"
         )
     print("\nshadow moments, re-quantized every step, against float32 AdamW:")
@@ -272,11 +316,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"step {n}")
         for name, r in rows.items():
             print(
-                f"  {name:40s} update err {r['update_err']:.4f}  sqrt(v) ratio median "
+                f"  {name:44s} update err {r['update_err']:.4f}  sqrt(v) ratio median "
                 f"{r['sqrt_v_ratio_median']:.3f} [p1 {r['sqrt_v_ratio_p1']:.3f}, p99 "
                 f"{r['sqrt_v_ratio_p99']:.3f}]  max |u'|/|u| "
                 f"{r['max_update_amplification']:.2f}"
             )
+    if args.markdown:
+        print("\n" + tables(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return report

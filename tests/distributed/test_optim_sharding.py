@@ -1,8 +1,11 @@
-"""fp8jax.optim.adamw on 8 devices (issue 39): the FP8 moments are sharded like their params
+"""fp8jax.optim.adamw on 8 devices (issue 39): the 8-bit moments are sharded like their params
 (codes and scale grid with the param's PartitionSpec) and three sharded steps equal three
-steps on one device bit for bit (every operation is elementwise or a max within a block that
-one device holds; the stochastic rounding's bits do not depend on the sharding). A param whose
-last dim is split into parts that are not whole blocks is refused, naming it: eagerly in
+steps on one device: every operation is elementwise or a max within a block that one device
+holds, and the stochastic rounding's bits do not depend on the sharding, so the only
+differences are XLA:CPU's own: the sharded program's loops over other shapes contract another
+multiply-add here and there (a float32 ulp; measured: 7 of 3,200 elements of one param), which
+can move a code or a stochastic rounding across its boundary (measured: 1 of 8,192). A param
+whose last dim is split into parts that are not whole blocks is refused, naming it: eagerly in
 ``init`` and at trace time under explicit sharding."""
 
 from __future__ import annotations
@@ -83,8 +86,17 @@ def test_sharded_state_follows_the_params_and_equals_one_device(dtype):
         assert params[k].sharding.is_equivalent_to(shardings[k], params[k].ndim), k
     for a, b in zip(jax.tree.leaves((params, state)), jax.tree.leaves((ref_params, ref_state)),
                     strict=True):  # fmt: skip
-        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)),
-                                      np.asarray(b.astype(jnp.float32)))  # fmt: skip
+        _assert_like(a, b)
+
+
+def _assert_like(a, b):
+    """float32 within 4 ulps; codes and bfloat16 equal but for 0.1% (a boundary crossed)."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    x, y = np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32))
+    if a.dtype == jnp.float32:
+        np.testing.assert_allclose(x, y, rtol=5e-7, atol=1e-30)
+    else:
+        assert (x != y).mean() <= 1e-3, (a.dtype, (x != y).sum())
 
 
 def test_a_block_straddling_two_devices_is_refused_by_name():

@@ -142,6 +142,20 @@ def test_second_moment_round_trip_error_per_block():
     assert (err[near] / y[near]).max() <= 1 / 255 * (1 + 1e-6)
     np.testing.assert_allclose(back[y == top], y[y == top], rtol=3e-7)
     assert (back[y > 0] > 0).all() and back[0, 5] > y[0, 5]
+def test_zero_and_ragged_blocks():
+    for fmt in MOMENT_FORMATS:
+        q, s = quantize_moment(jnp.zeros((2, 130)), fmt)
+        assert s.shape == (2, 2) and (np.asarray(s) == 1).all()
+        assert (np.asarray(dequantize_moment(q, s, fmt)) == 0).all()
+    x = rand((2, 130), seed=4)
+    q, s = quantize_moment(x, "e4m3")
+    # the partial last block (2 elements) has its own scale
+    np.testing.assert_allclose(np.asarray(dequantize_moment(q, s, "e4m3"))[:, 128:],
+                               np.asarray(x)[:, 128:], rtol=2**-4)  # fmt: skip
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        quantize_moment(x, "e5m2")
+
+
 #: The bounds docs/numerics.md states for 200 steps of Gaussian gradients: each step's update
 #: within 8% (relative L2) of float32 AdamW's, the params' total change within 8% (measured:
 #: 5.0-5.7% and 5.1%: E4M3's 2.2% rounding of m, carried ~5 steps by b1 = 0.9).

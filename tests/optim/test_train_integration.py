@@ -116,3 +116,17 @@ def test_nnx_bfloat16_params_train_with_stochastic_rounding():
     optimizer = nnx.Optimizer(model, fp8jax.optim.adamw(1e-2), wrt=nnx.Param)
     losses = [float(step(model, optimizer, X, Y)) for _ in range(4)]
     assert model.kernel[...].dtype == jnp.bfloat16 and losses[-1] < losses[0]
+
+
+def test_nnx_optimizer_gives_codes_and_scales_the_params_sharding():
+    """nnx.Optimizer copies a param's metadata to its optimizer state: the codes and the scale
+    grid (of the param's rank) take its sharding names, as optax's moments do."""
+    mesh = jax.make_mesh((1, 1), ("a", "b"))
+    with jax.set_mesh(mesh):
+        model = nnx.Linear(128, 256, use_bias=False, rngs=nnx.Rngs(0))
+        model.kernel = nnx.Param(model.kernel[...], out_sharding=("a", "b"))
+        optimizer = nnx.Optimizer(model, fp8jax.optim.adamw(1e-3), wrt=nnx.Param)
+        adam = optimizer.opt_state[0]
+        for part in (adam.mu.codes, adam.mu.scale_inv, adam.nu.codes, adam.nu.scale_inv):
+            assert part["kernel"].get_metadata()["out_sharding"] == ("a", "b")
+            assert part["kernel"][...].sharding.spec == jax.sharding.PartitionSpec("a", "b")
