@@ -142,6 +142,8 @@ def test_second_moment_round_trip_error_per_block():
     assert (err[near] / y[near]).max() <= 1 / 255 * (1 + 1e-6)
     np.testing.assert_allclose(back[y == top], y[y == top], rtol=3e-7)
     assert (back[y > 0] > 0).all() and back[0, 5] > y[0, 5]
+
+
 def test_zero_and_ragged_blocks():
     for fmt in MOMENT_FORMATS:
         q, s = quantize_moment(jnp.zeros((2, 130)), fmt)
