@@ -119,7 +119,8 @@ def test_fp8_optimizer_with_bfloat16_params(train_gpt):
     import jax
     import jax.numpy as jnp
 
-    cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], "optimizer": "adamw_fp8_bf16"})
+    small = {"layers": 1, "seq": 16, "batch": 2, "optimizer": "adamw_fp8_bf16"}
+    cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], **small})
     state = train_gpt.linen_init(cfg, None)
     assert {p.dtype for p in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
     adam = state.opt_state[1][0]  # chain(clip, adamw) -> adamw's chain -> its Adam
