@@ -97,7 +97,10 @@ def _residuals(gpt, cfg, recipe, batch: int) -> tuple[int, int]:
     for a in res:
         n = int(np.prod(a.shape)) * a.dtype.itemsize
         total += n
-        square += n if a.ndim >= 2 and a.shape[-1] == a.shape[-2] == cfg.seq else 0
+        # [..., heads, seq, seq]: the heads dim tells the attention's probabilities and masks
+        # from a [..., batch, seq, hidden] activation when hidden == seq (the CPU preset)
+        scores = a.ndim >= 3 and a.shape[-3] == cfg.heads
+        square += n if scores and a.shape[-1] == a.shape[-2] == cfg.seq else 0
     return total, square
 
 

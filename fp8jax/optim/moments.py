@@ -17,9 +17,9 @@ state", has the measurements behind them):
   range a block must span; a nonzero value never gets code 0 (a denominator rounded to 0 would
   make the next update ``m / eps``).
 
-Pure ``jnp`` on purpose: inside a jitted train step XLA fuses the dequantize, the float32
-update and the re-quantize of each parameter into one pass over memory (a kernel per cast would
-write the float32 moments out between them, the bytes this representation exists to save).
+Pure ``jnp``, left to XLA to fuse with the update. (XLA:CPU writes the float32 moments out
+between the update and the block maximum of the re-quantize: temporaries of 8.4 bytes per
+parameter for the update alone, measured in docs/performance.md, "Memory per parameter".)
 """
 
 from __future__ import annotations
