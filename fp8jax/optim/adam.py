@@ -141,21 +141,24 @@ def scale_by_adam(
         count = jnp.zeros([], jnp.int32)
         return ScaleByAdamFp8State(count, zeros(params, MU_FORMAT), zeros(params, NU_FORMAT))
 
-    def leaves(moment: Any, treedef: Any, fmt: str) -> list[jax.Array]:
+    def raw(moment: Any, treedef: Any) -> list[Any]:
+        """Per parameter, what is stored: a float32 moment, or its (codes, scale_inv)."""
         if not fp8_moments:
             return treedef.flatten_up_to(moment)
         codes = treedef.flatten_up_to(moment.codes)
-        scales = treedef.flatten_up_to(moment.scale_inv)
-        return [
-            dequantize_moment(c, s, fmt, block=block) for c, s in zip(codes, scales, strict=True)
-        ]
+        return list(zip(codes, treedef.flatten_up_to(moment.scale_inv), strict=True))
 
-    def stored(values: list[jax.Array], treedef: Any, fmt: str) -> Any:
+    def read(stored: Any, fmt: str) -> jax.Array:
+        return dequantize_moment(*stored, fmt, block=block) if fp8_moments else stored
+
+    def write(value: jax.Array, fmt: str) -> Any:
+        return quantize_moment(value, fmt, block=block) if fp8_moments else value
+
+    def tree(values: list[Any], treedef: Any) -> Any:
         if not fp8_moments:
             return treedef.unflatten(values)
-        pairs = [quantize_moment(v, fmt, block=block) for v in values]
         return BlockScaled(
-            treedef.unflatten([q for q, _ in pairs]), treedef.unflatten([s for _, s in pairs])
+            treedef.unflatten([q for q, _ in values]), treedef.unflatten([s for _, s in values])
         )
 
     def update(updates: Any, state: ScaleByAdamFp8State, params: Any = None):
@@ -167,17 +170,22 @@ def scale_by_adam(
         c1 = (1 - b1**count).astype(jnp.float32)
         c2 = (1 - b2**count).astype(jnp.float32)
         mus, nus, outs = [], [], []
-        old_mu, old_nu = leaves(state.mu, treedef, MU_FORMAT), leaves(state.nu, treedef, NU_FORMAT)
-        for g, m, v in zip(grads, old_mu, old_nu, strict=True):
+        done = None
+        for g, m, v in zip(grads, raw(state.mu, treedef), raw(state.nu, treedef), strict=True):
+            if fp8_moments and done is not None:
+                # One parameter at a time: this one's inputs only once the previous one's
+                # results exist, so XLA holds the float32 moments (written out before the
+                # re-quantize's block maximum) of one parameter, not of all at once
+                # (docs/performance.md, "Memory per parameter"). The values do not change.
+                _, (g, m, v) = jax.lax.optimization_barrier((done, (g, m, v)))
             g = jnp.asarray(g, jnp.float32)
-            m = (1 - b1) * g + b1 * m
-            v = (1 - b2) * (g**2) + b2 * v
+            m = (1 - b1) * g + b1 * read(m, MU_FORMAT)
+            v = (1 - b2) * (g**2) + b2 * read(v, NU_FORMAT)
             outs.append((m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps))
-            mus.append(m)
-            nus.append(v)
-        new = ScaleByAdamFp8State(
-            count, stored(mus, treedef, MU_FORMAT), stored(nus, treedef, NU_FORMAT)
-        )  # fmt: skip
+            mus.append(write(m, MU_FORMAT))
+            nus.append(write(v, NU_FORMAT))
+            done = (outs[-1], mus[-1], nus[-1])
+        new = ScaleByAdamFp8State(count, tree(mus, treedef), tree(nus, treedef))
         return treedef.unflatten(outs), new
 
     return optax.GradientTransformation(init, update)

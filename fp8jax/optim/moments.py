@@ -17,9 +17,10 @@ state", has the measurements behind them):
   range a block must span; a nonzero value never gets code 0 (a denominator rounded to 0 would
   make the next update ``m / eps``).
 
-Pure ``jnp``, left to XLA to fuse with the update. (XLA:CPU writes the float32 moments out
-between the update and the block maximum of the re-quantize: temporaries of 8.4 bytes per
-parameter for the update alone, measured in docs/performance.md, "Memory per parameter".)
+Pure ``jnp``, left to XLA to fuse with the update. (XLA:CPU writes a parameter's float32
+moments out between the update and the block maximum of the re-quantize, 8 bytes per element:
+:func:`fp8jax.optim.scale_by_adam` updates one parameter at a time so that only one
+parameter's are held; docs/performance.md, "Memory per parameter".)
 """
 
 from __future__ import annotations
