@@ -176,7 +176,7 @@ def scale_by_adam(
                 # One parameter at a time: this one's inputs only once the previous one's
                 # results exist, so XLA holds the float32 moments (written out before the
                 # re-quantize's block maximum) of one parameter, not of all at once
-                # (docs/performance.md, "Memory per parameter"). The values do not change.
+                # (docs/performance.md, "Memory per parameter"). The same arithmetic.
                 _, (g, m, v) = jax.lax.optimization_barrier((done, (g, m, v)))
             g = jnp.asarray(g, jnp.float32)
             m = (1 - b1) * g + b1 * read(m, MU_FORMAT)
