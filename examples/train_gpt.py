@@ -9,6 +9,12 @@ BF16 (the same model with FP8 off), ``--recipes`` adds ``current`` (``Float8Curr
 ``block`` (``Float8BlockScaling``: DeepSeek-V3's 1 x 128 / 128 x 128 blocks) and ``mxfp8``
 (``MXFP8BlockScaling``: 1 x 32 blocks, E8M0 scales).
 
+``--optimizer`` (comma-separated; each recipe runs with each) picks the optimizer: ``adamw``
+(``optax.adamw``, float32 params and moments: 12 bytes per parameter), ``adamw_fp8``
+(``fp8jax.optim.adamw``: both moments in FP8, 6.06 bytes), ``adamw_fp8_bf16`` (the same with
+bfloat16 params and stochastic rounding, 4.06 bytes) and ``adamw_bf16`` (bfloat16 params,
+float32 moments). A run with another optimizer than ``adamw`` is named ``recipe+optimizer``.
+
 Writes to ``--out`` (default ``gpt_runs``): ``metrics.csv`` (per step), ``summary.json`` and
 ``summary.md`` (final validation loss of each run, its difference to BF16, tokens/s, device,
 versions, commit), ``samples.txt`` (text each run generates), ``loss.png`` (needs matplotlib)
@@ -56,6 +62,7 @@ PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
                        steps=5000, lr=3e-4),
 }  # fmt: skip
 RECIPE_NAMES = ("fp8", "bf16", "current", "block", "mxfp8")  # RECIPES below
+OPTIMIZER_NAMES = ("adamw", "adamw_fp8", "adamw_bf16", "adamw_fp8_bf16")  # OPTIMIZERS below
 API_NAMES = ("linen", "nnx")  # APIS below
 
 
@@ -67,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Flax API of the model (default: linen)")  # fmt: skip
     p.add_argument("--recipes", default="fp8,bf16",
                    help="comma-separated, of: " + ", ".join(RECIPE_NAMES))  # fmt: skip
+    p.add_argument("--optimizer", default="adamw",
+                   help="comma-separated, of: " + ", ".join(OPTIMIZER_NAMES))  # fmt: skip
     p.add_argument("--steps", type=int, help="override the preset's step count")
     p.add_argument("--seed", type=int, default=0,
                    help="initial params and batch order (default 0)")  # fmt: skip
@@ -105,6 +114,18 @@ RECIPES = {
     "block": Float8BlockScaling(),
     "mxfp8": MXFP8BlockScaling(),
 }
+#: optimizer -> (FP8 moments? None: optax.adamw itself, dtype of the params)
+OPTIMIZERS = {
+    "adamw": (None, jnp.float32),
+    "adamw_fp8": (True, jnp.float32),
+    "adamw_bf16": (False, jnp.bfloat16),
+    "adamw_fp8_bf16": (True, jnp.bfloat16),
+}
+REMAT_POLICIES = {  # what a layer keeps for the backward under nn.remat (None: no remat)
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "fp8": fp8jax.save_fp8_operands,  # the FP8 operands of the backward GEMMs, by name
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +143,8 @@ class Config:
     seed: int = 0
     experts: int = 0  # > 0: every MLP is a mixture of experts (fp8jax.flax.MoEBlock)
     topk: int = 2
+    optimizer: str = "adamw"  # a key of OPTIMIZERS
+    remat: str = "none"  # a key of REMAT_POLICIES (Linen)
 
 
 # ------------------------------------------------------------------------------------- data
@@ -205,8 +228,11 @@ class GPT(nn.Module):
     def __call__(self, tokens):
         embed = nn.Embed(256, self.cfg.hidden, embedding_init=nn.initializers.normal(0.02))
         x = embed(tokens).astype(jnp.bfloat16)
+        block = _Block
+        if (policy := REMAT_POLICIES[self.cfg.remat]) is not None:
+            block = nn.remat(_Block, policy=policy, prevent_cse=False)
         blocks = nn.scan(
-            _Block,
+            block,
             variable_axes={"params": 0, "fp8_meta": 0, "fp8_probe": 0, "intermediates": 0},
             split_rngs={"params": True}, length=self.cfg.layers,
         )  # fmt: skip
@@ -219,6 +245,8 @@ class NnxGPT(nnx.Module):
     """:class:`GPT` in Flax NNX: the layers stacked by ``nnx.vmap``, applied by ``nnx.scan``."""
 
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
+        if cfg.remat != "none":
+            raise ValueError(f"remat={cfg.remat!r}: the NNX model of the demo has no remat")
         init = nnx.initializers.normal(0.02)
         self.embed = nnx.Embed(256, cfg.hidden, embedding_init=init, rngs=rngs)
 
@@ -244,9 +272,21 @@ def loss_of(logits, targets):
 
 
 def make_tx(cfg: Config) -> optax.GradientTransformation:
+    """Clipping, then AdamW: ``optax.adamw`` or ``fp8jax.optim.adamw`` (``cfg.optimizer``)."""
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, max(1, cfg.steps // 10),
                                                   cfg.steps, cfg.lr / 10)  # fmt: skip
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
+    fp8_moments, _ = OPTIMIZERS[cfg.optimizer]
+    if fp8_moments is None:
+        adam = optax.adamw(schedule, weight_decay=0.1)
+    else:
+        adam = fp8jax.optim.adamw(schedule, weight_decay=0.1, fp8_moments=fp8_moments,
+                                  seed=cfg.seed)  # fmt: skip
+    return optax.chain(optax.clip_by_global_norm(1.0), adam)
+
+
+def param_dtype(cfg: Config) -> Any:
+    """The dtype the params are kept in (float32, or bfloat16 with no float32 copy)."""
+    return OPTIMIZERS[cfg.optimizer][1]
 
 
 # ------------------------------------------------------------------------------------- APIs
@@ -268,10 +308,14 @@ def init_linen_state(cfg: Config, recipe) -> Fp8TrainState:
     """The same initial params for every run (FP8 state, if any, from the recipe)."""
     tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
     # the FP8 layers init their params the same way with FP8 on or off
-    return Fp8TrainState.from_model(
+    state = Fp8TrainState.from_model(
         GPT(cfg), jax.random.key(cfg.seed), tokens, tx=make_tx(cfg),
         recipe=recipe or DelayedScaling(amax_history_len=1),
     )  # fmt: skip
+    if param_dtype(cfg) == jnp.float32:
+        return state
+    params = jax.tree.map(lambda p: p.astype(param_dtype(cfg)), state.params)
+    return state.replace(params=params, opt_state=state.tx.init(params))
 
 
 def linen_steps(recipe):
@@ -319,6 +363,9 @@ def init_nnx_state(cfg: Config, recipe) -> NnxState:
     hold delayed-scaling FP8 state; BF16 and current scaling construct them without."""
     with fp8jax.autocast(enabled=recipe is not None, recipe=recipe):
         model = NnxGPT(cfg, rngs=nnx.Rngs(cfg.seed))
+    if param_dtype(cfg) != jnp.float32:
+        params = nnx.state(model, nnx.Param)
+        nnx.update(model, jax.tree.map(lambda p: p.astype(param_dtype(cfg)), params))
     return NnxState(model, nnx.Optimizer(model, make_tx(cfg), wrt=nnx.Param))
 
 
@@ -441,7 +488,8 @@ def run(name, recipe, cfg, train, val, out: pathlib.Path, resume: bool, progress
     (out / "checkpoints" / f"{tag}.json").write_text(json.dumps(history))
     prompt = b"def "
     text = sample(state, logits_at, cfg, prompt, 80, cfg.seed)
-    return {"history": history, "sample": prompt.decode() + text, "peak_bytes": _peak_bytes()}
+    return {"history": history, "sample": prompt.decode() + text, "peak_bytes": _peak_bytes(),
+            "optimizer": cfg.optimizer}  # fmt: skip
 
 
 def _peak_bytes() -> int | None:
@@ -490,6 +538,7 @@ def write_reports(out: pathlib.Path, results: dict, cfg: Config, data_desc: str,
             "final_val_loss": round(v, 4),
             "vs_bf16": None if base is None else round((v - base) / base, 4),
             "tokens_per_s": tps[-1] if tps else None,
+            "optimizer": res.get("optimizer", "adamw"),
             # cumulative over the runs of this process (the device's peak so far)
             "peak_bytes": res.get("peak_bytes"),
         }
@@ -559,6 +608,9 @@ def main(argv: list[str] | None = None) -> dict:
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if bad := [r for r in recipes if r not in RECIPES]:
         p.error(f"--recipes: unknown {bad}; choose from {list(RECIPES)}")
+    optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]
+    if bad := [o for o in optimizers if o not in OPTIMIZERS]:
+        p.error(f"--optimizer: unknown {bad}; choose from {list(OPTIMIZERS)}")
     preset = dict(PRESETS[args.preset])
     if args.steps is not None:
         preset["steps"] = args.steps
@@ -582,9 +634,12 @@ def main(argv: list[str] | None = None) -> dict:
         # on a terminal the lines go above the bar; in a log (CI, | tee, nohup) they are the
         # progress report, flushed at once
         log = progress.console.print if tty else (lambda msg: print(msg, flush=True))
-        for name in recipes:
-            results[name] = run(name, RECIPES[name], cfg, train, val, out, args.resume,
-                                progress, args.api, log)  # fmt: skip
+        for opt in optimizers:
+            for recipe in recipes:
+                name = recipe if opt == "adamw" else f"{recipe}+{opt}"
+                run_cfg = dataclasses.replace(cfg, optimizer=opt)
+                results[name] = run(name, RECIPES[recipe], run_cfg, train, val, out, args.resume,
+                                    progress, args.api, log)  # fmt: skip
     summary = write_reports(out, results, cfg, desc, args.api)
     print((out / "summary.md").read_text())
     print(

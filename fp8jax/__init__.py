@@ -3,8 +3,9 @@
 Importing fp8jax needs no GPU, driver or cuBLAS: the compiled kernels are registered with XLA on
 first use, for CPU always and for CUDA when JAX has a CUDA backend.
 
-``fp8jax.flax`` (the Flax modules and the train step) is imported on first access, so that
-``import fp8jax`` neither needs Flax nor pays for importing it; ``import fp8jax.flax`` works too.
+``fp8jax.flax`` (the Flax modules and the train step), ``fp8jax.nnx`` and ``fp8jax.optim`` (optax
+transforms with FP8 optimizer state) are imported on first access, so that ``import fp8jax``
+neither needs Flax or optax nor pays for importing them; ``import fp8jax.flax`` works too.
 """
 
 import importlib as _importlib
@@ -73,8 +74,8 @@ __all__ = [
 ]
 
 # Submodules imported on first attribute access (PEP 562), with the optional packages each needs
-# (the "flax" extra, for both). Not in __all__: a star import would then import Flax.
-_LAZY_SUBMODULES = {"flax": ("flax", "optax"), "nnx": ("flax", "optax")}
+# (the "flax" extra, for all three). Not in __all__: a star import would then import Flax.
+_LAZY_SUBMODULES = {"flax": ("flax", "optax"), "nnx": ("flax", "optax"), "optim": ("optax",)}
 
 
 def __getattr__(name: str):

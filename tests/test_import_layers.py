@@ -51,6 +51,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     # the framework-neutral layer spec both Flax front-ends are built on (no Flax module)
     ("layer spec", ("fp8jax.layers",)),
+    # optax transforms with FP8 state (the block-scaling rules of ops; no layer, no Flax)
+    ("optim", ("fp8jax.optim",)),
     ("package", ("fp8jax",)),  # fp8jax/__init__.py: the public functional API
     # the two front-ends; neither imports the other (test_the_front_ends_are_independent)
     ("flax", ("fp8jax.flax",)),

@@ -102,6 +102,8 @@ def test_bad_arguments(train_gpt, tmp_path):
         train_gpt.main(["--recipes", "fp9", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         train_gpt.main(["--api", "bogus", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        train_gpt.main(["--optimizer", "adamw,adam9", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="does not exist"):
         train_gpt.main(["--data", str(tmp_path / "missing"), "--out", str(tmp_path)])
 
@@ -127,3 +129,19 @@ def test_help_imports_nothing():
 def test_command_line_names_match_the_tables(train_gpt):
     assert train_gpt.RECIPE_NAMES == tuple(train_gpt.RECIPES)
     assert train_gpt.API_NAMES == tuple(train_gpt.APIS)
+    assert train_gpt.OPTIMIZER_NAMES == tuple(train_gpt.OPTIMIZERS)
+
+
+def test_fp8_optimizer_with_bfloat16_params(train_gpt):
+    """--optimizer adamw_fp8_bf16: the demo's params are bfloat16 and its AdamW (after the
+    clipping) keeps E4M3 and uint8 codes (issue 39); nothing is trained."""
+    import jax
+    import jax.numpy as jnp
+
+    small = {"layers": 1, "seq": 16, "batch": 2, "optimizer": "adamw_fp8_bf16"}
+    cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], **small})
+    state = train_gpt.linen_init(cfg, None)
+    assert {p.dtype for p in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
+    adam = state.opt_state[1][0]  # chain(clip, adamw) -> adamw's chain -> its Adam
+    assert {c.dtype for c in jax.tree.leaves(adam.mu.codes)} == {jnp.dtype(jnp.float8_e4m3fn)}
+    assert {c.dtype for c in jax.tree.leaves(adam.nu.codes)} == {jnp.dtype(jnp.uint8)}
