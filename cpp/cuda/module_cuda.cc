@@ -1,42 +1,32 @@
-// nanobind module `fp8jax._fp8jax_cuda`: the CUDA FFI handlers as PyCapsules,
-// under the same target names as the CPU ones (common/op_table.h). Loaded only
-// when JAX has a CUDA backend (see fp8jax/_ffi.py); loading it runs no CUDA call.
+// nanobind module `fp8jax._fp8jax_cuda`: defines every op's CUDA handler, Fp8jax<Stem>Cuda, from
+// the X-list (common/op_table.h; each op's Handle with the stream, cuda/cuda_handler.h) and hands
+// them to Python as PyCapsules under the same target names as the CPU ones. Loaded only when JAX
+// has a CUDA backend (see fp8jax/_ffi.py); loading it runs no CUDA call.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
 
 #include "common/op_table.h"
+#include "common/registrations.h"
 #include "cuda/cuda_handler.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace nb = nanobind;
-
-FP8JAX_OPS(FP8JAX_DECLARE_CUDA_HANDLER_)
+FP8JAX_OPS(FP8JAX_DEFINE_CUDA_HANDLER)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmCuda);
 
-namespace {
-
-nb::capsule Capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
-}  // namespace
-
 NB_MODULE(_fp8jax_cuda, m) {
+  namespace nb = nanobind;
   m.doc() = "fp8jax CUDA kernels (XLA FFI handlers)";
   // A capsule (execute stage only) or a dict of XLA FFI stage -> capsule.
   m.def("registrations", []() {
-    nb::dict d;
-#define FP8JAX_REGISTER_(Stem, target) d[target] = Capsule(Fp8jax##Stem##Cuda);
-    FP8JAX_OPS(FP8JAX_REGISTER_)
-#undef FP8JAX_REGISTER_
+#define FP8JAX_ENTRY_(Stem, target) {target, Fp8jax##Stem##Cuda},
+    nb::dict d = fp8jax::Registrations({FP8JAX_OPS(FP8JAX_ENTRY_)});
+#undef FP8JAX_ENTRY_
     // The GEMM's initialize stage creates the cuBLASLt handle and runs the
     // heuristic query outside CUDA-graph capture; execute only calls cublasLtMatmul.
-    nb::dict gemm;
-    gemm["initialize"] = Capsule(Fp8jaxGemmInitializeCuda);
-    gemm["execute"] = Capsule(Fp8jaxGemmCuda);
-    d["fp8jax_gemm"] = gemm;
+    d["fp8jax_gemm"] = fp8jax::Registrations(
+        {{"initialize", Fp8jaxGemmInitializeCuda}, {"execute", Fp8jaxGemmCuda}});
     return d;
   });
   // The traits to register each target with (XLA reads the registration's, not the
