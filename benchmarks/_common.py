@@ -7,7 +7,9 @@ Imported by the scripts in this folder (``python benchmarks/NAME.py`` puts the f
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -56,10 +58,56 @@ def environment() -> dict[str, Any]:
         "flax": flax_version,
         "fp8jax": fp8jax.__version__,
         "fp8_support": list(fp8jax.fp8_support()),
-        "git_commit": _run(["git", "rev-parse", "HEAD"]) or "unknown",
+        "git_commit": os.environ.get("FP8JAX_GIT_COMMIT")
+        or _run(["git", "rev-parse", "HEAD"])
+        or "unknown",
+        "source_digest": source_digest(),
         "python": sys.version.split()[0],
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def source_digest() -> str:
+    """A hash of the sources that make a result (fp8jax/, cpp/, benchmarks/, examples/,
+    tools/): names the tree where git is missing (a device machine gets the files, not .git);
+    ``python -c "import _common; print(_common.source_digest())"`` in benchmarks/ names yours."""
+    h = hashlib.sha256()
+    for top in ("fp8jax", "cpp", "benchmarks", "examples", "tools"):
+        for path in sorted((REPO / top).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".cc", ".cu", ".h", ".cuh", ".sh"):
+                h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def time_steps(
+    step: Callable[[Any, Any], tuple[Any, Any]],
+    state: Any,
+    batches: list[Any],
+    *,
+    iters: int,
+    inner: int,
+    warmup: int,
+) -> tuple[Any, list[float], list[float]]:
+    """Trains: ``state, loss = step(state, batch)`` over ``batches`` in turn, ``warmup`` steps,
+    then ``iters`` measurements of ``inner`` back-to-back steps (each waits for the state).
+    Returns the state, seconds per step of each measurement, and every step's loss."""
+    losses = []
+    k = 0
+    for _ in range(warmup):
+        state, loss = step(state, batches[k % len(batches)])
+        losses.append(loss)
+        k += 1
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            state, loss = step(state, batches[k % len(batches)])
+            losses.append(loss)
+            k += 1
+        jax.block_until_ready(state)
+        times.append((time.perf_counter() - t0) / inner)
+    return state, times, [float(x) for x in losses]
 
 
 def time_op(fn: Callable[[], Any], *, iters: int, inner: int, warmup: int) -> list[float]:

@@ -25,8 +25,9 @@ from typing import Any
 from _common import environment, on_gpu
 
 HERE = Path(__file__).resolve().parent
-# cheap, exact reports first; then the timed ones
-ORDER = ("structure", "mlp_memory", "transformer_memory", "cast_bandwidth", "gemm", "dense",
+# the two longest first (with --jobs 2 they overlap), then the cheap, exact reports, then the
+# timed ones
+ORDER = ("structure", "e2e", "mlp_memory", "transformer_memory", "cast_bandwidth", "gemm", "dense",
          "norm", "mlp", "transformer", "implementations", "cpu_kernels")  # fmt: skip
 
 

@@ -21,10 +21,15 @@ the step as a GPU would compile it, fp8jax's custom calls and XLA's own ops), pe
 * ``residual_ratio``: bytes saved for the backward per token vs the plain-Flax BF16 twin
   (``mlp_memory.py``: LayerNormMLP at hidden 1024, FFN 4096, target <= 0.6;
   ``transformer_memory.py``: TransformerLayer at hidden 1024, 16 heads, FFN 4096, sequence
-  1024, flash-attention residuals, target <= 0.7).
+  1024, flash-attention residuals, target <= 0.7);
+* ``predicted``: the H100 time ``cost_model.py`` predicts for each variant of the LayerNormMLP
+  and TransformerLayer train steps that ``e2e.py`` times (at its GPU sizes), their ratios
+  FP8/BF16, FP8/fp8jax-``xla`` and FP8/Flax-FP8 (speedups), and, where a GPU measured the same
+  step, the measured time beside the predicted one (``validation``).
 
-``--check`` exits non-zero when a target (or a recorded known value, ``KNOWN``) regresses; CI
-runs it. Run as a script, it asks XLA for the 8 CPU devices itself.
+``--check`` exits non-zero when a target (or a recorded known value, ``KNOWN``) regresses, or a
+predicted ratio falls more than ``PREDICTION_TOLERANCE`` below ``KNOWN_PREDICTED``; CI runs it.
+Run as a script, it asks XLA for the 8 CPU devices itself.
 
     python benchmarks/structure.py [--json PATH] [--check]
 """
@@ -45,12 +50,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import cost_model
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from _common import environment, write_json
+from _workloads import SIZES, VARIANTS, build
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -76,6 +83,20 @@ KNOWN = {
     # GEMM path, fp8jax/ops/_grouped_gemm.py; once per step, weight-sized)
     ("transformer_layer", "fp8_xla_transposes"): 1,
 }
+
+# The cost model's predicted speedups of fp8jax FP8 (benchmarks/cost_model.py, e2e.py's steps at
+# its GPU sizes); --check fails when one falls more than PREDICTION_TOLERANCE below (a change
+# that raises one: record the new value here).
+KNOWN_PREDICTED = {
+    ("layernorm_mlp", "fp8_vs_bf16"): 1.474,
+    ("layernorm_mlp", "fp8_vs_fp8_xla"): 1.155,
+    ("layernorm_mlp", "fp8_vs_flax_fp8"): 0.956,
+    ("transformer_layer", "fp8_vs_bf16"): 1.19,
+    ("transformer_layer", "fp8_vs_fp8_xla"): 1.089,
+    ("transformer_layer", "fp8_vs_flax_fp8"): 0.961,
+}
+PREDICTION_TOLERANCE = 0.03
+PREDICTED_WORKLOADS = ("layernorm_mlp", "transformer_layer")
 
 
 class _TwoDense(nn.Module):
@@ -258,6 +279,50 @@ def block_report() -> dict[str, Any]:
     return out
 
 
+def predict_steps(name: str, update: bool = True) -> dict[str, Any]:
+    """The predicted H100 milliseconds of each variant of ``e2e.py``'s workload ``name`` (at its
+    GPU sizes; ``update=False``: gradients and FP8 state without the optimizer, as
+    ``mlp.py`` times it), the ratios, and where the time goes."""
+    wl = build(name, SIZES[name]["gpu"], update=update)
+    ms, where = {}, {}
+    for variant in VARIANTS:
+        state, batch = wl.abstract(variant)
+        pred = cost_model.predict(cost_model.lowered_hlo(wl.steps[variant], state, batch))
+        ms[variant] = pred.total_s * 1e3
+        where[variant] = {k: round(v * 1e3, 3) for k, v in pred.by_kind().items()}
+    ratios = {f"fp8_vs_{v}": ms[v] / ms["fp8"] for v in VARIANTS[1:]}
+    return {"predicted_ms": ms, "predicted_ratios": ratios, "predicted_ms_by_kind": where}
+
+
+def predictions() -> dict[str, Any]:
+    """The predicted steps, and the measured ones beside their predictions."""
+    out: dict[str, Any] = {name: predict_steps(name) for name in PREDICTED_WORKLOADS}
+    mlp = predict_steps("layernorm_mlp", update=False)
+    measured = cost_model.MEASURED["layernorm_mlp_ms"]
+    out["validation"] = {
+        "what": "LayerNormMLP fwd + bwd, no optimizer (benchmarks/mlp.py, H100, 2026-11-26)",
+        "measured_ms": measured,
+        "predicted_ms": {v: mlp["predicted_ms"][v] for v in measured},
+        "measured_ratios": {
+            f"fp8_vs_{v}": measured[v] / measured["fp8"] for v in measured if v != "fp8"
+        },
+        "predicted_ratios": {
+            k: mlp["predicted_ratios"][k] for k in ("fp8_vs_bf16", "fp8_vs_flax_fp8")
+        },
+    }
+    return out
+
+
+def prediction_failures(r: dict[str, Any]) -> list[str]:
+    """Predicted ratios more than ``PREDICTION_TOLERANCE`` below ``KNOWN_PREDICTED``."""
+    out = []
+    for (name, key), known in KNOWN_PREDICTED.items():
+        got = r.get("predicted", {}).get(name, {}).get("predicted_ratios", {}).get(key)
+        if got is not None and got < known * (1 - PREDICTION_TOLERANCE):
+            out.append(f"{name}: predicted {key} {got:.3f}, known {known:.3f} (cost_model.py)")
+    return out
+
+
 def report() -> dict[str, Any]:
     layers = {name: single_device(name) for name in LAYERS}
     return {
@@ -267,6 +332,7 @@ def report() -> dict[str, Any]:
         "amax_all_reduces": amax_all_reduces(),
         "residual_ratio": residual_ratios(),
         "block_recipes": block_report(),
+        "predicted": predictions(),
     }
 
 
@@ -319,7 +385,7 @@ def failures(r: dict[str, Any]) -> list[str]:
     for name, ratio in r["residual_ratio"].items():
         if ratio > limits[name]:
             out.append(f"{name}: residual bytes {ratio:.2f}x BF16, target <= {limits[name]}")
-    return out + block_failures(r)
+    return out + block_failures(r) + prediction_failures(r)
 
 
 def table(r: dict[str, Any]) -> str:
@@ -346,6 +412,28 @@ def table(r: dict[str, Any]) -> str:
         lines.append(
             f"  layernorm_mlp residual bytes per token vs BF16: {b['residual_ratio']:.2f}x"
         )
+    if "predicted" in r:
+        lines.append("\n" + prediction_table(r["predicted"]))
+    return "\n".join(lines)
+
+
+def prediction_table(p: dict[str, Any]) -> str:
+    """The predicted H100 steps (ms) and FP8 speedups, then the measured beside the predicted."""
+    head = " | ".join(f"{v} ms" for v in VARIANTS)
+    lines = ["predicted H100 train step (benchmarks/cost_model.py):",
+             f"| workload | {head} | FP8/BF16 | FP8/xla | FP8/Flax-FP8 |",
+             "|---" * (len(VARIANTS) + 4) + "|"]  # fmt: skip
+    for name in PREDICTED_WORKLOADS:
+        ms, ra = p[name]["predicted_ms"], p[name]["predicted_ratios"]
+        cells = [f"{ms[v]:.2f}" for v in VARIANTS]
+        cells += [f"{ra[k]:.2f}x" for k in ("fp8_vs_bf16", "fp8_vs_fp8_xla", "fp8_vs_flax_fp8")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    v = p["validation"]
+    lines.append(f"\n{v['what']}: predicted vs measured")
+    for variant, measured in v["measured_ms"].items():
+        lines.append(f"  {variant:<9} {v['predicted_ms'][variant]:7.2f} ms vs {measured:.2f} ms")
+    for key, measured in v["measured_ratios"].items():
+        lines.append(f"  {key:<16} {v['predicted_ratios'][key]:.2f}x vs {measured:.2f}x")
     return "\n".join(lines)
 
 

@@ -245,7 +245,7 @@ class Api(NamedTuple):
     load: Callable[[Any, Any], Any]  # (state, restored pytree) -> state
 
 
-def linen_init(cfg: Config, recipe) -> Fp8TrainState:
+def init_linen_state(cfg: Config, recipe) -> Fp8TrainState:
     """The same initial params for every run (FP8 state, if any, from the recipe)."""
     tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
     # the FP8 layers init their params the same way with FP8 on or off
@@ -286,7 +286,7 @@ class NnxState(NamedTuple):
     optimizer: nnx.Optimizer
 
 
-def nnx_init(cfg: Config, recipe) -> NnxState:
+def init_nnx_state(cfg: Config, recipe) -> NnxState:
     """The same initial params for every run: constructed inside ``autocast`` the layers also
     hold delayed-scaling FP8 state; BF16 and current scaling construct them without."""
     with fp8jax.autocast(enabled=recipe is not None, recipe=recipe):
@@ -332,9 +332,9 @@ def nnx_load(state: NnxState, restored: dict) -> NnxState:
 
 
 APIS = {
-    "linen": Api(linen_init, linen_steps, lambda s: int(s.step), lambda s: s, lambda _, r: r),
+    "linen": Api(init_linen_state, linen_steps, lambda s: int(s.step), lambda s: s, lambda _, r: r),
     "nnx": Api(
-        nnx_init, nnx_steps, lambda s: int(s.optimizer.step[...]),
+        init_nnx_state, nnx_steps, lambda s: int(s.optimizer.step[...]),
         lambda s: {"model": nnx.state(s.model), "optimizer": nnx.state(s.optimizer)}, nnx_load,
     ),
 }  # fmt: skip

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from fp8jax.autocast import _current_state
+from fp8jax.autocast import current_state
 from fp8jax.ops import _grouped_gemm
 from fp8jax.ops._block_gemm import block_gemm
 from fp8jax.ops._implementation import get_implementation
@@ -93,6 +93,17 @@ save_fp8_operands = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NA
 WIDE = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+class LayerOutput(NamedTuple):
+    """What a functional layer returns to the modules built on it: its output, the norm's
+    output (``None`` without one, or when not asked for) and the forward observations
+    (``float32[n_roles]`` amaxes, NaN for the output-gradient roles, which the forward cannot
+    see; ``None`` with FP8 off)."""
+
+    out: jax.Array
+    ln_out: jax.Array | None
+    observed: jax.Array | None
+
+
 class Fp8Setup(NamedTuple):
     """Static FP8 settings of one layer call (hashable: part of a custom_vjp's config)."""
 
@@ -142,7 +153,7 @@ def resolve(
     else the autocast's. Returns ``(setup, scale, probe)``; ``setup`` is ``None`` with FP8 off.
     ``families``: the op families besides ``cast`` and ``gemm`` whose implementation the layer
     reads (:meth:`Fp8Setup.implementation`)."""
-    state = _current_state()
+    state = current_state()
     if enabled is None:
         enabled = True if recipe is not None else state.enabled
     if not enabled:
@@ -396,14 +407,20 @@ def gemm_forward(
     with fast accumulation; both backward GEMMs that use ``w_t`` see the very same value, so an
     FSDP gather of it is shared."""
     fwd = setup.fwd_dtype
-    w_q, w_t, w_sinv, w_amax = cast_t(setup, w, w_scale, fwd, role="w")
-    w_q, w_t = named(codes(w_q), 1), named(codes(w_t), 3)
-    w_sinv, w_amax = named(w_sinv, 4), named(w_amax, 5)
+    w_amax, res = cast_kernel(setup, w, w_scale)
     y = _gemm(
-        setup, x_q, _rows(x_sinv), w_t, _cols(w_sinv), roles=("x", "w"), dtypes=(fwd, fwd),
-        out_dtype=out_dtype, bias=bias, accumulate="fast",
+        setup, x_q, _rows(x_sinv), res.w_t, _cols(res.w_sinv), roles=("x", "w"),
+        dtypes=(fwd, fwd), out_dtype=out_dtype, bias=bias, accumulate="fast",
     )  # fmt: skip
-    return y, w_amax, GemmResiduals(w_q, w_t, w_sinv)
+    return y, w_amax, res
+
+
+def cast_kernel(setup: Fp8Setup, w: jax.Array, w_scale: jax.Array):
+    """A GEMM's high-precision kernel ``w`` [K, N] cast for its three GEMMs (both layouts, as
+    checkpoint-named codes) -> ``(w's amax, GemmResiduals)``."""
+    w_q, w_t, w_sinv, w_amax = cast_t(setup, w, w_scale, setup.fwd_dtype, role="w")
+    w_q, w_t = named(codes(w_q), 1), named(codes(w_t), 3)
+    return named(w_amax, 5), GemmResiduals(w_q, w_t, named(w_sinv, 4))
 
 
 def gemm_backward(
@@ -427,11 +444,16 @@ def gemm_backward(
         setup, g_q, _rows(g_sinv), res.w_q, _rows(res.w_sinv), roles=("grad", "w"),
         dtypes=(bwd, fwd), reuse=(res.w_t, x_t), out_dtype=x_dtype, accumulate="split",
     )  # fmt: skip
-    dw = _gemm(
-        setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"), dtypes=(fwd, bwd),
-        out_dtype=w_dtype, accumulate="split",
+    return dx, gemm_wgrad(setup, g_t, g_sinv, x_t, x_sinv, w_dtype)
+
+
+def gemm_wgrad(setup: Fp8Setup, g_t, g_sinv, x_t, x_sinv, w_dtype: Any) -> jax.Array:
+    """The wgrad ``dw = x^T @ g`` in ``w_dtype`` of :func:`gemm_backward`, from the transposed
+    codes ``g_t`` [N, M] and ``x_t`` [K, M], with split accumulation."""
+    return _gemm(
+        setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"),
+        dtypes=(setup.fwd_dtype, setup.bwd_dtype), out_dtype=w_dtype, accumulate="split",
     )  # fmt: skip
-    return dx, dw
 
 
 def zeros_if_symbolic(g: Any) -> jax.Array:

@@ -11,7 +11,7 @@ __all__ = ["fp8_support"]
 _MIN_CAPABILITY = (8, 9)
 
 
-def _capability(device: jax.Device) -> tuple[int, int] | None:
+def capability(device: jax.Device) -> tuple[int, int] | None:
     cc = getattr(device, "compute_capability", None)
     if cc is None:
         return None
@@ -34,7 +34,7 @@ def fp8_support() -> tuple[bool, str]:
     if backend not in ("gpu", "cuda"):
         return False, f"fp8jax has no kernels for the {backend!r} backend"
     device = jax.devices()[0]
-    cc = _capability(device)
+    cc = capability(device)
     name = getattr(device, "device_kind", str(device))
     if cc is None or cc < _MIN_CAPABILITY:
         return False, f"{name}: FP8 needs compute capability >= 8.9, this device has {cc}"

@@ -44,18 +44,18 @@ __all__ = ["autocast", "fp8_autocast", "get_recipe", "is_fp8_enabled"]
 
 
 @dataclasses.dataclass(frozen=True)
-class _State:
+class AutocastState:
     """The autocast state: hashable, so it can be part of jit's cache key."""
 
     enabled: bool
     recipe: Recipe | None
 
 
-_DEFAULT_STATE = _State(enabled=False, recipe=None)
+DEFAULT_STATE = AutocastState(enabled=False, recipe=None)
 
 # Created once, at import: jax.make_user_context must not be called concurrently with other JAX
 # APIs. Using the context afterwards (from any thread) is thread-safe and thread-local.
-_CONTEXT = jax.make_user_context(default_value=_DEFAULT_STATE)
+_CONTEXT = jax.make_user_context(default_value=DEFAULT_STATE)
 
 
 # Context managers that every ``autocast`` block enters as well, registered at import by the layers
@@ -64,21 +64,21 @@ _CONTEXT = jax.make_user_context(default_value=_DEFAULT_STATE)
 _BLOCK_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[None]]] = []
 
 
-def _register_block_context(factory: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+def register_block_context(factory: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
     """Makes every ``autocast`` block enter ``factory()`` too (once per factory)."""
     if factory not in _BLOCK_CONTEXTS:
         _BLOCK_CONTEXTS.append(factory)
 
 
-def _current_state() -> _State:
+def current_state() -> AutocastState:
     """Returns the autocast state of the innermost ``autocast`` block of this thread."""
     return _CONTEXT.value
 
 
 class _AutocastContext(contextlib.ContextDecorator):
-    """Enters a fixed :class:`_State`; reusable, reentrant, and usable from several threads."""
+    """Enters a fixed :class:`AutocastState`; reusable, reentrant, usable from several threads."""
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: AutocastState) -> None:
         self._state = state
         self._local = threading.local()  # per-thread stack of entered jax contexts
 
@@ -134,7 +134,7 @@ def _checked(
             f"{fn}: {recipe_arg} must be None or a fp8jax.recipe.Recipe (e.g. DelayedScaling()), "
             f"got {recipe!r} of type {type(recipe).__name__}"
         )
-    return _AutocastContext(_State(enabled=bool(enabled), recipe=recipe))
+    return _AutocastContext(AutocastState(enabled=bool(enabled), recipe=recipe))
 
 
 def autocast(
@@ -192,9 +192,9 @@ def fp8_autocast(
 
 def is_fp8_enabled() -> bool:
     """Whether FP8 is on in the innermost ``autocast`` block of this thread (``False`` outside)."""
-    return _current_state().enabled
+    return current_state().enabled
 
 
 def get_recipe() -> Recipe | None:
     """The recipe of the innermost ``autocast`` block of this thread (``None`` outside any)."""
-    return _current_state().recipe
+    return current_state().recipe

@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec
 from fp8jax import _layer_core as core
 from fp8jax._layer_core import CHECKPOINT_NAMES, save_fp8_operands
 from fp8jax.ops._partition import explicit_matmul_spec, explicit_mesh
+from fp8jax.ops.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -158,13 +159,12 @@ def dense(
     >>> fp8jax.dense(x, w, None, fp8jax.init_fp8_meta(recipe), recipe).tolist()  # FP8: recipe given
     [[4.0, 4.0], [4.0, 4.0], [4.0, 4.0], [4.0, 4.0]]
     """
-    y, _ = _dense(
+    return dense_observed(
         x, kernel, bias, fp8_meta, recipe, probe=probe, axis=axis, dtype=dtype, enabled=enabled
-    )
-    return y
+    ).out
 
 
-def _dense(
+def dense_observed(
     x: jax.Array,
     kernel: jax.Array,
     bias: jax.Array | None,
@@ -176,15 +176,22 @@ def _dense(
     dtype: Any,
     enabled: bool | None,
     where: str = "fp8jax.dense",
-) -> tuple[jax.Array, jax.Array | None]:
-    """:func:`dense`, also returning the forward observations: ``float32[3]`` amax of (input,
-    kernel, NaN) -- NaN marks the output-grad role, which the forward cannot see -- or ``None``
-    with FP8 off. ``where`` names the caller in error messages."""
+) -> core.LayerOutput:
+    """:func:`dense` with its forward observations (:class:`~fp8jax._layer_core.LayerOutput`,
+    ``ln_out`` None): ``float32[3]`` amax of (input, kernel, NaN), or ``None`` with FP8 off;
+    what the Flax modules call. ``where`` names the caller in error messages."""
     axes = _normalize_axes(axis, getattr(x, "ndim", 0) or 1)
     if dtype is None:
         dtype = jnp.result_type(x, kernel) if hasattr(x, "dtype") else jnp.float32
     features = _check_inputs(x, kernel, bias, axes, dtype)
     setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, _N)
+    shape = (
+        int(np.prod([x.shape[a] for a in range(x.ndim) if a not in axes])),
+        int(np.prod(features)),
+        int(np.prod([x.shape[a] for a in axes])),
+    )
+    if setup is not None and below_fp8_flops([shape]):
+        setup = None  # too small for FP8 to pay (fp8jax.ops.gemm_options): a plain dense
     if setup is None or jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
     if setup is None or jnp.dtype(kernel.dtype) not in core.WIDE:
@@ -208,8 +215,8 @@ def _dense(
             if out_sharding is not None:  # laid out as the output's columns
                 b = jax.sharding.reshard(b, PartitionSpec(out_sharding[1]))
             y2 = y2 + b
-        return y2.astype(dtype).reshape(*batch_shape, *features), None
+        return core.LayerOutput(y2.astype(dtype).reshape(*batch_shape, *features), None, None)
     cfg = _Config(setup, has_bias=b2 is not None, dtype=jnp.dtype(dtype),
                   dtypes=(x2.dtype, w2.dtype))  # fmt: skip
     y2, seen = _dense2d(cfg, (x2, w2, b2), scale, probe)
-    return y2.reshape(*batch_shape, *features), seen
+    return core.LayerOutput(y2.reshape(*batch_shape, *features), None, seen)

@@ -25,6 +25,7 @@ from fp8jax._norm_layer import (
     input_forward,
 )
 from fp8jax.ops import _grouped_gemm
+from fp8jax.ops.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -127,7 +128,7 @@ def layernorm_dense(
     >>> y.shape
     (4, 2)
     """
-    y, ln, _ = _layernorm_dense(
+    y, ln, _ = layernorm_dense_observed(
         x, gamma, beta, kernel, bias, fp8_meta, recipe, probe=probe,
         layernorm_type=layernorm_type, epsilon=epsilon, zero_centered_gamma=zero_centered_gamma,
         return_layernorm_output=return_layernorm_output, dtype=dtype, enabled=enabled,
@@ -157,11 +158,12 @@ def _check(x, gamma, beta, kernel, bias, norm, dtype):
         raise TypeError(f"{where}: dtype must be float32, bfloat16 or float16, got {dtype!r}")
 
 
-def _layernorm_dense(
+def layernorm_dense_observed(
     x, gamma, beta, kernel, bias, fp8_meta, recipe, *, probe, layernorm_type, epsilon,
     zero_centered_gamma, return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_dense",
 ):  # fmt: skip
-    """:func:`layernorm_dense` -> ``(y, norm output or None, forward observations or None)``."""
+    """:func:`layernorm_dense` with its norm output and forward observations
+    (:class:`~fp8jax._layer_core.LayerOutput`): what the Flax modules call."""
     norm = None if layernorm_type is None else (layernorm_type, epsilon, zero_centered_gamma)
     if dtype is None and hasattr(x, "dtype") and hasattr(kernel, "dtype"):
         dtype = jnp.result_type(x, kernel)
@@ -169,16 +171,18 @@ def _layernorm_dense(
     dtype = jnp.dtype(dtype)
     lead, hidden, features = x.shape[:-1], x.shape[-1], kernel.shape[1:]
     setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, _N, ("norm",))
+    m = int(np.prod(lead, dtype=np.int64))
+    n = int(np.prod(features, dtype=np.int64))
+    if setup is not None and below_fp8_flops([(m, n, hidden)]):
+        setup = None  # too small for FP8 to pay (fp8jax.ops.gemm_options): the plain block
     if setup is None:
         ln = x.astype(dtype) if norm is None else flax_norm(x, gamma, beta, *norm, dtype=dtype)
         y = jax.lax.dot_general(ln, kernel.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
         if bias is not None:
             y = y + bias.astype(dtype)
-        return y, (ln.astype(x.dtype) if return_layernorm_output else None), None
+        return core.LayerOutput(y, ln.astype(x.dtype) if return_layernorm_output else None, None)
     if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
-    m = int(np.prod(lead, dtype=np.int64))
-    n = int(np.prod(features, dtype=np.int64))
     w = kernel if jnp.dtype(kernel.dtype) in core.WIDE else kernel.astype(dtype)
     # a (hidden, g, N) kernel (fused QKV: g = 3) keeps its group dim, so that a split of N
     # (tensor parallelism) needs no resharding; with delayed scaling and the kernel GEMM
@@ -203,4 +207,4 @@ def _layernorm_dense(
     w = w if grouped else w.reshape(hidden, n)
     y2, ln2, seen = _ln_dense2d(cfg, (x_in, gamma, beta, w, b), scale, probe)
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
-    return y2.reshape(*lead, *features), ln, seen
+    return core.LayerOutput(y2.reshape(*lead, *features), ln, seen)

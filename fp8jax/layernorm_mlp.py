@@ -12,6 +12,17 @@ transposed norm output and activation output (the wgrads), the kernels in FP8, a
 output (the activation's input). The six roles of the FP8 state are
 ``gemm_roles("fc1", "fc2")``: input, kernel and output-grad of each GEMM, as in
 :func:`fp8jax.dense`.
+
+**Fused GELU epilogues** (:mod:`fp8jax.ops.gemm_epilogue`, on by default,
+``fp8jax.ops.gemm_options(fused_epilogues=False)`` turns them off): with a ``"gelu"`` activation,
+delayed scaling, a bfloat16/float16 ``dtype``, no dropout, the ``"kernel"`` implementation of the
+``gemm`` and ``activation`` families and no explicit mesh axes, GEMM1 runs with cuBLASLt's GELU
+epilogue (its output is the activation in FP8, with its amax, and the float16 GELU input that the
+backward keeps instead of GEMM1's output) and GEMM2's dgrad with the DGELU epilogue (the
+activation's gradient in FP8 with its amax and the first bias gradient, rounded to ``dtype``).
+Each FP8 tensor's transposed copy is a transpose of its codes. Nothing is rounded to ``dtype``
+between a GEMM and its cast there (see that module for the numerics and the bytes saved); on CPU
+the same definition runs as XLA ops.
 """
 
 from __future__ import annotations
@@ -33,12 +44,15 @@ from fp8jax._norm_layer import (
     input_forward,
 )
 from fp8jax.ops import _grouped_gemm
+from fp8jax.ops._partition import explicit_mesh
 from fp8jax.ops.activation import (
     activation,
     activation_cast_transpose,
     dactivation,
     dactivation_cast_transpose_dbias,
 )
+from fp8jax.ops.gemm_epilogue import EPILOGUE_DTYPES, gemm_dgelu, gemm_gelu
+from fp8jax.ops.gemm_options import below_fp8_flops, get_gemm_options
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
 
@@ -58,6 +72,9 @@ class _Config(NamedTuple):
     # GEMM1 with the gated pair as its own dim (fp8jax.ops._grouped_gemm): kernel_1 (hidden, 2, I),
     # bias_1 (2, I); else the 2-D view (hidden, k I), (k I,)
     grouped: bool
+    # GEMM1 with the GELU epilogue and GEMM2's dgrad with the DGELU epilogue
+    # (fp8jax.ops.gemm_epilogue; fused_path says when)
+    fused: bool
     dtype: Any  # dtype of the GEMMs' outputs (the activation's input and the result)
     # dtypes of (x, gamma, beta, w1, b1, w2, b2): each gradient is returned in its primal's
     dtypes: tuple[Any, ...]
@@ -104,11 +121,64 @@ def _dactivation_fp8(cfg: _Config, da: jax.Array, h: jax.Array, scale: jax.Array
     return q.reshape(m, k * i), q_t.reshape(k * i, m), sinv, amax, dbias.reshape(k * i)
 
 
+def fused_path(setup: core.Fp8Setup, acts: tuple[str, ...], dtype: Any, dropout: bool) -> bool:
+    """Whether :func:`layernorm_mlp` runs its GEMMs with the GELU epilogues (module docstring):
+    where they compute what the separate kernels do, with per-tensor delayed scales."""
+    return (
+        acts == ("gelu",)
+        and not setup.current_scaling  # delayed scaling (the block recipes count as current)
+        and not dropout  # applied between the activation and its cast
+        and jnp.dtype(dtype) in EPILOGUE_DTYPES
+        and setup.implementation("gemm") == "kernel"
+        and setup.implementation("activation") == "kernel"
+        and get_gemm_options().fused_epilogues
+        and not explicit_mesh()
+    )
+
+
+def _fused_forward(cfg: _Config, ln_q, ln_sinv, w1, b1, scale):
+    """GEMM1 with the GELU epilogue: ``(a_q, a_t, a_sinv, a_amax, w1's amax, r1, aux)``, the
+    activation as checkpoint-named codes and the float16 GELU input."""
+    s = cfg.setup
+    fwd = s.fwd_dtype
+    w1_amax, r1 = core.cast_kernel(s, w1, scale[1])
+    q, aux, a_sinv, a_amax = gemm_gelu(
+        ln_q, r1.w_t, ln_sinv, r1.w_sinv, scale[3], fp8_dtype=fwd, bias=b1, dtypes=(fwd, fwd),
+        implementation="kernel",
+    )  # fmt: skip
+    a_q, a_t, a_sinv, a_amax = core.named_input(q, jnp.transpose(q), a_sinv, a_amax)
+    return a_q, a_t, a_sinv, a_amax, w1_amax, r1, aux
+
+
+def _fused_backward(cfg: _Config, dy_q, dy_t, dy_sinv, a_t, a_sinv, r2, aux, scale, w2_dt):
+    """GEMM2's dgrad with the DGELU epilogue, and its wgrad: ``(dh_q, dh_t, dh_sinv, dh_amax,
+    db1 or None, dw2)``, the activation's gradient as codes."""
+    s = cfg.setup
+    fwd, bwd = s.fwd_dtype, s.bwd_dtype
+    q, dh_sinv, dh_amax, db1 = gemm_dgelu(
+        dy_q, r2.w_q, dy_sinv, r2.w_sinv, aux, scale[2], fp8_dtype=bwd, dbias_dtype=cfg.dtype,
+        with_dbias=cfg.has_bias[0], reuse=(r2.w_t, a_t), dtypes=(bwd, fwd),
+        implementation="kernel",
+    )  # fmt: skip
+    dw2 = core.gemm_wgrad(s, dy_t, dy_sinv, a_t, a_sinv, w2_dt)
+    dh_q = core.codes(q)
+    return dh_q, jnp.transpose(dh_q), dh_sinv, dh_amax, db1, dw2
+
+
 def _forward(cfg: _Config, x, gamma, beta, w1, b1, w2, b2, scale, mask):
     s = cfg.setup
     ln_q, ln_t, ln_sinv, ln_amax, ln, norm_res = input_forward(
         s, x, gamma, beta, scale[0], cfg.norm, cfg.keep_ln
     )
+    if cfg.fused:
+        a_q, a_t, a_sinv, a_amax, w1_amax, r1, h = _fused_forward(cfg, ln_q, ln_sinv, w1, b1,
+                                                                  scale)  # fmt: skip
+        y, w2_amax, r2 = core.gemm_forward(s, a_q, a_sinv, w2, scale[4], b2, cfg.dtype)
+        nan = jnp.float32(jnp.nan)
+        seen = jnp.stack([ln_amax, w1_amax, nan, a_amax, w2_amax, nan]).reshape(_N)
+        fwd_seen = jnp.stack([ln_amax, w1_amax, a_amax, w2_amax]).reshape(4)
+        res = (norm_res, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask)
+        return (y, ln, seen), res
     if cfg.grouped:
         h, w1_amax, r1 = core.grouped_forward(s, ln_q, ln_sinv, w1, scale[1], b1, cfg.dtype)
     else:
@@ -130,11 +200,16 @@ def _backward(cfg: _Config, res, cts):
     dy = core.zeros_if_symbolic(cts[0])
     dy_q, dy_t, dy_sinv, dy_amax, db2 = core.cast_dbias(s, dy, scale[5], cfg.has_bias[1])
     dy_q, dy_t = core.codes(dy_q), core.codes(dy_t)
-    da, dw2 = core.gemm_backward(s, dy_q, dy_t, dy_sinv, a_t, a_sinv, r2, cfg.dtype, w2_dt)
-    if mask is not None:
-        da = (da * mask).astype(da.dtype)
-    dh_q, dh_t, dh_sinv, dh_amax, db1 = _dactivation_fp8(cfg, da, h, scale[2])
-    dh_q, dh_t = core.codes(dh_q), core.codes(dh_t)
+    if cfg.fused:
+        dh_q, dh_t, dh_sinv, dh_amax, db1, dw2 = _fused_backward(
+            cfg, dy_q, dy_t, dy_sinv, a_t, a_sinv, r2, h, scale, w2_dt
+        )
+    else:
+        da, dw2 = core.gemm_backward(s, dy_q, dy_t, dy_sinv, a_t, a_sinv, r2, cfg.dtype, w2_dt)
+        if mask is not None:
+            da = (da * mask).astype(da.dtype)
+        dh_q, dh_t, dh_sinv, dh_amax, db1 = _dactivation_fp8(cfg, da, h, scale[2])
+        dh_q, dh_t = core.codes(dh_q), core.codes(dh_t)
     if cfg.grouped:
         dln, dw1 = core.grouped_backward(s, dh_q, dh_t, dh_sinv, ln_t, ln_sinv, r1, x_dt, w1_dt)
     else:
@@ -257,7 +332,7 @@ def layernorm_mlp(
     >>> y.shape
     (8, 16)
     """
-    y, ln, _ = _layernorm_mlp(
+    y, ln, _ = layernorm_mlp_observed(
         x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, fp8_meta, recipe, probe=probe,
         layernorm_type=layernorm_type, epsilon=epsilon, zero_centered_gamma=zero_centered_gamma,
         activations=activations, dropout_mask=dropout_mask,
@@ -266,14 +341,13 @@ def layernorm_mlp(
     return (y, ln) if return_layernorm_output else y
 
 
-def _layernorm_mlp(
+def layernorm_mlp_observed(
     x, gamma, beta, kernel_1, kernel_2, bias_1, bias_2, fp8_meta, recipe, *, probe,
     layernorm_type, epsilon, zero_centered_gamma, activations, dropout_mask,
     return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_mlp",
 ):  # fmt: skip
-    """:func:`layernorm_mlp` -> ``(y, norm output or None, forward observations or None)``;
-    the observations are ``float32[6]`` (NaN for the output-grad roles), ``None`` with FP8
-    off."""
+    """:func:`layernorm_mlp` with its norm output and forward observations
+    (:class:`~fp8jax._layer_core.LayerOutput`; ``float32[6]``): what the Flax modules call."""
     norm = None if layernorm_type is None else (layernorm_type, epsilon, zero_centered_gamma)
     if dtype is None and hasattr(x, "dtype") and hasattr(kernel_1, "dtype"):
         dtype = jnp.result_type(x, kernel_1, kernel_2)
@@ -286,14 +360,16 @@ def _layernorm_mlp(
     setup, scale, probe = core.resolve(
         where, recipe, enabled, fp8_meta, probe, _N, families=("norm", "activation")
     )
+    m = int(np.prod(lead, dtype=np.int64))
+    if setup is not None and below_fp8_flops([(m, len(acts) * inter, hidden), (m, out, inter)]):
+        setup = None  # too small for FP8 to pay (fp8jax.ops.gemm_options): the plain block
     keep = bool(return_layernorm_output)
     if setup is None:
         y, ln = _reference(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, acts,
                            dropout_mask, dtype)  # fmt: skip
-        return y, (ln.astype(x.dtype) if keep else None), None
+        return core.LayerOutput(y, ln.astype(x.dtype) if keep else None, None)
     if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
-    m = int(np.prod(lead, dtype=np.int64))
     w1 = kernel_1 if jnp.dtype(kernel_1.dtype) in core.WIDE else kernel_1.astype(dtype)
     w2 = kernel_2 if jnp.dtype(kernel_2.dtype) in core.WIDE else kernel_2.astype(dtype)
     # the gated pair kept as a dim of its own (see fp8jax.ops._grouped_gemm), except with current
@@ -314,6 +390,7 @@ def _layernorm_mlp(
         has_bias=(b1 is not None, b2 is not None),
         keep_ln=keep,
         grouped=grouped,
+        fused=fused_path(setup, acts, dtype, dropout_mask is not None),
         dtype=dtype,
         dtypes=tuple(
             None if v is None else v.dtype for v in (x, gamma, beta, w1, bias_1, w2, bias_2)
@@ -324,7 +401,7 @@ def _layernorm_mlp(
     x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
     y2, ln2, seen = _mlp2d(cfg, (x_in, gamma, beta, w1, b1, w2, b2), scale, probe, (mask2,))
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)
-    return y2.reshape(*lead, out), ln, seen
+    return core.LayerOutput(y2.reshape(*lead, out), ln, seen)
 
 
 _PLAIN = {

@@ -18,7 +18,7 @@ autocast_mod = importlib.import_module("fp8jax.autocast")
 def test_default_state():
     assert is_fp8_enabled() is False
     assert get_recipe() is None
-    assert autocast_mod._current_state() == autocast_mod._State(False, None)
+    assert autocast_mod.current_state() == autocast_mod.AutocastState(False, None)
 
 
 def test_enabled_with_default_recipe():

@@ -18,6 +18,8 @@ MODULES = [
     "fp8jax.flax.layernorm",
     "fp8jax.flax.mlp",
     "fp8jax.flax.transformer",
+    "fp8jax.flax.twin",
+    "fp8jax.layers.attention_core",
     "fp8jax.nnx.layers",
     "fp8jax.nnx.train",
     "fp8jax.nnx.transformer",

@@ -17,7 +17,7 @@ from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, ops
-from fp8jax.layernorm_mlp import _layernorm_mlp
+from fp8jax.layernorm_mlp import layernorm_mlp_observed
 from fp8jax.ops import _grouped_gemm
 
 H, INTER, ROWS = 16, 32, 24
@@ -53,7 +53,7 @@ def _run(args, recipe, grouped, monkeypatch):
         for i, v in zip(idx, xs, strict=True):
             full[i] = v
         x, gamma, beta, w1, w2, b1, b2 = full
-        y, _, _ = _layernorm_mlp(
+        y, _, _ = layernorm_mlp_observed(
             x, gamma, beta, w1, w2, b1, b2, meta, recipe, probe=probe, layernorm_type="layernorm",
             epsilon=1e-6, zero_centered_gamma=False, activations=("silu", "linear"),
             dropout_mask=None, return_layernorm_output=False, dtype=None, enabled=None,

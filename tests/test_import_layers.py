@@ -42,7 +42,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "functional layers",
         ("fp8jax.dense", "fp8jax.layernorm_dense", "fp8jax.layernorm_mlp", "fp8jax.rotary"),
     ),
+    # the framework-neutral layer spec both Flax front-ends are built on (no Flax module)
+    ("layer spec", ("fp8jax.layers",)),
     ("package", ("fp8jax",)),  # fp8jax/__init__.py: the public functional API
+    # the two front-ends; neither imports the other (test_the_front_ends_are_independent)
     ("flax", ("fp8jax.flax",)),
     ("nnx", ("fp8jax.nnx",)),
 )
@@ -181,6 +184,19 @@ def test_each_module_imports_only_its_layer_or_below():
     assert not bad, f"imports against the layer order {order}:\n" + "\n".join(bad)
 
 
+def test_the_front_ends_are_independent():
+    """NNX is built on the layer spec, not on the Linen modules: no fp8jax.nnx module imports
+    an fp8jax.flax one (and Linen none of NNX's, which the layer order already forbids)."""
+    bad = [
+        f"{_where(m, line)}: {m} imports {target}"
+        for m, edges in sorted(_edges().items())
+        if m.startswith("fp8jax.nnx")
+        for target, line, _ in edges
+        if target.startswith("fp8jax.flax")
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_deferred_allowances_name_modules():
     """Each :data:`DEFERRED` entry names two fp8jax modules (an entry whose import is gone is
     harmless; drop it when you see one)."""
@@ -241,3 +257,62 @@ def test_the_private_api_check_catches_the_module_stack(tmp_path):
         "from jax._src import core\nx = nn.module._context\n"
     )
     assert len(_private_api(bad)) >= 4
+
+
+#: Private names (``_name``) one fp8jax module takes from another, allowed, with the reason.
+#: What two modules share has a plain name in its home module; this list should stay empty.
+PRIVATE_ALLOWED: dict[tuple[str, str, str], str] = {}
+
+
+def _private_uses(module: str) -> list[tuple[str, str, int]]:
+    """``(home module, private name, line)`` for each private name ``module`` takes from another
+    fp8jax module: ``from home import _name`` (not a submodule) or ``alias._name`` where
+    ``alias`` is an imported fp8jax module."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    aliases: dict[str, str] = {}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            if base.split(".")[0] != "fp8jax":
+                continue
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                if full in MODULES:  # a submodule
+                    aliases[a.asname or a.name] = full
+                elif a.name.startswith("_") and base in MODULES and base != module:
+                    found.append((base, a.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in MODULES and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and f"{aliases[node.value.id]}.{node.attr}" not in MODULES
+            and aliases[node.value.id] != module
+        ):
+            found.append((aliases[node.value.id], node.attr, node.lineno))
+    return found
+
+
+def test_no_private_name_crosses_modules():
+    """What two modules share has a plain name in its home (docs/design.md): no fp8jax module
+    takes a ``_name`` from another, but the reasoned :data:`PRIVATE_ALLOWED`. Private
+    *modules* (``fp8jax.ops._partition``) are the package's internals and may be imported."""
+    bad = [
+        f"{_where(m, line)}: {m} uses {home}.{name}"
+        for m in sorted(MODULES)
+        for home, name, line in _private_uses(m)
+        if (m, home, name) not in PRIVATE_ALLOWED
+    ]
+    assert not bad, f"{len(bad)} private names cross modules:\n" + "\n".join(bad)

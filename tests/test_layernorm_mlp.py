@@ -28,7 +28,7 @@ from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, ops
-from fp8jax.layernorm_mlp import _layernorm_mlp
+from fp8jax.layernorm_mlp import layernorm_mlp_observed
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 
@@ -169,7 +169,7 @@ def test_mlp_delayed_scaling_observations_are_the_tensors_amaxes():
     np.testing.assert_allclose(seen[3], jnp.max(jnp.abs(a)), rtol=0.1)
     np.testing.assert_allclose(seen[2], jnp.max(jnp.abs(dh)), rtol=0.25)
     # the forward observations, taken without differentiating
-    _, _, fwd = _layernorm_mlp(
+    _, _, fwd = layernorm_mlp_observed(
         *args, fp8jax.init_fp8_meta(RECIPE, n_roles=6), RECIPE, probe=None,
         layernorm_type="layernorm", epsilon=1e-6, zero_centered_gamma=False,
         activations=("gelu",), dropout_mask=None, return_layernorm_output=False, dtype=None,

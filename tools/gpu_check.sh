@@ -10,6 +10,16 @@
 # GPU_CHECK_PACK=1 leaves OUT with summary.md, pytest.log and gpu_check.tgz (everything) alone, for
 # a device tool that returns few files.
 #
+# GPU_CHECK_PROFILE=perf measures first, for one device call of 600 s build included (the command
+# is in docs/performance.md): it builds for this GPU's arch only, runs benchmarks/e2e.py (the
+# whole train step, four variants), then benchmarks/gemm.py over PERF_GEMM_SHAPES, then only the
+# GPU tests of the kernels changed since the last GPU run (tools/changed_tests.py, which compares
+# the sources with tools/gpu_run_manifest.txt; GPU_CHECK_TESTS overrides, "" for none), each stage
+# bounded by what GPU_CHECK_DEADLINE (default: start + GPU_CHECK_BUDGET, 540 s) leaves after the
+# reserves of the stages after it (GPU_CHECK_GEMM_RESERVE 75 s, GPU_CHECK_TEST_RESERVE 90 s).
+# PYTEST_ARGS are ignored there; GPU_CHECK_E2E_ARGS go to e2e.py (e.g. "--workloads gpt-medium").
+# GPU_CHECK_DRY_RUN=1 prints its plan (plan.txt) and runs nothing.
+#
 # Run from the repo root on a CUDA machine whose python already has JAX with its CUDA plugin,
 # pytest, scikit-build-core, nanobind and cmake (no network is needed or used). It builds fp8jax
 # in place with the CUDA extension forced on (cuBLASLt from FP8JAX_CUBLAS_ROOT, the CUDA toolkit, or
@@ -52,6 +62,49 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-300}"
+PROFILE="${GPU_CHECK_PROFILE:-full}"
+START=$(date +%s)
+if [[ "$PROFILE" != full && "$PROFILE" != perf ]]; then
+  echo "gpu_check: GPU_CHECK_PROFILE must be full or perf, got '$PROFILE'" >&2
+  exit 2
+fi
+if [[ "${GPU_CHECK_DRY_RUN:-0}" == 1 && "$PROFILE" != perf ]]; then
+  echo "gpu_check: GPU_CHECK_DRY_RUN=1 prints the perf profile's plan (GPU_CHECK_PROFILE=perf)" >&2
+  exit 2
+fi
+# The perf profile's GEMM sweep: cubes, a projection, and LayerNormMLP's GEMMs at 16384 tokens,
+# 4096 -> 16384 -> 4096 (forward and dgrad: 16384x16384x4096 and 16384x4096x16384; wgrad:
+# 4096x16384x16384).
+PERF_GEMM_SHAPES=(2048x2048x2048 4096x4096x4096 8192x8192x8192 16384x4096x4096
+  16384x16384x4096 16384x4096x16384 4096x16384x16384)
+if [[ "$PROFILE" == perf ]]; then
+  GPU_CHECK_DEADLINE="${GPU_CHECK_DEADLINE:-$((START + ${GPU_CHECK_BUDGET:-540}))}"
+  if [[ -n "${GPU_CHECK_TESTS+set}" ]]; then
+    PERF_TESTS="$GPU_CHECK_TESTS"
+  else
+    PERF_TESTS="$("$PY" tools/changed_tests.py --explain 2>"$OUT/changed_tests.txt")" \
+      || { echo "gpu_check: tools/changed_tests.py failed: $(cat "$OUT/changed_tests.txt")" >&2; PERF_TESTS=""; }
+  fi
+  read -r -a PERF_TEST_IDS <<<"$PERF_TESTS"
+  GEMM_RESERVE="${GPU_CHECK_GEMM_RESERVE:-75}"
+  TEST_RESERVE=0
+  [[ ${#PERF_TEST_IDS[@]} -eq 0 ]] || TEST_RESERVE="${GPU_CHECK_TEST_RESERVE:-90}"
+  CLOSE_RESERVE=20  # the summary and the pack
+  {
+    echo "profile perf: deadline $GPU_CHECK_DEADLINE ($((GPU_CHECK_DEADLINE - START)) s after the start)"
+    echo "1. build (FP8JAX_CUDA=ON, this GPU's arch, FP8JAX_TESTING=$([[ ${#PERF_TEST_IDS[@]} -gt 0 ]] && echo ON || echo OFF))"
+    echo "2. e2e: $PY benchmarks/e2e.py --json bench/e2e.json --deadline <deadline - $((GEMM_RESERVE + TEST_RESERVE + CLOSE_RESERVE)) s> ${GPU_CHECK_E2E_ARGS:-}"
+    echo "3. gemm: $PY benchmarks/gemm.py --shapes ${PERF_GEMM_SHAPES[*]} --iters 10 --inner 5 --warmup 2 --json bench/gemm.json (until deadline - $((TEST_RESERVE + CLOSE_RESERVE)) s)"
+    if [[ ${#PERF_TEST_IDS[@]} -gt 0 ]]; then
+      echo "4. tests (kernels changed since the last GPU run, kernel implementation only): ${PERF_TEST_IDS[*]} (until deadline - $CLOSE_RESERVE s)"
+    else
+      echo "4. tests: none (no kernel changed since the last GPU run)"
+    fi
+  } | tee "$OUT/plan.txt"
+  if [[ "${GPU_CHECK_DRY_RUN:-0}" == 1 ]]; then
+    exit 0
+  fi
+fi
 
 # ---------------------------------------------------------------- environment
 {
@@ -95,8 +148,16 @@ build_rc=0
       "nanobind and jaxlib (and a CMake >= 3.26 with nvcc on PATH)"
   command -v cmake >/dev/null 2>&1 && cmake --version | head -n 1
 } >"$OUT/build.log" 2>&1
-FP8JAX_CUDA=ON FP8JAX_TESTING=ON "$PY" -m pip install --no-build-isolation --no-deps -e . >>"$OUT/build.log" 2>&1 \
+testing=ON
+if [[ "$PROFILE" == perf ]]; then  # this GPU's arch only, all cores; the test-only extensions if tested
+  cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')"
+  [[ -z "$cc" ]] || export FP8JAX_CUDA_ARCHS="${FP8JAX_CUDA_ARCHS:-${cc}-real}"
+  export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+  [[ ${#PERF_TEST_IDS[@]} -gt 0 ]] || testing=OFF
+fi
+FP8JAX_CUDA=ON FP8JAX_TESTING=$testing "$PY" -m pip install --no-build-isolation --no-deps -e . >>"$OUT/build.log" 2>&1 \
   || build_rc=$?
+echo "gpu_check: build rc $build_rc after $(($(date +%s) - START)) s" | tee -a "$OUT/build.log"
 
 summary_py() {
   "$PY" - "$OUT" "$build_rc" "${pytest_rc:-not run}" <<'EOF'
@@ -111,6 +172,8 @@ commit = env.split("# git commit\n", 1)[-1].split("\n", 1)[0] if "# git commit" 
 lines += [f"- device: {', '.join(devices) or 'none found'}"]
 lines += [f"- {v}" for v in versions]
 lines += [f"- git commit: {commit}", f"- build rc: {build_rc}", f"- pytest rc: {pytest_rc}"]
+if (out / "stages.txt").exists():  # the perf profile's stages: rc and seconds
+    lines += [f"- {ln}" for ln in (out / "stages.txt").read_text().splitlines()]
 log = out / "pytest.log"
 if log.exists():
     text = log.read_text(errors="replace")
@@ -198,6 +261,59 @@ if "fp8jax_gemm" not in names:
     print("gpu_check: WARNING: fp8jax_gemm (cuBLASLt FP8 GEMM) is not registered")
 EOF
 
+finish() {  # the summary, the pack; exits with $1
+  summary_py
+  echo "gpu_check: summary in $OUT/summary.md"
+  cat "$OUT/summary.md"
+  if [[ "${GPU_CHECK_PACK:-0}" == 1 ]]; then
+    pack="$(mktemp)"
+    tar czf "$pack" -C "$OUT" . && mv "$pack" "$OUT/gpu_check.tgz" &&
+      find "$OUT" -mindepth 1 ! -name gpu_check.tgz ! -name summary.md ! -name pytest.log -delete
+    echo "gpu_check: everything packed in $OUT/gpu_check.tgz"
+  fi
+  exit "$1"
+}
+
+# ---------------------------------------------------------------- the perf profile
+stage() {  # stage NAME UNTIL CMD...: runs CMD until epoch UNTIL at the latest, logs to bench.log
+  local name="$1" until="$2" rc=0 t0
+  shift 2
+  t0=$(date +%s)
+  if ((until - t0 < 15)); then
+    echo "$name: not run (the deadline left $((until - t0)) s)" | tee -a "$OUT/stages.txt"
+    return 0
+  fi
+  echo "===== $name: $*" >>"$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout -k 10 $((until - t0)) "$@" >>"$OUT/bench.log" 2>&1 || rc=$?
+  echo "$name: rc $rc in $(($(date +%s) - t0)) s" | tee -a "$OUT/stages.txt"
+}
+
+if [[ "$PROFILE" == perf ]]; then
+  mkdir -p "$OUT/bench"
+  : >"$OUT/bench.log"
+  e2e_until=$((GPU_CHECK_DEADLINE - GEMM_RESERVE - TEST_RESERVE - CLOSE_RESERVE))
+  read -r -a e2e_args <<<"${GPU_CHECK_E2E_ARGS:-}"
+  stage e2e "$e2e_until" "$PY" benchmarks/e2e.py --json "$OUT/bench/e2e.json" \
+    --deadline "$((e2e_until - 5))" "${e2e_args[@]}"
+  stage gemm "$((GPU_CHECK_DEADLINE - TEST_RESERVE - CLOSE_RESERVE))" "$PY" benchmarks/gemm.py \
+    --shapes "${PERF_GEMM_SHAPES[@]}" --iters 10 --inner 5 --warmup 2 --json "$OUT/bench/gemm.json"
+  pytest_rc="not run"
+  left=$((GPU_CHECK_DEADLINE - CLOSE_RESERVE - $(date +%s)))
+  if [[ ${#PERF_TEST_IDS[@]} -gt 0 && $left -ge 30 ]]; then
+    # the kernels only (the XLA side of each op test ran on GPUs before); processes share the GPU
+    echo "gpu_check: pytest ${PERF_TEST_IDS[*]}" >"$OUT/pytest.log"
+    pytest_rc=0
+    FP8JAX_TEST_IMPLEMENTATIONS=kernel XLA_PYTHON_CLIENT_PREALLOCATE=false FP8JAX_TEST_FIRST="" \
+      timeout -s INT -k 30 "$left" "$PY" -m pytest -v -rfE -n "${GPU_CHECK_TEST_JOBS:-4}" \
+      "${PERF_TEST_IDS[@]}" --junitxml="$OUT/pytest.xml" >>"$OUT/pytest.log" 2>&1 || pytest_rc=$?
+    echo "tests: rc $pytest_rc in at most $left s" | tee -a "$OUT/stages.txt"
+  elif [[ ${#PERF_TEST_IDS[@]} -gt 0 ]]; then
+    echo "tests: not run (the deadline left $left s)" | tee -a "$OUT/stages.txt"
+  fi
+  echo "gpu_check: perf profile done after $(($(date +%s) - START)) s" | tee -a "$OUT/stages.txt"
+  finish "$([[ "$pytest_rc" == "not run" ]] && echo 0 || echo "$pytest_rc")"
+fi
+
 # ---------------------------------------------------------------- tests
 echo "gpu_check: pytest, log in $OUT/pytest.log"
 pytest_rc=0
@@ -252,13 +368,4 @@ for script in benchmarks/*.py; do
 done
 
 # ---------------------------------------------------------------- summary
-summary_py
-echo "gpu_check: summary in $OUT/summary.md"
-cat "$OUT/summary.md"
-if [[ "${GPU_CHECK_PACK:-0}" == 1 ]]; then
-  pack="$(mktemp)"
-  tar czf "$pack" -C "$OUT" . && mv "$pack" "$OUT/gpu_check.tgz" &&
-    find "$OUT" -mindepth 1 ! -name gpu_check.tgz ! -name summary.md ! -name pytest.log -delete
-  echo "gpu_check: everything packed in $OUT/gpu_check.tgz"
-fi
-exit "$pytest_rc"
+finish "$pytest_rc"

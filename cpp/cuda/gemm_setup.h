@@ -1,12 +1,14 @@
-// The host-only part of the cuBLASLt FP8 GEMM (cpp/cuda/gemm_cublaslt.cc): the argument checks
-// and every descriptor, layout and preference set before cublasLtMatmul. None of it needs a GPU;
-// the handler uses it, and so does the test-only extension (cpp/testing/module_cuda_testing.cc),
-// which reads the descriptors back for tests/ops/test_gemm_setup.py.
+// The host-only part of the cuBLASLt FP8 GEMM (cpp/cuda/gemm_setup.cc, used by the handlers in
+// gemm_cublaslt.cc): the argument checks, every descriptor, layout and preference set before
+// cublasLtMatmul, and the key its algorithm is cached under. None of it needs a GPU; the
+// test-only extension (cpp/testing/module_cuda_testing.cc) reads the descriptors back for
+// tests/ops/test_gemm_setup.py.
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <compare>
 #include <cstdint>
 #include <string>
 
@@ -17,8 +19,24 @@ namespace fp8jax {
 // cuBLASLt's default alignment preference, and the cap of the alignments the handler reports.
 inline constexpr uintptr_t kMaxAlignment = 256;
 
-// One GEMM as the handler sees it: a[M, K] (FP8), b[N, K] (FP8), out[M, N],
-// optional bias[N]; the dtypes are XLA's.
+// What the GEMM does after the scaled product `p = (a @ b^T) * a_scale_inv * b_scale_inv`
+// (the `epilogue` FFI attribute; fp8jax/ops/gemm.py and fp8jax/ops/gemm_epilogue.py).
+enum class GemmEpilogue : int32_t {
+  // out = p (+ bias[N]), rounded once to out's wide dtype: cuBLASLt's DEFAULT or BIAS.
+  kPlain = 0,
+  // An MLP's first GEMM: h = p (+ bias), stored as float16 in `aux` (the backward's GELU input);
+  // out = FP8(d_scale * gelu(h)), gelu the tanh approximation in float32; amax = max |gelu(h)|.
+  // cuBLASLt's GELU_AUX or GELU_AUX_BIAS with an FP8 D.
+  kGeluFp8 = 1,
+  // That MLP's dgrad of its second GEMM: dh = p * gelu'(aux); out = FP8(d_scale * dh);
+  // amax = max |dh|; with has_bias, bias (an output) = the sum of dh over M, in the 16-bit
+  // epilogue dtype. cuBLASLt's DGELU or DGELU_BGRAD with an FP8 D.
+  kDGeluFp8 = 2,
+};
+
+// One GEMM as the handler sees it: a[M, K] (FP8), b[N, K] (FP8), out[M, N], optional
+// bias[N] (an input for kPlain and kGeluFp8, the bias gradient output for kDGeluFp8);
+// the dtypes are XLA's.
 struct GemmProblem {
   int64_t m = 0;
   int64_t n = 0;
@@ -26,6 +44,9 @@ struct GemmProblem {
   xla::ffi::DataType a_type = xla::ffi::DataType::INVALID;
   xla::ffi::DataType b_type = xla::ffi::DataType::INVALID;
   xla::ffi::DataType out_type = xla::ffi::DataType::INVALID;
+  // kPlain: the bias's dtype (INVALID without one). The FP8-output epilogues: their 16-bit
+  // epilogue dtype (bfloat16 or float16: the bias or bias gradient, cuBLASLt's C type), given
+  // even without a bias by the dtype of the empty buffer.
   xla::ffi::DataType bias_type = xla::ffi::DataType::INVALID;
   int64_t bias_count = 0;
   int64_t has_bias = 0;
@@ -39,6 +60,13 @@ struct GemmProblem {
   // The scales' dtypes: float32, or E8M0 for VEC32_UE8M0 (MXFP8).
   xla::ffi::DataType a_scale_type = xla::ffi::DataType::F32;
   xla::ffi::DataType b_scale_type = xla::ffi::DataType::F32;
+  // GemmEpilogue, and what the FP8-output epilogues add: the GELU input `aux` [M, N]
+  // (float16), d_scale (float32, one value) and amax (float32, one value).
+  int64_t epilogue = 0;
+  xla::ffi::DataType aux_type = xla::ffi::DataType::INVALID;
+  int64_t aux_count = 0;
+  int64_t d_scale_count = 0;
+  int64_t amax_count = 0;
 };
 
 // The checked problem in cuBLASLt's terms.
@@ -47,10 +75,14 @@ struct GemmArgs {
   int64_t n = 0;  // columns of the row-major result (N)
   int64_t k = 0;
   cudaDataType_t a_type{}, b_type{}, d_type{};
+  // cuBLASLt's C, which is also the bias (or bias gradient) dtype: d_type for kPlain, the 16-bit
+  // epilogue dtype for an FP8 D.
+  cudaDataType_t c_type{};
   bool has_bias = false;
   bool fast_accum = false;
   int32_t a_scale_mode = 0;  // blockscale::Mode of our a (cuBLASLt's B) and our b (its A)
   int32_t b_scale_mode = 0;
+  GemmEpilogue epilogue = GemmEpilogue::kPlain;
 };
 
 // Device addresses the descriptors point at (placeholders in the host test),
@@ -58,7 +90,10 @@ struct GemmArgs {
 struct GemmPointers {
   const void* a_scale_inv = nullptr;
   const void* b_scale_inv = nullptr;
-  const void* bias = nullptr;
+  const void* bias = nullptr;  // the bias, or (kDGeluFp8) the bias gradient it writes
+  const void* d_scale = nullptr;
+  const void* amax = nullptr;  // written by the FP8-output epilogues
+  const void* aux = nullptr;   // written by kGeluFp8, read by kDGeluFp8
   uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
   uint64_t workspace_bytes = 0;
 };
@@ -68,9 +103,30 @@ struct GemmPointers {
 // need no destroy, so the execute stage can build them inside a graph capture.
 struct GemmSetup {
   cublasLtMatmulDescOpaque_t desc;
-  cublasLtMatrixLayoutOpaque_t la, lb, ld;
+  cublasLtMatrixLayoutOpaque_t la, lb, lc, ld;
   cublasLtMatmulPreferenceOpaque_t pref;
 };
+
+// Everything an algorithm choice depends on: the device, the problem (shape, dtypes, epilogue,
+// accumulation, scale modes; the layouts follow from the shape), the pointer alignments and the
+// workspace size, and whether the choice was autotuned (an untuned choice cached by a program
+// with autotuning off must not stand in for a tuned one).
+struct AlgoKey {
+  int device = 0;
+  int64_t m = 0, n = 0, k = 0;  // cuBLASLt's m = N, n = M
+  int a_type = 0, b_type = 0, c_type = 0, d_type = 0;
+  int epilogue = 0;
+  bool bias = false;
+  bool fast_accum = false;
+  uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+  uint64_t workspace = 0;
+  int32_t a_scale_mode = 0, b_scale_mode = 0;  // cuBLASLt's A and B (our b and a)
+  bool autotuned = false;
+  auto operator<=>(const AlgoKey&) const = default;
+};
+
+// The key of a checked problem with these pointers on `device`.
+AlgoKey AlgoKeyOf(int device, const GemmArgs& g, const GemmPointers& ptr, bool autotune);
 
 // The dtype, dimension and flag checks, on a problem description alone.
 xla::ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g);

@@ -12,8 +12,17 @@
 #include "xla/ffi/api/ffi.h"
 
 FP8JAX_OPS(FP8JAX_DEFINE_CUDA_HANDLER)
-XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmInitializeCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jaxGemmCuda);
+// The cuBLASLt GEMMs (CUDA only, two execution stages; their handlers are defined in
+// cuda/gemm_cublaslt.cc): a plain one and the MLP's two GELU epilogues.
+#define FP8JAX_GEMM_TARGETS(X)    \
+  X(Gemm, "fp8jax_gemm")          \
+  X(GemmGelu, "fp8jax_gemm_gelu") \
+  X(GemmDGelu, "fp8jax_gemm_dgelu")
+#define FP8JAX_DECLARE_GEMM_(Symbol, target)                      \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Symbol##InitializeCuda); \
+  XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Symbol##Cuda);
+FP8JAX_GEMM_TARGETS(FP8JAX_DECLARE_GEMM_)
+#undef FP8JAX_DECLARE_GEMM_
 
 NB_MODULE(_fp8jax_cuda, m) {
   namespace nb = nanobind;
@@ -23,10 +32,13 @@ NB_MODULE(_fp8jax_cuda, m) {
 #define FP8JAX_ENTRY_(Stem, target) {target, Fp8jax##Stem##Cuda},
     nb::dict d = fp8jax::Registrations({FP8JAX_OPS(FP8JAX_ENTRY_)});
 #undef FP8JAX_ENTRY_
-    // The GEMM's initialize stage creates the cuBLASLt handle and runs the
-    // heuristic query outside CUDA-graph capture; execute only calls cublasLtMatmul.
-    d["fp8jax_gemm"] = fp8jax::Registrations(
-        {{"initialize", Fp8jaxGemmInitializeCuda}, {"execute", Fp8jaxGemmCuda}});
+    // A GEMM's initialize stage creates the cuBLASLt handle and chooses the algorithm (the
+    // heuristic, timed when autotuning) outside CUDA-graph capture; execute calls cublasLtMatmul.
+#define FP8JAX_REGISTER_GEMM_(Symbol, target) \
+  d[target] = fp8jax::Registrations(          \
+      {{"initialize", Fp8jax##Symbol##InitializeCuda}, {"execute", Fp8jax##Symbol##Cuda}});
+    FP8JAX_GEMM_TARGETS(FP8JAX_REGISTER_GEMM_)
+#undef FP8JAX_REGISTER_GEMM_
     return d;
   });
   // The traits to register each target with (XLA reads the registration's, not the
@@ -37,7 +49,9 @@ NB_MODULE(_fp8jax_cuda, m) {
 #define FP8JAX_TRAITS_(Stem, target) d[target] = traits;
     FP8JAX_OPS(FP8JAX_TRAITS_)
 #undef FP8JAX_TRAITS_
-    d["fp8jax_gemm"] = traits;
+#define FP8JAX_GEMM_TRAITS_(Symbol, target) d[target] = traits;
+    FP8JAX_GEMM_TARGETS(FP8JAX_GEMM_TRAITS_)
+#undef FP8JAX_GEMM_TRAITS_
     return d;
   });
 }

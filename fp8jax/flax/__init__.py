@@ -14,6 +14,7 @@
 - :class:`DotProductAttention`, :class:`MultiHeadAttention`, :class:`RelativePositionBiases`:
   attention with TransformerEngine's argument names (FP8 projections, high-precision core).
 - :func:`calibrate`: FP8 scales for inference from a few forward passes.
+- :func:`linen_twin`: the Linen module of an :mod:`fp8jax.nnx` layer's config.
 
 FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"``
 (:data:`FP8_META`, :data:`FP8_PROBE`), never in ``params``.
@@ -33,6 +34,7 @@ from fp8jax.flax.train import (
     zero_probes,
 )
 from fp8jax.flax.transformer import TransformerLayer, TransformerLayerType
+from fp8jax.flax.twin import linen_twin
 
 __all__ = [
     "DEFAULT_RULES",
@@ -53,6 +55,7 @@ __all__ = [
     "accumulate_gradients",
     "all_finite",
     "calibrate",
+    "linen_twin",
     "update_fp8_variables",
     "zero_probes",
 ]

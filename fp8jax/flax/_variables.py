@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax._train_math import FP8_META, FP8_PROBE
-from fp8jax.autocast import _register_block_context, get_recipe, is_fp8_enabled
+from fp8jax.autocast import get_recipe, is_fp8_enabled, register_block_context
 from fp8jax.recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -71,7 +71,7 @@ from fp8jax.recipe import (
 )
 from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles, state_gradient_link
 
-__all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "check_float_array", "fp8_call", "next_call_index"]
+__all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "fp8_call", "next_call_index"]
 
 _N_ROLES = len(DENSE_ROLES)
 _CALL_RE = re.compile(r"call_(\d+)")
@@ -148,7 +148,7 @@ def _tracking_calls() -> Iterator[None]:
         _calls.active = False
 
 
-_register_block_context(_tracking_calls)
+register_block_context(_tracking_calls)
 
 
 def _count_owner(module: nn.Module) -> nn.Module:
@@ -367,15 +367,3 @@ def fp8_call(module: nn.Module, n_roles: int = _N_ROLES) -> Fp8Call:
     return Fp8Call(
         enabled=True, recipe=recipe, meta=meta, probe=probe, where=_where(module), record=record
     )
-
-
-def check_float_array(owner: str, name: str, value: Any) -> jax.Array:
-    """``value`` as an array, or a TypeError naming ``name`` if it is not a float array."""
-    if not hasattr(value, "dtype") or not hasattr(value, "shape"):
-        raise TypeError(f"{owner}: {name} must be a floating-point array, got {type(value)}")
-    if not jnp.issubdtype(value.dtype, jnp.floating):
-        raise TypeError(
-            f"{owner}: {name} must be a floating-point array (float32, bfloat16 or float16), "
-            f"got dtype {value.dtype}"
-        )
-    return value

@@ -20,19 +20,18 @@ the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"`` (see
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.typing import Initializer
 
-from fp8jax.dense import _dense
-from fp8jax.flax._params import annotated, as_tuple, constrain, flat_init, laid_out, normalize_axes
-from fp8jax.flax._te_args import check_off
-from fp8jax.flax._variables import Fp8Call, check_float_array, fp8_call
+from fp8jax.dense import dense_observed
+from fp8jax.flax._params import declare
+from fp8jax.flax._variables import Fp8Call, fp8_call
+from fp8jax.layers.checks import check_float_array, normalize_axes
+from fp8jax.layers.dense import DenseGeneralConfig
 
 __all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
 
@@ -53,10 +52,8 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("relpos_buckets", None),
 )
 
-_default_kernel_init = nn.initializers.lecun_normal()
 
-
-class DenseGeneral(nn.Module):
+class DenseGeneral(DenseGeneralConfig, nn.Module):
     """FP8 drop-in for :class:`flax.linen.DenseGeneral` (same arguments, params and shapes).
 
     The params are ``kernel`` (contracted input dims + features) and ``bias`` (features), drawn
@@ -95,79 +92,15 @@ class DenseGeneral(nn.Module):
     layer and stays replicated, so every device holds (and computes) the same scales.
     """
 
-    features: int | Sequence[int]
-    axis: int | Sequence[int] = -1
-    batch_dims: Sequence[int] = ()
-    use_bias: bool = True
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    kernel_init: Initializer = _default_kernel_init
-    bias_init: Initializer = nn.initializers.zeros_init()
-    precision: Any = None
-    kernel_axes: tuple[str | None, ...] = ()
-    bias_axes: tuple[str | None, ...] = ()
-    output_axes: tuple[str | None, ...] = ()
-    input_axes: tuple[str | None, ...] | None = ()
-    transpose_batch_sequence: bool = False
-    enable_low_rank_adaptation: bool = False
-    low_rank_adaptation_dim: int = 32
-    low_rank_adaptation_alpha: float | None = None
-    quantization_checkpoint_name: str | None = None
-
-    def check(self, inputs: Any) -> tuple[tuple[int, ...], jax.Array]:
-        """Every refusal of a call on ``inputs`` but the axis names' (ValueError/TypeError
-        naming the argument); returns ``(features, inputs)`` checked. Shared with
-        :class:`fp8jax.nnx.DenseGeneral`, which calls it with its own call's input."""
-        owner = "DenseGeneral"
-        inputs = check_float_array(owner, "inputs", inputs)
-        check_off(owner, self, "enable_low_rank_adaptation", "quantization_checkpoint_name")
-        if as_tuple(self.batch_dims) != ():
-            raise ValueError(
-                f"{owner}: batch_dims must be () (FP8 GEMMs have no batch dims; fold them into "
-                f"the leading dims of the input), got {self.batch_dims!r}"
-            )
-        if self.precision is not None:
-            raise ValueError(
-                f"{owner}: precision must be None (an FP8 GEMM has no precision setting), got "
-                f"{self.precision!r}"
-            )
-        features = as_tuple(self.features)
-        if not features or any(
-            not isinstance(f, (int, np.integer)) or isinstance(f, bool) or f < 1 for f in features
-        ):
-            raise ValueError(f"{owner}: features must be positive ints, got {self.features!r}")
-        normalize_axes(owner, "axis", self.axis, inputs.ndim)
-        return tuple(int(f) for f in features), inputs
-
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """Contracts ``inputs``' ``axis`` dims with the kernel; returns the rest + features."""
-        owner = "DenseGeneral"
-        features, inputs = self.check(inputs)
-        inputs = constrain(owner, "input_axes", inputs, self.input_axes or ())
-        axes = normalize_axes(owner, "axis", self.axis, inputs.ndim)
+        _, inputs = self.check(inputs)
+        axes = normalize_axes("DenseGeneral", "axis", self.axis, inputs.ndim)
         contract = tuple(inputs.shape[a] for a in axes)
-        flat = (int(np.prod(contract)), int(np.prod(features)))
-        kernel_init = annotated(
-            owner, "kernel_axes", flat_init(self.kernel_init, flat), self.kernel_axes,
-            len(contract) + len(features),
-        )  # fmt: skip
-        kernel = self.param("kernel", kernel_init, contract + features, self.param_dtype)
-        bias = None
-        if self.use_bias:
-            bias_init = annotated(
-                owner, "bias_axes", flat_init(self.bias_init, flat[1:]), self.bias_axes,
-                len(features),
-            )  # fmt: skip
-            bias = self.param("bias", bias_init, features, self.param_dtype)
-        dtype = self.dtype
-        if dtype is None:
-            dtype = jnp.result_type(*(v for v in (inputs, kernel, bias) if v is not None))
+        params = declare(self, "DenseGeneral", self.param_specs(contract))
         fp8 = fp8_call(self)
-        return laid_out(
-            owner, self.output_axes, inputs, axes, len(features),
-            lambda x: _fp8_dense(fp8, x, kernel, bias, axes, dtype),
-        )  # fmt: skip
+        return self.forward(inputs, params, fp8, fp8.where)
 
 
 def _fp8_dense(
@@ -175,13 +108,13 @@ def _fp8_dense(
 ) -> jax.Array:
     """:func:`fp8jax.dense` as this call of a module runs it (its switch, recipe, state and
     probe); under calibration the forward observations are stored in the call's probe."""
-    y, seen = _dense(
+    result = dense_observed(
         x, kernel, bias, fp8.meta, fp8.recipe,
         probe=fp8.probe, axis=axes, dtype=dtype, enabled=fp8.enabled, where=fp8.where,
     )  # fmt: skip
-    if fp8.record is not None and seen is not None:
-        fp8.record(seen)
-    return y
+    if fp8.record is not None and result.observed is not None:
+        fp8.record(result.observed)
+    return result.out
 
 
 def _dim_numbers(dimension_numbers: Any) -> tuple[tuple[int, ...], ...]:

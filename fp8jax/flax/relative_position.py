@@ -11,50 +11,16 @@ logits, with TransformerEngine's argument names and param.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from fp8jax.flax._params import annotated
+from fp8jax.flax._params import declare
+from fp8jax.layers.relative_position import RelativePositionBiasesConfig, t5_relative_buckets
 
 __all__ = ["RelativePositionBiases", "t5_relative_buckets"]
 
 
-def t5_relative_buckets(
-    q_seqlen: int, k_seqlen: int, num_buckets: int, max_distance: int, bidirectional: bool
-) -> np.ndarray:
-    """T5's bucket of each ``(query, key)`` pair, ``(q_seqlen, k_seqlen)`` int32 (numpy).
-
-    With ``bidirectional``, half the buckets are for keys after the query. Within a half of
-    ``n`` buckets, distances below ``n/2`` get a bucket each and larger ones share
-    logarithmically spaced buckets up to ``max_distance`` (and beyond, the last bucket)."""
-    dist = (
-        np.arange(q_seqlen, dtype=np.int64)[:, None] - np.arange(k_seqlen, dtype=np.int64)[None, :]
-    )
-    n = num_buckets
-    bucket = np.zeros_like(dist)
-    if bidirectional:
-        n //= 2
-        bucket += (dist < 0).astype(np.int64) * n
-        dist = np.abs(dist)
-    else:
-        dist = np.maximum(dist, 0)
-    exact = n // 2
-    with np.errstate(divide="ignore"):
-        log_ratio = np.log(dist.astype(np.float32) / exact + np.finfo(np.float32).eps) / np.log(
-            max_distance / exact
-        )
-    large = exact + (log_ratio * (n - exact)).astype(np.int64)
-    large = np.minimum(large, n - 1)
-    bucket += np.where(dist < exact, dist, large)
-    return bucket.astype(np.int32)
-
-
-class RelativePositionBiases(nn.Module):
+class RelativePositionBiases(RelativePositionBiasesConfig, nn.Module):
     """T5-style relative position biases for the attention logits.
 
     ``rpb(q_seqlen, k_seqlen, bidirectional=True)`` returns ``(1, num_attention_heads,
@@ -78,42 +44,8 @@ class RelativePositionBiases(nn.Module):
       dtype, param_dtype: output and param dtypes.
     """
 
-    num_buckets: int
-    max_distance: int
-    num_attention_heads: int
-    embedding_init: Callable[..., Any] = nn.linear.default_embed_init
-    embedding_axes: tuple[str | None, ...] = ()
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-
-    def check(self, q_seqlen: Any, k_seqlen: Any, bidirectional: bool) -> None:
-        """Every refusal of a call (ValueError naming the argument). Shared with
-        :class:`fp8jax.nnx.RelativePositionBiases`."""
-        owner = "RelativePositionBiases"
-        for name in ("num_buckets", "max_distance", "num_attention_heads"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
-        if self.num_buckets < (4 if bidirectional else 2):
-            raise ValueError(
-                f"{owner}: num_buckets must be >= {4 if bidirectional else 2} "
-                f"(bidirectional={bidirectional}), got {self.num_buckets}"
-            )
-        for name, v in (("q_seqlen", q_seqlen), ("k_seqlen", k_seqlen)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
-
     @nn.compact
     def __call__(self, q_seqlen: int, k_seqlen: int, bidirectional: bool = True) -> jax.Array:
-        owner = "RelativePositionBiases"
         self.check(q_seqlen, k_seqlen, bidirectional)
-        buckets = t5_relative_buckets(
-            int(q_seqlen), int(k_seqlen), int(self.num_buckets), int(self.max_distance),
-            bool(bidirectional),
-        )  # fmt: skip
-        init = annotated(owner, "embedding_axes", self.embedding_init, self.embedding_axes, 2)
-        table = self.param(
-            "rel_embedding", init, (self.num_attention_heads, self.num_buckets), self.param_dtype
-        )
-        values = jnp.take(jnp.asarray(table), jnp.asarray(buckets), axis=1)
-        return values[None].astype(self.dtype or table.dtype)
+        params = declare(self, "RelativePositionBiases", self.param_specs())
+        return self.forward(params["rel_embedding"], q_seqlen, k_seqlen, bidirectional)

@@ -68,7 +68,7 @@ from fp8jax._train_math import (
     zero_probes,
 )
 from fp8jax._train_math import micro_batch_count as micro_batch_count  # (its home until now)
-from fp8jax.autocast import _DEFAULT_STATE, _current_state, autocast
+from fp8jax.autocast import DEFAULT_STATE, autocast, current_state
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
 from fp8jax.recipe import Recipe
 
@@ -205,8 +205,8 @@ class Fp8TrainState(train_state.TrainState):
             recipe, or FP8 off): the forward pass and the state update would disagree.
         """
         recipe = self._recipe("apply")
-        outer = _current_state()
-        if outer != _DEFAULT_STATE and (not outer.enabled or outer.recipe != recipe):
+        outer = current_state()
+        if outer != DEFAULT_STATE and (not outer.enabled or outer.recipe != recipe):
             raise ValueError(
                 f"Fp8TrainState.apply: called inside fp8jax.autocast(enabled={outer.enabled}, "
                 f"recipe={outer.recipe!r}), but the state's recipe is {recipe!r}. The state runs "

@@ -21,38 +21,34 @@ precision.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-import numpy as np
-from flax.typing import Initializer
 
-from fp8jax.flax._te_args import check_no_score_mod, check_off
-from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.attention import (
-    MultiHeadAttention,
-    RelativePositionBiases,
-    default_mha_kernel_init,
-)
-from fp8jax.flax.dot_product_attention import canonical_mask_type
+from fp8jax.flax.attention import MultiHeadAttention, RelativePositionBiases
 from fp8jax.flax.layernorm import LayerNorm
 from fp8jax.flax.mlp import LayerNormMLP
+from fp8jax.layers.attention import MultiHeadAttentionConfig
+from fp8jax.layers.checks import check_float_array, check_no_score_mod
+from fp8jax.layers.dense import LayerNormConfig
+from fp8jax.layers.mlp import LayerNormMLPConfig
+from fp8jax.layers.relative_position import RelativePositionBiasesConfig
+from fp8jax.layers.transformer import TransformerLayerConfig, TransformerLayerType
 
 __all__ = ["TransformerLayer", "TransformerLayerType"]
 
+#: The Linen module of each child config.
+_LINEN = {
+    MultiHeadAttentionConfig: MultiHeadAttention,
+    RelativePositionBiasesConfig: RelativePositionBiases,
+    LayerNormMLPConfig: LayerNormMLP,
+    LayerNormConfig: LayerNorm,
+}
 
-class TransformerLayerType(enum.Enum):
-    """Which block :class:`TransformerLayer` builds."""
 
-    ENCODER = "encoder"
-    DECODER = "decoder"
-
-
-class TransformerLayer(nn.Module):
+class TransformerLayer(TransformerLayerConfig, nn.Module):
     """One Transformer encoder or decoder layer, FP8 in every GEMM (TransformerEngine's
     ``TransformerLayer``: the same arguments, defaults, submodule names and data flow).
 
@@ -128,235 +124,6 @@ class TransformerLayer(nn.Module):
     the call's ``score_mod_tensors``/``score_mod_bprop_tensors`` (``None``).
     """
 
-    hidden_size: int = 512
-    mlp_hidden_size: int = 2048
-    num_attention_heads: int = 8
-    num_gqa_groups: int | None = None
-    layernorm_type: str = "layernorm"
-    layernorm_epsilon: float = 1e-6
-    zero_centered_gamma: bool = False
-    hidden_dropout: float = 0.1
-    hidden_dropout_dims: Sequence[int] = ()
-    attention_dropout: float = 0.1
-    intermediate_dropout: float = 0.0
-    intermediate_dropout_dims: Sequence[int] = ()
-    dropout_rng_name: str = "dropout"
-    mha_kernel_init: Initializer | None = None
-    mlp_kernel_init: Initializer | None = None
-    mlp_activations: Sequence[str] = ("gelu",)
-    mlp_activation_params: Any = None
-    use_bias: bool = False
-    bias_init: Initializer = nn.initializers.zeros_init()
-    apply_residual_connection_post_layernorm: bool = False
-    output_layernorm: bool = False
-    float32_attention_logits: bool = False
-    layer_type: TransformerLayerType = TransformerLayerType.ENCODER
-    self_attn_mask_type: str = "causal"
-    self_attn_bias_type: str | None = None
-    enable_relative_embedding: bool = True
-    relative_embedding: nn.Module | None = None
-    enable_rotary_pos_emb: bool = False
-    rotary_pos_emb_windows: tuple[int, int] = (1, 10000)
-    rotary_pos_emb_group_method: str = "consecutive"
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-    drop_path: float = 0.0
-    fuse_qkv_params: bool = True
-    transpose_batch_sequence: bool = False
-    enable_sequence_parallel: bool = False
-    scale_attn_logits: bool = False
-    scaled_query_init: bool = True
-    window_size: tuple[int, int] | None = None
-    low_rank_adaptation_scope: str = "none"
-    low_rank_adaptation_dim: int = 32
-    low_rank_adaptation_alpha: float | None = None
-    softmax_type: str = "vanilla"
-    score_mod: Any = None
-    score_mod_bprop: Any = None
-    logical_axes: bool = False
-
-    def _input_axes(self) -> tuple[str, ...]:
-        if not self.logical_axes:
-            return ()
-        return ("length", "batch", "embed") if self.transpose_batch_sequence else (
-            "batch", "length", "embed")  # fmt: skip
-
-    def _axes(self, **names: tuple[str | None, ...]) -> dict[str, tuple[str | None, ...]]:
-        """Submodule axis-name arguments: ``names`` with ``logical_axes``, else none."""
-        return names if self.logical_axes else {}
-
-    def check(self, inputs: jax.Array, encoded: jax.Array | None, decode: bool) -> None:
-        """Every refusal of a call on ``inputs`` (and a decoder's ``encoded``), with
-        ``decode``: the configuration and the arguments (ValueError naming them). Shared with
-        :class:`fp8jax.nnx.TransformerLayer`, which calls it with its own call's arguments."""
-        owner = "TransformerLayer"
-        check_off(
-            owner, self, "low_rank_adaptation_scope", "mlp_activation_params", "softmax_type",
-            "score_mod", "score_mod_bprop",
-        )  # fmt: skip
-        if not isinstance(self.layer_type, TransformerLayerType):
-            raise ValueError(
-                f"{owner}: layer_type must be TransformerLayerType.ENCODER or DECODER, got "
-                f"{self.layer_type!r}"
-            )
-        for name in ("hidden_size", "mlp_hidden_size", "num_attention_heads"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{owner}: {name} must be a positive int, got {v!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"{owner}: num_attention_heads={self.num_attention_heads} must divide "
-                f"hidden_size={self.hidden_size}"
-            )
-        if inputs.ndim != 3:
-            raise ValueError(
-                f"{owner}: inputs must be rank 3 ([batch, seq, hidden], or [seq, batch, hidden] "
-                f"with transpose_batch_sequence), got shape {inputs.shape}"
-            )
-        if inputs.shape[-1] != self.hidden_size:
-            raise ValueError(
-                f"{owner}: inputs' last dim {inputs.shape[-1]} must equal hidden_size="
-                f"{self.hidden_size}"
-            )
-        if decode:
-            self.check_decode()
-        if self.layer_type is TransformerLayerType.DECODER and encoded is None:
-            raise ValueError(f"{owner}: a DECODER layer needs encoded (the encoder's output)")
-        for name in ("hidden_dropout", "attention_dropout", "intermediate_dropout", "drop_path"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                raise ValueError(f"{owner}: {name} must be a float in [0, 1), got {v!r}")
-
-    def check_decode(self) -> None:
-        """The configurations ``decode=True`` supports (ValueError otherwise)."""
-        owner = "TransformerLayer"
-        mask_type = canonical_mask_type(self.self_attn_mask_type, "self_attn_mask_type")
-        if mask_type not in ("causal", "padding_causal"):
-            raise ValueError(
-                f"{owner}: decode=True needs a causal self-attention (self_attn_mask_type "
-                f"'causal' or 'padding_causal'): each cached step attends to the tokens before "
-                f"it; got self_attn_mask_type={self.self_attn_mask_type!r}"
-            )
-        if self.window_size is not None:
-            raise ValueError(
-                f"{owner}: decode=True does not support window_size (sliding-window attention "
-                f"over the cache); got window_size={self.window_size!r}"
-            )
-        if self.layer_type is TransformerLayerType.DECODER and self.enable_rotary_pos_emb:
-            raise ValueError(
-                f"{owner}: decode=True with enable_rotary_pos_emb is not supported for a DECODER "
-                "layer: its cross-attention (no cache) would rotate each token's query at "
-                "position 0 instead of the token's position"
-            )
-
-    def _decode_length(self, attn_name: str, length: int, max_decode_length: Any) -> int:
-        """The sequence length the relative position bias covers with ``decode=True``: the
-        cache's (the input's, on the call that creates the cache)."""
-        owner = "TransformerLayer"
-        seq_dim = 0 if self.transpose_batch_sequence else 1
-        cache = self.variables.get("cache", {}).get(attn_name, {})
-        cached_key = cache.get("cached_key") if hasattr(cache, "get") else None
-        cache_len = length if cached_key is None else int(cached_key.shape[seq_dim])
-        if max_decode_length is None:
-            return cache_len
-        if (
-            not isinstance(max_decode_length, (int, np.integer))
-            or isinstance(max_decode_length, bool)
-            or max_decode_length != cache_len
-        ):
-            raise ValueError(
-                f"{owner}: max_decode_length must be None or the key/value cache's length "
-                f"{cache_len} (the sequence length of the input that created the cache), got "
-                f"{max_decode_length!r}"
-            )
-        return cache_len
-
-    def submodule_configs(self) -> dict[str, tuple[type[nn.Module], dict[str, Any]]]:
-        """The layer's children as ``{submodule name: (Linen class, its attributes)}``: the
-        self-attention (``attention``, or ``self_attention`` in a decoder), a decoder's
-        ``encoder_decoder_attention``, ``relpos_bias`` (with ``enable_relative_embedding`` and
-        no ``relative_embedding`` of your own), ``mlp`` and ``output_layernorm`` (with
-        ``output_layernorm``). Shared with :class:`fp8jax.nnx.TransformerLayer`, which builds
-        its children from them."""
-        decoder = self.layer_type is TransformerLayerType.DECODER
-        post = self.apply_residual_connection_post_layernorm
-        common = dict(
-            layernorm_type=self.layernorm_type, zero_centered_gamma=self.zero_centered_gamma,
-            use_bias=self.use_bias, bias_init=self.bias_init, dtype=self.dtype,
-            param_dtype=self.param_dtype, layernorm_input_axes=self._input_axes(),
-        )  # fmt: skip
-        attention = dict(
-            head_dim=self.hidden_size // self.num_attention_heads,
-            num_attention_heads=self.num_attention_heads, num_gqa_groups=self.num_gqa_groups,
-            attention_dropout=self.attention_dropout, dropout_rng_name=self.dropout_rng_name,
-            float32_logits=self.float32_attention_logits,
-            scale_attn_logits=self.scale_attn_logits, scaled_query_init=self.scaled_query_init,
-            layernorm_epsilon=self.layernorm_epsilon, return_layernorm_output=post,
-            input_layernorm=not self.output_layernorm, attn_mask_type=self.self_attn_mask_type,
-            attn_bias_type=self.self_attn_bias_type,
-            enable_rotary_pos_emb=self.enable_rotary_pos_emb,
-            rotary_pos_emb_windows=self.rotary_pos_emb_windows,
-            rotary_pos_emb_group_method=self.rotary_pos_emb_group_method,
-            fuse_qkv_params=self.fuse_qkv_params,
-            kernel_init=self.mha_kernel_init or default_mha_kernel_init,
-            transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
-            **common,
-            **self._axes(
-                scale_axes=("embed",), ln_bias_axes=("embed",), qkv_kernel_axes=("embed", "heads"),
-                qkv_bias_axes=("heads",), out_kernel_axes=("heads", "embed"),
-                out_bias_axes=("embed",),
-            ),
-        )  # fmt: skip
-        out: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
-            "self_attention" if decoder else "attention": (MultiHeadAttention, attention)
-        }
-        if decoder:
-            cross = dict(attention, input_layernorm=True, attn_mask_type="padding",
-                         attn_bias_type="no_bias")  # fmt: skip
-            out["encoder_decoder_attention"] = (MultiHeadAttention, cross)
-        if self.enable_relative_embedding and self.relative_embedding is None:
-            out["relpos_bias"] = (RelativePositionBiases, dict(
-                num_buckets=32, max_distance=128, num_attention_heads=self.num_attention_heads,
-                embedding_init=nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                **self._axes(embedding_axes=("heads", "relpos_buckets")),
-            ))  # fmt: skip
-        out["mlp"] = (LayerNormMLP, dict(
-            intermediate_dim=self.mlp_hidden_size, epsilon=self.layernorm_epsilon,
-            return_layernorm_output=post, activations=tuple(self.mlp_activations),
-            intermediate_dropout_rng_name=self.dropout_rng_name,
-            intermediate_dropout_rate=self.intermediate_dropout,
-            intermediate_hidden_dropout_dims=tuple(self.intermediate_dropout_dims),
-            kernel_init=self.mlp_kernel_init, **common,
-            **self._axes(
-                scale_axes=("embed",), ln_bias_axes=("embed",),
-                kernel_axes_1=("embed", "act", "mlp"), kernel_axes_2=("mlp", "embed"),
-                bias_axes_1=("act", "mlp"), bias_axes_2=("embed",),
-            ),
-        ))  # fmt: skip
-        if self.output_layernorm:
-            out["output_layernorm"] = (LayerNorm, dict(
-                epsilon=self.layernorm_epsilon, layernorm_type=self.layernorm_type,
-                zero_centered_gamma=self.zero_centered_gamma, dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                **self._axes(scale_axes=("embed",), bias_axes=("embed",)),
-            ))  # fmt: skip
-        return out
-
-    def _dropout(self, x: jax.Array, rate: float, dims: Sequence[int], deterministic: bool):
-        drop = nn.Dropout(
-            rate=rate, broadcast_dims=tuple(dims), rng_collection=self.dropout_rng_name
-        )
-        return drop(x, deterministic=deterministic)
-
-    def _drop_path(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        if self.drop_path <= 0:
-            return x
-        batch_dim = 1 if self.transpose_batch_sequence else 0
-        dims = tuple(d for d in range(x.ndim) if d != batch_dim)
-        drop = nn.Dropout(rate=self.drop_path, broadcast_dims=dims,
-                          rng_collection=self.dropout_rng_name)  # fmt: skip
-        return drop(x, deterministic=deterministic)
-
     @nn.compact
     def __call__(
         self,
@@ -377,44 +144,40 @@ class TransformerLayer(nn.Module):
         inputs = check_float_array("TransformerLayer", "inputs", inputs)
         self.check(inputs, encoded, decode)
         decoder = self.layer_type is TransformerLayerType.DECODER
-        seq_dim = 0 if self.transpose_batch_sequence else 1
         attn_name = "self_attention" if decoder else "attention"
-        length = inputs.shape[seq_dim]
+        length = inputs.shape[0 if self.transpose_batch_sequence else 1]
         if decode:
-            length = self._decode_length(attn_name, length, max_decode_length)
-        configs = self.submodule_configs()
-
-        def child(name: str) -> nn.Module:
-            cls, kwargs = configs[name]
-            return cls(name=name, **kwargs)
-
-        bias = None
-        if self.enable_relative_embedding:
-            rel = self.relative_embedding
-            if rel is None:
-                rel = child("relpos_bias")
-            bias = rel(length, length, not decoder)
-
-        x, ln = child(attn_name)(
-            inputs, None, attention_mask, bias, decode=decode, deterministic=deterministic
-        )
-        x = self._dropout(x, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
-        x = self._drop_path(x, deterministic)
-        residual = ln if self.apply_residual_connection_post_layernorm else inputs
-        x = x + residual
-        mlp_input = x
+            cached = self.variables.get("cache", {}).get(attn_name, {})
+            cached_key = cached.get("cached_key") if hasattr(cached, "get") else None
+            if cached_key is not None:
+                length = int(cached_key.shape[0 if self.transpose_batch_sequence else 1])
+            length = self.decode_length(length, max_decode_length)
+        made = {
+            name: _LINEN[type(config)](**_fields(config), name=name)
+            for name, config in self.submodule_configs().items()
+        }
+        children = {
+            attn_name: lambda x, mask, bias: made[attn_name](
+                x, None, mask, bias, decode=decode, deterministic=deterministic
+            ),
+            "relpos_bias": self.relative_embedding or made.get("relpos_bias"),
+            "mlp": lambda x: made["mlp"](x, deterministic=deterministic),
+        }
         if decoder:
-            y, ln = child("encoder_decoder_attention")(
-                x, encoded, encoder_decoder_mask, deterministic=deterministic
-            )
-            y = self._dropout(y, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
-            residual = ln if self.apply_residual_connection_post_layernorm else x
-            mlp_input = y + residual
-        z, ln = child("mlp")(mlp_input, deterministic=deterministic)
-        residual = ln if self.apply_residual_connection_post_layernorm else mlp_input
-        z = self._dropout(z, self.hidden_dropout, self.hidden_dropout_dims, deterministic)
-        z = self._drop_path(z, deterministic)
-        z = z + residual
+            children["encoder_decoder_attention"] = lambda x, enc, mask: made[
+                "encoder_decoder_attention"
+            ](x, enc, mask, deterministic=deterministic)
         if self.output_layernorm:
-            z = child("output_layernorm")(z)
-        return z.astype(inputs.dtype)
+            children["output_layernorm"] = made["output_layernorm"]
+
+        def drop(x: jax.Array, rate: float, dims: Sequence[int]) -> jax.Array:
+            dropout = nn.Dropout(rate=rate, broadcast_dims=tuple(dims),
+                                 rng_collection=self.dropout_rng_name)  # fmt: skip
+            return dropout(x, deterministic=deterministic)
+
+        return self.forward(children, inputs, encoded, attention_mask, encoder_decoder_mask,
+                            bias_length=length, drop=drop)  # fmt: skip
+
+
+def _fields(config: Any) -> dict[str, Any]:
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}

@@ -2,8 +2,10 @@
 
 - :class:`DenseGeneral`, :class:`LayerNorm`, :class:`LayerNormDenseGeneral`,
   :class:`LayerNormMLP`, :class:`MultiHeadAttention`, :class:`TransformerLayer`: native
-  ``nnx.Module``s over fp8jax's functional layers, with the params, init and names of the
-  Linen modules of :mod:`fp8jax.flax` (sizes positional, options keyword-only, ``rngs=``).
+  ``nnx.Module``s over fp8jax's layer spec (:mod:`fp8jax.layers`) and functional layers,
+  with the params, init and names of the Linen modules of :mod:`fp8jax.flax` (which are built
+  on the same spec; sizes positional, options keyword-only, ``rngs=``). Each holds its config
+  as ``config``; :func:`fp8jax.flax.linen_twin` gives the Linen module of that config.
   The composites hold the leaf layers as typed attributes (``layer.mlp``,
   ``layer.attention.qkv``, ...), which may be replaced by modules of your own.
 - :class:`Fp8MetaVariable` (delayed-scaling state) and :class:`Fp8Probe` (per-call

@@ -1,13 +1,15 @@
-"""The base of fp8jax's NNX layers: construction from the Linen twin's initial values, the
-Linen-shaped variable views, dropout.
+"""The base of fp8jax's NNX layers: params drawn from the layer spec, the FP8 state,
+dropout.
 
-A layer's constructor draws its initial values with the public ``init`` of its Linen twin in
-:mod:`fp8jax.flax` (one definition of the params, their initializers and their keys, so the
-same key gives the same params in both) on a one-token sample, and keeps them as typed NNX
-variables: :class:`flax.nnx.Param` (logical axis names as NNX's ``out_sharding`` metadata) and
-the FP8 state of :mod:`fp8jax.nnx.variables`. A composite (``MultiHeadAttention``,
-``TransformerLayer``) runs its twin's ``init`` once and hands each child layer its subtree
-(:class:`Given`); the forward of every layer is its own (the functional layers of fp8jax).
+A layer's config (:mod:`fp8jax.layers`) lists its params; the constructor draws each into an
+:class:`flax.nnx.Param` (logical axis names as NNX's ``out_sharding`` metadata) with the key
+Linen's ``init`` would give it (:func:`fp8jax.layers.params.param_key`: the constructor's
+``rngs.params()`` draw, the path of child names from the outermost layer, the param's number),
+so the same key gives the same params as the Linen twin of :mod:`fp8jax.flax`, without running
+it. Constructed inside ``fp8jax.autocast(enabled=True, recipe=DelayedScaling(...))`` a layer
+also holds its FP8 state, the typed variables of :mod:`fp8jax.nnx.variables`. A composite
+(``MultiHeadAttention``, ``TransformerLayer``) builds its children from its config's child
+configs with their real sizes, handing each its :class:`Keys`.
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from flax.core import meta as flax_meta
 
 from fp8jax.autocast import get_recipe, is_fp8_enabled
+from fp8jax.layers.checks import check_names, positive_int
+from fp8jax.layers.params import ParamSpec, param_key
 from fp8jax.nnx.variables import (
     FP8_META,
     FP8_PROBE,
@@ -38,21 +40,18 @@ from fp8jax.nnx.variables import (
 )
 from fp8jax.recipe import DelayedScaling
 
-__all__ = ["Fp8Module", "Given", "linen_init"]
-
-_ACTIVATION_AXES = ("output_axes", "layernorm_input_axes", "dot_input_axes")
+__all__ = ["Fp8Module", "Keys", "check_rngs", "keys_for", "positive_int"]
 
 
-class Given(NamedTuple):
-    """A layer's initial values, handed to it by a composite (instead of its own ``init``):
-    its Linen twin (the configuration), its ``params``, ``fp8_meta`` and ``fp8_probe``
-    subtrees (the last two empty without FP8 state) and the recipe they were made under."""
+class Keys(NamedTuple):
+    """Where a layer draws its params' keys: the ``params`` key of the outermost layer's
+    constructor and the child names from it down to this layer."""
 
-    linen: nn.Module
-    params: Mapping[str, Any]
-    fp8_meta: Mapping[str, Any]
-    fp8_probe: Mapping[str, Any]
-    recipe: DelayedScaling | None
+    root: jax.Array
+    path: tuple[str, ...] = ()
+
+    def child(self, name: str) -> Keys:
+        return Keys(self.root, (*self.path, name))
 
 
 def check_rngs(owner: str, rngs: Any) -> nnx.Rngs:
@@ -61,62 +60,30 @@ def check_rngs(owner: str, rngs: Any) -> nnx.Rngs:
     return rngs
 
 
-def positive_int(owner: str, name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-    return int(value)
+def keys_for(owner: str, rngs: Any, keys: Keys | None) -> Keys:
+    """``keys`` (handed down by a composite), else a new root from ``rngs.params()``."""
+    if keys is not None:
+        return keys
+    return Keys(check_rngs(owner, rngs).params())
 
 
-def linen_init(
-    owner: str,
-    linen: nn.Module,
-    sample: tuple[Any, ...],
-    rngs: nnx.Rngs,
-    init_kwargs: Mapping[str, Any] | None = None,
-) -> Given:
-    """Runs the twin's ``init`` with ``rngs.params()`` (the first draw, as Linen's
-    ``init(key)`` uses it). The activation constraints do not touch the params: init runs
-    without them (the sample is one token, of fixed rank) and without axis rules (no mesh
-    needs to divide it)."""
-    check_rngs(owner, rngs)
-    quiet = {f: () for f in _ACTIVATION_AXES if getattr(linen, f, ())}
-    with nn.logical_axis_rules(()):
-        variables = linen.clone(**quiet).init(
-            {"params": rngs.params()}, *sample, **dict(init_kwargs or {})
-        )
-    extra = sorted(set(variables) - {"params", FP8_META, FP8_PROBE})
-    if extra:
-        raise ValueError(f"{owner}: unexpected Linen collections {extra}")
-    recipe = get_recipe() if is_fp8_enabled() else None
-    meta = variables.get(FP8_META, {})
-    stated = recipe if meta and isinstance(recipe, DelayedScaling) else None
-    return Given(linen, variables.get("params", {}), meta, variables.get(FP8_PROBE, {}), stated)
-
-
-def child(given: Given, name: str, linen: nn.Module) -> Given:
-    """The subtree of ``given`` for the child ``name`` (configured by ``linen``)."""
-
-    def sub(tree: Mapping[str, Any]) -> Mapping[str, Any]:
-        return tree.get(name, {}) if isinstance(tree, Mapping) else {}
-
-    return Given(linen, sub(given.params), sub(given.fp8_meta), sub(given.fp8_probe),
-                 given.recipe)  # fmt: skip
-
-
-def as_param(value: Any) -> nnx.Param:
-    """A Linen param (possibly boxed with logical axis names) as an ``nnx.Param`` with NNX's
-    sharding metadata (``out_sharding``, and ``sharding_rules`` where the box has rules)."""
-    if isinstance(value, nn.Partitioned):
-        metadata: dict[str, Any] = {"out_sharding": tuple(value.names)}
+def as_param(value: Any, names: tuple[str | None, ...]) -> nnx.Param:
+    """An initial value as an ``nnx.Param`` with NNX's sharding metadata: logical axis
+    ``names`` (or those of a value an initializer boxed itself) as ``out_sharding``."""
+    metadata: dict[str, Any] = {}
+    if isinstance(value, flax_meta.Partitioned):
+        names = tuple(value.names)
         rules = getattr(value, "rules", None)
         if rules:
             metadata["sharding_rules"] = tuple(rules)
+        value = value.value
+    if names:
+        metadata["out_sharding"] = tuple(names)
         if flax_meta.get_global_mesh() is None:
             # NNX shards annotated variables when they are made (eager sharding), which needs a
             # mesh; without one the names are kept as metadata only, as Linen keeps them.
             metadata["eager_sharding"] = False
-        return nnx.Param(value.value, **metadata)
-    return nnx.Param(value)
+    return nnx.Param(value, **metadata)
 
 
 def dropout(x: jax.Array, rate: float, broadcast_dims: Any, key: jax.Array | None) -> jax.Array:
@@ -146,23 +113,25 @@ def call_rngs(rngs: Any) -> Any:
 class Fp8Module(nnx.Module):
     """Base class of fp8jax's NNX layers (see the module docstring)."""
 
-    def _adopt(self, given: Given, *, with_params: bool = True) -> None:
-        """Keeps ``given``'s params and FP8 state as this layer's variables."""
-        self._linen = given.linen
-        self._recipe = given.recipe
-        if with_params:
-            for key, value in given.params.items():
-                if isinstance(value, Mapping):
-                    raise ValueError(f"{type(self).__name__}: unexpected param scope {key!r}")
-                setattr(self, str(key), as_param(value))
-        if given.fp8_meta:
-            probes = dict(given.fp8_probe)
-            if set(probes) != {"call_0"}:
-                raise ValueError(
-                    f"{type(self).__name__}: expected one probe 'call_0', got {sorted(probes)}"
-                )
-            self.fp8_meta = Fp8State(given.fp8_meta["amax_history"], given.fp8_meta["scale"])
-            self.fp8_probe = Fp8Probes(probes["call_0"])
+    def _draw(self, owner: str, specs: Mapping[str, ParamSpec], keys: Keys) -> None:
+        """Draws the params ``specs`` (a config's, in its order) as this layer's attributes."""
+        for number, (name, p) in enumerate(specs.items(), start=1):
+            names = check_names(owner, p.axes_arg, p.axes, len(p.shape)) if p.axes else ()
+            value = p.init(param_key(keys.root, keys.path, number), p.shape, p.dtype)
+            setattr(self, name, as_param(value, names))
+
+    def _fp8_state(self, n_roles: int | None) -> None:
+        """Records the recipe the layer is constructed under, when it is a DelayedScaling
+        inside ``autocast(enabled=True, ...)``, with the layer's FP8 state and probe of
+        ``n_roles`` roles (``None``: a composite, whose children hold the state)."""
+        recipe = get_recipe()
+        self._recipe = None
+        if is_fp8_enabled() and isinstance(recipe, DelayedScaling):
+            self._recipe = recipe
+            if n_roles is not None:
+                length = recipe.amax_history_len
+                self.fp8_meta = Fp8State(jnp.zeros((n_roles, length)), jnp.ones((n_roles,)))
+                self.fp8_probe = Fp8Probes(jnp.zeros((n_roles,)))
 
     def _dropout_stream(self, rngs: nnx.Rngs, name: str, deterministic: bool) -> None:
         """Keeps a fork of ``rngs[name]`` and the ``deterministic`` flag (``eval()``)."""
@@ -200,11 +169,6 @@ class Fp8Module(nnx.Module):
         )
 
     @property
-    def linen_module(self) -> nn.Module:
-        """The Linen twin (``fp8jax.flax``) that configures this layer."""
-        return self._linen
-
-    @property
     def recipe(self) -> DelayedScaling | None:
         """The DelayedScaling this layer's FP8 state was made under (None: no state)."""
         return self._recipe
@@ -231,14 +195,13 @@ class Fp8Module(nnx.Module):
             targets.append((FP8_META, Fp8MetaVariable, meta))
         for name, kind, tree in targets:
             have = jax.tree.map(jnp.shape, pure(self, kind))
-            given = jax.tree.map(jnp.shape, nn.unbox(tree))
+            given = jax.tree.map(jnp.shape, flax_meta.unbox(tree))
             if have != given:
                 raise ValueError(
                     f"{owner}: {name!r} has the structure/shapes {given}, this module has {have}"
                 )
-            assign(self, kind, jax.tree.map(jnp.asarray, nn.unbox(tree)))
+            assign(self, kind, jax.tree.map(jnp.asarray, flax_meta.unbox(tree)))
 
-    def _value(self, name: str) -> jax.Array | None:
-        """The value of param ``name``, or None if the layer has none of that name."""
-        var = getattr(self, name, None)
-        return None if var is None else var.get_value()
+    def _values(self, names: Any) -> dict[str, jax.Array]:
+        """The values of the params ``names`` this layer has, by name."""
+        return {n: getattr(self, n).get_value() for n in names if hasattr(self, n)}

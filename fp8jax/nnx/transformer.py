@@ -1,7 +1,8 @@
 """NNX ``MultiHeadAttention``, ``RelativePositionBiases`` and ``TransformerLayer``: native
 ``nnx.Module``s composed of the FP8 layers of :mod:`fp8jax.nnx.layers` (typed attributes named
-as the Linen twins' submodules: ``layer.attention.qkv``, ``layer.mlp``, ...), with the params
-and init of the twins of :mod:`fp8jax.flax`; FP8 in every GEMM inside ``fp8jax.autocast``.
+as the Linen twins' submodules: ``layer.attention.qkv``, ``layer.mlp``, ...), built from the
+configs of :mod:`fp8jax.layers` (the params and init of the twins of :mod:`fp8jax.flax`); FP8
+in every GEMM inside ``fp8jax.autocast``.
 
 A child layer may be replaced by a module of your own with the same call signature (e.g. a
 LoRA wrapper around ``layer.mlp``); the composite only calls it.
@@ -26,46 +27,60 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp8jax import flax as fflax
-from fp8jax.flax._variables import check_float_array
-from fp8jax.flax.attention import decode_step
-from fp8jax.flax.dot_product_attention import attention_core
-from fp8jax.flax.relative_position import t5_relative_buckets
-from fp8jax.nnx._base import (
-    Fp8Module,
-    Given,
-    call_rngs,
-    check_rngs,
-    child,
-    dropout,
-    linen_init,
-    positive_int,
-)
+from fp8jax.layers.attention import MultiHeadAttentionConfig, decode_step
+from fp8jax.layers.attention_core import attention_core
+from fp8jax.layers.checks import check_float_array, positive_int
+from fp8jax.layers.dense import DenseGeneralConfig, LayerNormConfig, LayerNormDenseGeneralConfig
+from fp8jax.layers.mlp import LayerNormMLPConfig
+from fp8jax.layers.relative_position import RelativePositionBiasesConfig
+from fp8jax.layers.transformer import TransformerLayerConfig, TransformerLayerType
+from fp8jax.nnx._base import Fp8Module, Keys, call_rngs, check_rngs, dropout, keys_for
 from fp8jax.nnx.layers import (
     DenseGeneral,
     LayerNorm,
     LayerNormDenseGeneral,
     LayerNormMLP,
-    linen_config,
-    sample,
+    make_config,
 )
-from fp8jax.rotary import rotary_pos_emb
 
 __all__ = ["MultiHeadAttention", "RelativePositionBiases", "TransformerLayer"]
 
 
-def _layer(given: Given, name: str, linen: Any, rngs: nnx.Rngs, deterministic: bool) -> Any:
-    """The NNX layer of Linen config ``linen`` with ``given``'s subtree ``name``."""
-    sub = child(given, name, linen)
-    if isinstance(linen, fflax.LayerNormDenseGeneral):
-        return LayerNormDenseGeneral(0, 0, _given=sub)
-    if isinstance(linen, fflax.DenseGeneral):
-        return DenseGeneral(0, 0, _given=sub)
-    if isinstance(linen, fflax.LayerNormMLP):
-        return LayerNormMLP(0, rngs=rngs, deterministic=deterministic, _given=sub)
-    if isinstance(linen, fflax.LayerNorm):
-        return LayerNorm(0, _given=sub)
-    raise TypeError(f"no NNX layer for {type(linen).__name__}")
+def _child(config: Any, in_features: int, keys: Keys, rngs: nnx.Rngs, deterministic: bool) -> Any:
+    """The NNX layer of a child config, ``in_features`` wide."""
+    kw = dict(_config=config, _keys=keys)
+    if isinstance(config, LayerNormDenseGeneralConfig):
+        return LayerNormDenseGeneral(in_features, 0, **kw)
+    if isinstance(config, DenseGeneralConfig):
+        return DenseGeneral(in_features, 0, **kw)
+    if isinstance(config, LayerNormMLPConfig):
+        return LayerNormMLP(in_features, rngs=rngs, deterministic=deterministic, **kw)
+    if isinstance(config, LayerNormConfig):
+        return LayerNorm(in_features, **kw)
+    raise TypeError(f"no NNX layer for {type(config).__name__}")
+
+
+class _Cache:
+    """A :class:`MultiHeadAttention`'s ``nnx.Cache`` variables as the config's forward uses
+    them (:class:`fp8jax.layers.attention.KVCache`): every call with ``decode=True`` is a step."""
+
+    def __init__(self, module: MultiHeadAttention) -> None:
+        self.module = module
+
+    def index(self) -> jax.Array:
+        return self.module.cache_index.get_value()
+
+    def update(self, k, v, mask, bias):
+        m, cfg = self.module, self.module.config
+        index = m.cache_index.get_value()
+        k, v, mask, bias = decode_step(
+            m.cached_key.get_value(), m.cached_value.get_value(), index, k, v, mask, bias,
+            seq_axis=0 if cfg.transpose_batch_sequence else 1, mask_type=cfg.attn_mask_type,
+        )  # fmt: skip
+        m.cached_key.set_value(k)
+        m.cached_value.set_value(v)
+        m.cache_index.set_value(index + 1)
+        return k, v, mask, bias
 
 
 class MultiHeadAttention(Fp8Module):
@@ -104,7 +119,8 @@ class MultiHeadAttention(Fp8Module):
         kv_features: int | None = None,
         deterministic: bool = False,
         rngs: nnx.Rngs,
-        _given: Given | None = None,
+        _config: MultiHeadAttentionConfig | None = None,
+        _keys: Keys | None = None,
         **config: Any,
     ) -> None:
         owner = "MultiHeadAttention"
@@ -113,26 +129,25 @@ class MultiHeadAttention(Fp8Module):
         self.kv_features = None if kv_features is None else positive_int(
             owner, "kv_features", kv_features
         )  # fmt: skip
-        if _given is None:
+        if _config is None:
             if head_dim is None or num_attention_heads is None:
                 raise TypeError(f"{owner}: head_dim and num_attention_heads are required")
-            cfg = linen_config(
-                owner, fflax.MultiHeadAttention, config, {"head_dim", "num_attention_heads"}
-            )
-            linen = fflax.MultiHeadAttention(
-                head_dim=head_dim, num_attention_heads=num_attention_heads, **cfg
-            )
-            x = sample((1, 1, self.in_features), cfg.get("param_dtype"))
-            kv = x if kv_features is None else sample((1, 1, kv_features), cfg.get("param_dtype"))
-            _given = linen_init(owner, linen, (x, kv), rngs, {"deterministic": True})
-        linen = _given.linen
-        self._linen, self._recipe = linen, _given.recipe
-        self._heads, self._groups = linen.check_config()
-        configs = linen.projection_configs(self.kv_features is None, self.in_features)
-        for name, (cls, kwargs) in configs.items():
-            setattr(self, name, _layer(_given, name, cls(**kwargs), rngs, deterministic))
+            _config = make_config(owner, MultiHeadAttentionConfig, config, head_dim=head_dim,
+                                  num_attention_heads=num_attention_heads)  # fmt: skip
+        self.config = _config
+        heads, _ = _config.check_config()
+        keys = keys_for(owner, rngs, _keys)
+        is_self = self.kv_features is None
+        widths = {"qkv": self.in_features, "query": self.in_features,
+                  "out": heads * int(_config.head_dim)}  # fmt: skip
+        kv_width = self.in_features if is_self else self.kv_features
+        configs = _config.projection_configs(is_self, self.in_features)
+        for name, child in configs.items():
+            layer = _child(child, widths.get(name, kv_width), keys.child(name), rngs, deterministic)
+            setattr(self, name, layer)
         self._projections = tuple(configs)
-        self._dropout_stream(rngs, linen.dropout_rng_name, deterministic)
+        self._fp8_state(None)
+        self._dropout_stream(rngs, _config.dropout_rng_name, deterministic)
 
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = None) -> None:
         """Creates an empty key/value cache for decoding inputs of ``input_shape``
@@ -151,9 +166,9 @@ class MultiHeadAttention(Fp8Module):
                 f"{owner}: input_shape must be (batch, max_length, features) (or (max_length, "
                 f"batch, features) with transpose_batch_sequence), got {input_shape!r}"
             )
-        cfg = self._linen
+        cfg = self.config
         dtype = dtype or cfg.dtype or cfg.param_dtype
-        kv_shape = (*shape[:2], self._groups, int(cfg.head_dim))
+        kv_shape = cfg.cache_shape(shape)
         self.cached_key = nnx.Cache(jnp.zeros(kv_shape, dtype))
         self.cached_value = nnx.Cache(jnp.zeros(kv_shape, dtype))
         self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
@@ -173,7 +188,7 @@ class MultiHeadAttention(Fp8Module):
         """Attention of ``inputs_q`` over itself (self-attention) or over ``inputs_kv``;
         ``mask`` is True where attention is *not* allowed; ``decode``: one token against the
         cache (see :meth:`init_cache`)."""
-        owner, cfg = "MultiHeadAttention", self._linen
+        owner, cfg = "MultiHeadAttention", self.config
         is_self = inputs_kv is None or inputs_kv is inputs_q
         if is_self != (self.kv_features is None):
             built = "self" if self.kv_features is None else "cross"
@@ -190,49 +205,17 @@ class MultiHeadAttention(Fp8Module):
         )  # fmt: skip
         if decode and not hasattr(self, "cache_index"):
             raise ValueError(f"{owner}: decode=True needs a cache: call init_cache first")
-        bdim = 1 if cfg.transpose_batch_sequence else 0
-        heads, groups, d = self._heads, self._groups, int(cfg.head_dim)
-        if "qkv" in self._projections:
-            qkv, ln_out = self.qkv(inputs_q)
-            q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
-        else:
-            q, ln_out = self.query(inputs_q)
-            kv_in = ln_out if is_self else inputs_kv
-            if "kv" in self._projections:
-                kv = self.kv(kv_in)
-                k, v = kv[..., 0, :], kv[..., 1, :]
-            else:
-                k, v = self.key(kv_in), self.value(kv_in)
-        q = q.reshape(*q.shape[:2], heads, d)
-        k = k.reshape(*k.shape[:2], groups, d)
-        v = v.reshape(*v.shape[:2], groups, d)
-        mask_type, positions = cfg.attn_mask_type, None
-        if decode:
-            positions = self.cache_index.get_value()[None]
-        if cfg.enable_rotary_pos_emb:
-            rope = dict(
-                windows=cfg.rotary_pos_emb_windows,
-                transpose_batch_sequence=cfg.transpose_batch_sequence,
-                group_method=cfg.rotary_pos_emb_group_method, positions=positions,
+        dropout_rng = None if deterministic else functools.partial(self._dropout_key, rngs)
+
+        def core(q, k, v, mask, bias, mask_type):
+            return attention_core(
+                q, k, v, mask, bias, **cfg.core_config(mask_type, jnp.result_type(q, k, v)),
+                segment_ids=segment_ids, dropout_rng=dropout_rng,
             )  # fmt: skip
-            q, k = rotary_pos_emb(q, **rope), rotary_pos_emb(k, **rope)
-        if decode:
-            index = self.cache_index.get_value()
-            k, v, mask, bias = decode_step(
-                self.cached_key.get_value(), self.cached_value.get_value(), index, k, v, mask,
-                bias, seq_axis=1 - bdim, mask_type=cfg.attn_mask_type,
-            )  # fmt: skip
-            self.cached_key.set_value(k)
-            self.cached_value.set_value(v)
-            self.cache_index.set_value(index + 1)
-            mask_type = "padding"
-        x = attention_core(
-            q, k, v, mask, bias, **cfg.core_config(mask_type, jnp.result_type(q, k, v)),
-            segment_ids=segment_ids,
-            dropout_rng=None if deterministic else functools.partial(self._dropout_key, rngs),
-        )  # fmt: skip
-        x = x.reshape(*x.shape[:2], heads * d)
-        return self.out(x), ln_out
+
+        project = {name: getattr(self, name) for name in self._projections}
+        cache = _Cache(self) if decode else None
+        return cfg.forward(project, core, inputs_q, inputs_kv, is_self, mask, bias, cache)
 
 
 class RelativePositionBiases(Fp8Module):
@@ -247,29 +230,24 @@ class RelativePositionBiases(Fp8Module):
         num_attention_heads: int,
         *,
         rngs: nnx.Rngs | None = None,
-        _given: Given | None = None,
+        _config: RelativePositionBiasesConfig | None = None,
+        _keys: Keys | None = None,
         **config: Any,
     ) -> None:
-        if _given is None:
-            cfg = linen_config("RelativePositionBiases", fflax.RelativePositionBiases, config,
-                               {"num_buckets", "max_distance", "num_attention_heads"})  # fmt: skip
-            linen = fflax.RelativePositionBiases(
-                num_buckets=num_buckets, max_distance=max_distance,
-                num_attention_heads=num_attention_heads, **cfg,
-            )  # fmt: skip
-            _given = linen_init("RelativePositionBiases", linen, (2, 2), rngs)
-        self._adopt(_given)
+        owner = "RelativePositionBiases"
+        if _config is None:
+            _config = make_config(owner, RelativePositionBiasesConfig, config,
+                                  num_buckets=num_buckets, max_distance=max_distance,
+                                  num_attention_heads=num_attention_heads)  # fmt: skip
+        self.config = _config
+        _config.check_config()
+        self._draw(owner, _config.param_specs(), keys_for(owner, rngs, _keys))
+        self._recipe = None
 
     def __call__(self, q_seqlen: int, k_seqlen: int, bidirectional: bool = True) -> jax.Array:
-        cfg = self._linen
-        cfg.check(q_seqlen, k_seqlen, bidirectional)
-        buckets = t5_relative_buckets(
-            int(q_seqlen), int(k_seqlen), int(cfg.num_buckets), int(cfg.max_distance),
-            bool(bidirectional),
-        )  # fmt: skip
+        self.config.check(q_seqlen, k_seqlen, bidirectional)
         table = self.rel_embedding.get_value()
-        values = jnp.take(table, jnp.asarray(buckets), axis=1)
-        return values[None].astype(cfg.dtype or table.dtype)
+        return self.config.forward(table, q_seqlen, k_seqlen, bidirectional)
 
 
 class TransformerLayer(Fp8Module):
@@ -290,7 +268,7 @@ class TransformerLayer(Fp8Module):
       **config: the twin's other attributes (``mlp_hidden_size``, ``num_attention_heads``,
         ``layer_type``, ``self_attn_mask_type``, ``enable_rotary_pos_emb``, dropout rates
         (TE's defaults: hidden and attention 0.1, intermediate 0.0), ``logical_axes``, ...);
-        ``relative_embedding`` (a Linen module) is not supported.
+        ``relative_embedding`` (a Linen module) is not supported (replace ``relpos_bias``).
       deterministic: dropout off (``model.eval()`` sets it, ``model.train()`` clears it).
       rngs: ``rngs.params()`` draws the init key; the dropout streams (``dropout_rng_name``,
         default ``"dropout"``) are forked and kept.
@@ -306,43 +284,37 @@ class TransformerLayer(Fp8Module):
     ) -> None:
         owner = "TransformerLayer"
         hidden = positive_int(owner, "hidden_size", hidden_size)
-        cfg = linen_config(owner, fflax.TransformerLayer, config, {"hidden_size"})
-        if cfg.get("relative_embedding") is not None:
+        if config.get("relative_embedding") is not None:
             raise ValueError(
                 f"{owner}: relative_embedding (a Linen module) is not supported in fp8jax.nnx; "
                 "replace layer.relpos_bias with an nnx.Module of your own instead"
             )
-        linen = fflax.TransformerLayer(hidden_size=hidden, **cfg)
-        decoder = linen.layer_type == fflax.TransformerLayerType.DECODER
-        x = sample((1, 1, hidden), cfg.get("param_dtype"))
-        given = linen_init(owner, linen, (x, x if decoder else None), rngs,
-                           {"deterministic": True})  # fmt: skip
+        cfg = make_config(owner, TransformerLayerConfig, config, hidden_size=hidden)
+        cfg.check_config()
         self.hidden_size = hidden
-        self._linen, self._recipe = linen, given.recipe
+        self.config = cfg
+        decoder = cfg.layer_type is TransformerLayerType.DECODER
         self._self_attention = "self_attention" if decoder else "attention"
-        for name, (cls, kwargs) in linen.submodule_configs().items():
-            sub = child(given, name, cls(**kwargs))
-            if cls is fflax.MultiHeadAttention:
+        keys = keys_for(owner, rngs, None)
+        for name, child in cfg.submodule_configs().items():
+            if isinstance(child, MultiHeadAttentionConfig):
                 layer = MultiHeadAttention(
                     hidden, kv_features=None if name == self._self_attention else hidden,
-                    deterministic=deterministic, rngs=rngs, _given=sub,
+                    deterministic=deterministic, rngs=rngs, _config=child,
+                    _keys=keys.child(name),
                 )  # fmt: skip
-            elif cls is fflax.RelativePositionBiases:
-                layer = RelativePositionBiases(0, 0, 0, _given=sub)
+            elif isinstance(child, RelativePositionBiasesConfig):
+                layer = RelativePositionBiases(0, 0, 0, _config=child, _keys=keys.child(name))
             else:
-                layer = _layer(given, name, sub.linen, rngs, deterministic)
+                layer = _child(child, hidden, keys.child(name), rngs, deterministic)
             setattr(self, name, layer)
-        self._dropout_stream(rngs, linen.dropout_rng_name, deterministic)
+        self._fp8_state(None)
+        self._dropout_stream(rngs, cfg.dropout_rng_name, deterministic)
 
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = None) -> None:
         """Creates the self-attention's key/value cache (see
         :meth:`MultiHeadAttention.init_cache`)."""
         getattr(self, self._self_attention).init_cache(input_shape, dtype)
-
-    def _drop(self, x: jax.Array, rate: float, dims: Any, on: bool, rngs: Any) -> jax.Array:
-        if not on or rate <= 0.0:
-            return x
-        return dropout(x, rate, tuple(dims), self._dropout_key(rngs))
 
     def __call__(
         self,
@@ -358,45 +330,36 @@ class TransformerLayer(Fp8Module):
         """The layer on ``inputs`` ``[batch, seq, hidden]`` (``[seq, batch, hidden]`` with
         ``transpose_batch_sequence``); ``encoded`` for a decoder; masks are True where
         attention is *not* allowed; ``decode``: one token against the cache."""
-        cfg = self._linen
+        cfg = self.config
         inputs = check_float_array("TransformerLayer", "inputs", inputs)
         cfg.check(inputs, encoded, decode)
         deterministic = self._deterministic(deterministic)
         rngs = call_rngs(rngs)
-        on = not deterministic
-        decoder = cfg.layer_type is fflax.TransformerLayerType.DECODER
         seq_dim = 0 if cfg.transpose_batch_sequence else 1
-        post = cfg.apply_residual_connection_post_layernorm
         attention = getattr(self, self._self_attention)
-        bias = None
+        length = inputs.shape[seq_dim]
+        if decode and hasattr(attention, "cached_key"):  # one row per cached position
+            length = attention.cached_key.get_value().shape[seq_dim]
+        run = dict(deterministic=deterministic, rngs=rngs)
+        children = {
+            self._self_attention: lambda x, mask, bias: attention(
+                x, None, mask, bias, decode=decode, **run
+            ),
+            "mlp": lambda x: self.mlp(x, **run),
+        }
         if cfg.enable_relative_embedding:
-            length = inputs.shape[seq_dim]
-            if decode and hasattr(attention, "cached_key"):  # one row per cached position
-                length = attention.cached_key.get_value().shape[seq_dim]
-            bias = self.relpos_bias(length, length, not decoder)
-        x, ln = attention(inputs, None, attention_mask, bias, decode=decode,
-                          deterministic=deterministic, rngs=rngs)  # fmt: skip
-        x = self._drop(x, cfg.hidden_dropout, cfg.hidden_dropout_dims, on, rngs)
-        x = self._drop_path(x, on, rngs)
-        x = x + (ln if post else inputs)
-        mlp_input = x
-        if decoder:
-            y, ln = self.encoder_decoder_attention(
-                x, encoded, encoder_decoder_mask, deterministic=deterministic, rngs=rngs
+            children["relpos_bias"] = self.relpos_bias
+        if cfg.layer_type is TransformerLayerType.DECODER:
+            children["encoder_decoder_attention"] = lambda x, enc, mask: (
+                self.encoder_decoder_attention(x, enc, mask, **run)
             )
-            y = self._drop(y, cfg.hidden_dropout, cfg.hidden_dropout_dims, on, rngs)
-            mlp_input = y + (ln if post else x)
-        z, ln = self.mlp(mlp_input, deterministic=deterministic, rngs=rngs)
-        residual = ln if post else mlp_input
-        z = self._drop(z, cfg.hidden_dropout, cfg.hidden_dropout_dims, on, rngs)
-        z = self._drop_path(z, on, rngs)
-        z = z + residual
         if cfg.output_layernorm:
-            z = self.output_layernorm(z)
-        return z.astype(inputs.dtype)
+            children["output_layernorm"] = self.output_layernorm
 
-    def _drop_path(self, x: jax.Array, on: bool, rngs: Any) -> jax.Array:
-        """Stochastic depth: whole examples of a residual branch dropped."""
-        batch_dim = 1 if self._linen.transpose_batch_sequence else 0
-        dims = tuple(d for d in range(x.ndim) if d != batch_dim)
-        return self._drop(x, self._linen.drop_path, dims, on, rngs)
+        def drop(x: jax.Array, rate: float, dims: Any) -> jax.Array:
+            if deterministic or rate <= 0.0:
+                return x
+            return dropout(x, rate, tuple(dims), self._dropout_key(rngs))
+
+        return cfg.forward(children, inputs, encoded, attention_mask, encoder_decoder_mask,
+                           bias_length=length, drop=drop)  # fmt: skip

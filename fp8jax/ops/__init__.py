@@ -1,6 +1,8 @@
 """fp8jax ops: each a pure-jnp reference beside its XLA FFI kernel binding. No Flax here.
 
-:func:`implementation` chooses, per op family, the kernel or XLA's compilation of the reference.
+:func:`implementation` chooses, per op family, the kernel or XLA's compilation of the reference;
+:func:`gemm_options` how the FP8 GEMMs run on a GPU (autotuning, the MLP's fused epilogues, the
+size below which a layer stays in high precision).
 """
 
 from fp8jax.ops._block_gemm import block_gemm
@@ -46,6 +48,7 @@ from fp8jax.ops.cast_transpose import (
     cast_transpose_reference,
 )
 from fp8jax.ops.gemm import gemm, gemm_reference
+from fp8jax.ops.gemm_options import GemmOptions, gemm_options, get_gemm_options
 from fp8jax.ops.norm import (
     norm_backward,
     norm_backward_reference,
@@ -65,6 +68,7 @@ from fp8jax.ops.quantize import (
 from fp8jax.ops.scaling import update_fp8_state, update_fp8_states, update_fp8_states_reference
 
 __all__ = [
+    "GemmOptions",
     "activation",
     "activation_block_cast_transpose",
     "activation_block_cast_transpose_reference",
@@ -96,7 +100,9 @@ __all__ = [
     "dequantize",
     "dequantize_reference",
     "gemm",
+    "gemm_options",
     "gemm_reference",
+    "get_gemm_options",
     "get_implementation",
     "implementation",
     "layernorm",

@@ -42,11 +42,12 @@ from fp8jax import _ffi, _support
 from fp8jax.ops import _implementation, _partition
 from fp8jax.ops.block_scaling import (
     CUBLASLT_SCALE_MODES,
-    _check_block,
     block_scaled_matmul,
+    check_block,
     cublaslt_scales,
 )
-from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, _round_up
+from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, round_up
+from fp8jax.ops.gemm_options import get_gemm_options
 
 __all__ = ["block_gemm", "scale_mode_unsupported"]
 
@@ -71,7 +72,7 @@ def _gpu_runs(modes: tuple[int, int]) -> bool:
         devices = jax.devices("gpu")
     except RuntimeError:
         return True
-    cc = _support._capability(devices[0])
+    cc = _support.capability(devices[0])
     return cc is None or not any(scale_mode_unsupported(m, cc[0]) for m in modes)
 
 
@@ -93,9 +94,9 @@ def _operand(q, scale, block, rows_p, k_p):
     return q, cublaslt_scales(scale, block, rows_p, k_p)
 
 
-def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype):
+def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype, autotune=True):
     (m, k), n = a_q.shape, b_q.shape[0]
-    m_p, n_p, k_p = (_round_up(d, PAD_MULTIPLE) for d in (m, n, k))
+    m_p, n_p, k_p = (round_up(d, PAD_MULTIPLE) for d in (m, n, k))
     a_q, a_sl = _operand(a_q, a_s, a_block, m_p, k_p)
     b_q, b_sl = _operand(b_q, b_s, b_block, n_p, k_p)
     out_types = (
@@ -106,23 +107,23 @@ def _cuda_2d(a_q, a_s, b_q, b_s, *, a_block, b_block, out_dtype):
         a_q, b_q, a_sl, b_sl, jnp.zeros((0,), out_dtype),
         has_bias=np.int64(0), fast_accum=np.int64(0),
         a_scale_mode=np.int64(CUBLASLT_SCALE_MODES[a_block]),
-        b_scale_mode=np.int64(CUBLASLT_SCALE_MODES[b_block]),
+        b_scale_mode=np.int64(CUBLASLT_SCALE_MODES[b_block]), autotune=np.int64(autotune),
     )  # fmt: skip
     return out[:m, :n]
 
 
 @functools.cache
-def _partitioned_cuda(a_block, b_block, out_dtype):
+def _partitioned_cuda(a_block, b_block, out_dtype, autotune=True):
     """The CUDA path, split along ``a``'s and ``b``'s rows on a mesh (see the module
     docstring)."""
 
     def local(a_q, a_s, b_q, b_s):
         return (_cuda_2d(a_q, a_s, b_q, b_s, a_block=a_block, b_block=b_block,
-                         out_dtype=out_dtype),)  # fmt: skip
+                         out_dtype=out_dtype, autotune=autotune),)  # fmt: skip
 
     def k_split(k_axes, a_q, a_s, b_q, b_s):  # each device's K blocks, then one psum
         part = _cuda_2d(a_q, a_s, b_q, b_s, a_block=a_block, b_block=b_block,
-                        out_dtype=jnp.dtype(jnp.float32))  # fmt: skip
+                        out_dtype=jnp.dtype(jnp.float32), autotune=autotune)  # fmt: skip
         return (jax.lax.psum(part, k_axes).astype(out_dtype),)
 
     def plan(mesh, arg_shapes):
@@ -163,8 +164,8 @@ def block_gemm(
     the GPU has the scale modes. ``implementation``: ``"kernel"`` or ``"xla"`` (the reference on
     every platform); default: the enclosing :func:`fp8jax.ops.implementation` choice for
     ``"gemm"``."""
-    a_block = _check_block("block_gemm", a_block)
-    b_block = _check_block("block_gemm", b_block)
+    a_block = check_block("block_gemm", a_block)
+    b_block = check_block("block_gemm", b_block)
     impl = _implementation.choose("block_gemm", "gemm", implementation)
     modes = (CUBLASLT_SCALE_MODES.get(a_block), CUBLASLT_SCALE_MODES.get(b_block))
     supported = None not in modes and a_block[1] == b_block[1]
@@ -177,7 +178,7 @@ def block_gemm(
 
     jax.eval_shape(reference, a_q, a_scale_inv, b_q, b_scale_inv)  # the argument checks
     _ffi.ensure_registered()
-    cuda = _partitioned_cuda(a_block, b_block, jnp.dtype(out_dtype))
+    cuda = _partitioned_cuda(a_block, b_block, jnp.dtype(out_dtype), get_gemm_options().autotune)
 
     def by_platform(*args):
         return lax.platform_dependent(*args, cuda=cuda, default=reference)

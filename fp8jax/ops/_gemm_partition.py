@@ -69,12 +69,12 @@ def gemm_sharding_rule(
     return ", ".join(operands) + " -> m n"
 
 
-def _split(mesh, axes: tuple[str, ...], size: int) -> tuple[str, ...]:
+def divisible_axes(mesh, axes: tuple[str, ...], size: int) -> tuple[str, ...]:
     """``axes`` if they divide a dim of ``size`` evenly, else ``()`` (not split)."""
     return axes if size % math.prod(mesh.shape[a] for a in axes) == 0 else ()
 
 
-def _dims(arg) -> tuple[tuple[str, ...], ...]:
+def operand_dims(arg) -> tuple[tuple[str, ...], ...]:
     if isinstance(arg.sharding, NamedSharding):
         return _partition.dim_axes(arg.sharding, arg.shape)
     return ((),) * arg.ndim  # not known yet (GSPMD): take it as replicated
@@ -87,26 +87,26 @@ def _as_is(mesh, arg) -> NamedSharding:
     return _partition.named(mesh, ((),) * arg.ndim)
 
 
-def _plan_mnk(mesh, a, b, a_dims, b_dims):
+def plan_mnk(mesh, a, b, a_dims, b_dims):
     """The axes that split M, N and K of ``a [M, K] . b [N, K]^T`` (see the module docstring)."""
     (am, ak), (bn, bk) = a_dims, b_dims
     m = am  # the activations keep their rows' split (DP, SP); never re-laid out
     k = ak or tuple(x for x in bk if x not in m)
-    k = _split(mesh, _split(mesh, k, a.shape[1]), b.shape[1])
-    n = _split(mesh, tuple(x for x in bn if x not in k and x not in m), b.shape[0])
+    k = divisible_axes(mesh, divisible_axes(mesh, k, a.shape[1]), b.shape[1])
+    n = divisible_axes(mesh, tuple(x for x in bn if x not in k and x not in m), b.shape[0])
     return m, n, k
 
 
-def _reused_plan(mesh, a, w_t, x_t):
+def reused_plan(mesh, a, w_t, x_t):
     """For the dgrad GEMM ``a [M, N] . w_q [K, N]^T``: ``(m, n, k)`` of the GEMM run on the
     transpose of the gathered ``w_t`` the forward GEMM ``x [M, K] . w_t [N, K]^T`` made, or
     ``None`` when the forward GEMM did not gather ``w_t``."""
-    x_dims = _dims(x_t)[::-1]
+    x_dims = operand_dims(x_t)[::-1]
     x = jax.ShapeDtypeStruct(x_t.shape[::-1], x_t.dtype)
-    _, fwd_n, fwd_k = _plan_mnk(mesh, x, w_t, x_dims, _dims(w_t))
-    if (fwd_n, fwd_k) == _dims(w_t):
+    _, fwd_n, fwd_k = plan_mnk(mesh, x, w_t, x_dims, operand_dims(w_t))
+    if (fwd_n, fwd_k) == operand_dims(w_t):
         return None  # w_t ran as it lives: nothing was gathered, nothing to reuse
-    m = _dims(a)[0]
+    m = operand_dims(a)[0]
     if set(m) & set(fwd_n + fwd_k):
         return None  # the gradient's rows are split otherwise than x's: the plain plan
     # dgrad's N is the forward's K (output columns), its K is the forward's N (contracted).
@@ -153,8 +153,8 @@ def partitioned_gemm(
 
     def plan(mesh, arg_shapes):
         a, b = arg_shapes[0], arg_shapes[1]
-        reused = _reused_plan(mesh, a, *arg_shapes[-2:]) if has_reuse else None
-        m, n, k = reused or _plan_mnk(mesh, a, b, _dims(a), _dims(b))
+        reused = reused_plan(mesh, a, *arg_shapes[-2:]) if has_reuse else None
+        m, n, k = reused or plan_mnk(mesh, a, b, operand_dims(a), operand_dims(b))
         ins = [
             _partition.named(mesh, (m, k)),
             _as_is(mesh, b) if reused else _partition.named(mesh, (n, k)),

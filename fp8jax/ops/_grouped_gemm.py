@@ -35,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.ops import _partition
-from fp8jax.ops._gemm_partition import _dims, _plan_mnk
-from fp8jax.ops.gemm import _local, gemm_codes
+from fp8jax.ops._gemm_partition import operand_dims, plan_mnk
+from fp8jax.ops.gemm import gemm_codes, local_gemm
+from fp8jax.ops.gemm_options import get_gemm_options
 
 __all__ = ["gemm_k", "gemm_n", "usable"]
 
@@ -77,8 +78,8 @@ def _local_2d(local, k_axes, out_dtype, accumulate, a, b, sa, sb, bias):
 
 
 @functools.cache
-def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim):
-    local = _local(codes)
+def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim, autotune):
+    local = local_gemm(codes, autotune)
 
     def kernel(k_axes, a, b, sa, sb, *bias):
         g, n, k = b.shape
@@ -88,8 +89,8 @@ def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim):
 
     def plan(mesh, args):
         a, b = args[0], args[1]
-        _, bn, bk = _dims(b)
-        m, n, k = _plan_mnk(mesh, a, _fake(b.shape[1:], b.dtype), _dims(a), (bn, bk))
+        _, bn, bk = operand_dims(b)
+        m, n, k = plan_mnk(mesh, a, _fake(b.shape[1:], b.dtype), operand_dims(a), (bn, bk))
         ins = [
             _partition.named(mesh, (m, k)),
             _partition.named(mesh, ((), n, k)),
@@ -109,22 +110,22 @@ def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim):
 
 def _reused(mesh, a, w_t, x_t):
     """The dgrad's ``(m, n, k)`` on the forward GEMM's gathered ``w_t [g, N_fwd, K_fwd]`` (see
-    ``_gemm_partition._reused_plan``), or ``None`` when the forward gathered nothing."""
-    x_dims = _dims(x_t)[::-1]
+    ``_gemm_partition.reused_plan``), or ``None`` when the forward gathered nothing."""
+    x_dims = operand_dims(x_t)[::-1]
     x = _fake(x_t.shape[::-1], x_t.dtype)
-    _, wn, wk = _dims(w_t)
-    _, fwd_n, fwd_k = _plan_mnk(mesh, x, _fake(w_t.shape[1:], w_t.dtype), x_dims, (wn, wk))
+    _, wn, wk = operand_dims(w_t)
+    _, fwd_n, fwd_k = plan_mnk(mesh, x, _fake(w_t.shape[1:], w_t.dtype), x_dims, (wn, wk))
     if (fwd_n, fwd_k) == (wn, wk):
         return None
-    m = _dims(a)[0]
+    m = operand_dims(a)[0]
     if set(m) & set(fwd_n + fwd_k):
         return None
     return m, fwd_k, fwd_n
 
 
 @functools.cache
-def _gemm_k(codes, out_dtype, accumulate, sa_ndim, sb_ndim):
-    local = _local(codes)
+def _gemm_k(codes, out_dtype, accumulate, sa_ndim, sb_ndim, autotune):
+    local = local_gemm(codes, autotune)
 
     def kernel(k_axes, from_reuse, a, b, sa, sb, w_t, x_t):
         del x_t
@@ -141,12 +142,12 @@ def _gemm_k(codes, out_dtype, accumulate, sa_ndim, sb_ndim):
         if reused:
             m, n, k = reused
         else:
-            (am, _, ak), (bn, _, bk) = _dims(a), _dims(b)
+            (am, _, ak), (bn, _, bk) = operand_dims(a), operand_dims(b)
             a2, b2 = (
                 _fake((a.shape[0], a.shape[2]), a.dtype),
                 _fake((b.shape[0], b.shape[2]), b.dtype),
             )
-            m, n, k = _plan_mnk(mesh, a2, b2, (am, ak), (bn, bk))
+            m, n, k = plan_mnk(mesh, a2, b2, (am, ak), (bn, bk))
         as_is = lambda v: v.sharding if isinstance(v.sharding, jax.sharding.NamedSharding) else (
             _partition.named(mesh, ((),) * v.ndim))  # fmt: skip
         ins = [
@@ -192,7 +193,7 @@ def gemm_n(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, bias=None, accumulate="fa
     codes of FP8 ``dtypes = (a's, b's)``."""
     op = _gemm_n(
         _codes(dtypes), jnp.dtype(out_dtype), accumulate, bias is not None, jnp.ndim(a_sinv),
-        jnp.ndim(b_sinv),
+        jnp.ndim(b_sinv), get_gemm_options().autotune,
     )  # fmt: skip
 
     def fallback(a, b, a_sinv, b_sinv, *bias):
@@ -216,7 +217,12 @@ def gemm_k(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, reuse, accumulate="split"
     ``reuse = (w_t [g, K, N], x_t)``: the forward GEMM's ``b`` and its ``a`` transposed (read
     for their shardings: under FSDP the forward's gathered kernel is transposed locally)."""
     op = _gemm_k(
-        _codes(dtypes), jnp.dtype(out_dtype), accumulate, jnp.ndim(a_sinv), jnp.ndim(b_sinv)
+        _codes(dtypes),
+        jnp.dtype(out_dtype),
+        accumulate,
+        jnp.ndim(a_sinv),
+        jnp.ndim(b_sinv),
+        get_gemm_options().autotune,
     )
 
     def fallback(a, b, a_sinv, b_sinv, w_t, x_t):

@@ -5,8 +5,9 @@ Every op belongs to a *family* (``"cast"``: quantize, dequantize, cast_transpose
 ``"activation"``: the activations and their FP8 forms; ``"scaling"``: the delayed-scaling state
 update; ``"gemm"``: the FP8 GEMM). For each family a program picks
 
-* ``"kernel"`` (the default): the fp8jax custom call (on CPU the C++ kernel, on CUDA the CUDA
-  kernel or cuBLASLt), split over a mesh by fp8jax's own sharding rules;
+* ``"kernel"`` (the default of every family today, :data:`DEFAULTS`): the fp8jax custom call (on
+  CPU the C++ kernel, on CUDA the CUDA kernel or cuBLASLt), split over a mesh by fp8jax's own
+  sharding rules;
 * ``"xla"``: the op's ``*_reference`` function, compiled by XLA like any other ``jnp`` code. XLA
   fuses it with its neighbours and partitions it itself; no fp8jax extension is loaded for it.
   Numerics are those of the reference, which the kernels match bit for bit (the GEMM within its
@@ -30,6 +31,7 @@ from typing import Any
 import jax
 
 __all__ = [
+    "DEFAULTS",
     "FAMILIES",
     "IMPLEMENTATIONS",
     "choose",
@@ -44,6 +46,19 @@ IMPLEMENTATIONS: tuple[str, ...] = ("kernel", "xla")
 FAMILIES: dict[str, list[str]] = {}
 """Known op families and the ops in each (filled by :func:`register_family` as the op modules
 are imported)."""
+
+DEFAULTS: dict[str, str] = {
+    "cast": "kernel",
+    "activation": "kernel",
+    "scaling": "kernel",
+    "gemm": "kernel",
+    "norm": "kernel",
+}
+"""What each family runs outside any :func:`implementation` block (a family missing here: its
+kernel). The one place to change a default: the GPU runs of docs/performance.md measured XLA's
+fusion faster than quantize/dequantize (0.81x-0.86x) and the norm backward (0.82x, before its
+grid was widened), and the kernels faster elsewhere; a default changes here only with a GPU run
+that decides it (docs/gpu-tuning.md, "Defaults")."""
 
 
 def register_family(name: str, op: str) -> str:
@@ -64,13 +79,14 @@ def _known() -> str:
 @dataclasses.dataclass(frozen=True)
 class _State:
     """Hashable (it is part of jit's cache key): the choice of families not listed in
-    ``families`` is ``default``."""
+    ``families`` is ``default``, or with ``default=None`` the family's :data:`DEFAULTS` entry."""
 
-    default: str = "kernel"
+    default: str | None = None
     families: tuple[tuple[str, str], ...] = ()
 
     def of(self, family: str) -> str:
-        return dict(self.families).get(family, self.default)
+        chosen = dict(self.families).get(family, self.default)
+        return chosen if chosen is not None else DEFAULTS.get(family, "kernel")
 
 
 # Created once, at import: jax.make_user_context must not be called concurrently with other JAX
@@ -98,8 +114,15 @@ class _Context(contextlib.ContextDecorator):
             default, families = outer.default, dict(outer.families) | self._families
         else:
             default, families = self._default, self._families
-        # Canonical: a family that chose the default is not listed, so equal choices are one key.
-        return _State(default, tuple(sorted((f, v) for f, v in families.items() if v != default)))
+
+        def implied(f: str) -> str:  # what the family runs unlisted
+            return default if default is not None else DEFAULTS.get(f, "kernel")
+
+        # Canonical: a family that chose its implied value is not listed, so equal choices are
+        # one key.
+        return _State(
+            default, tuple(sorted((f, v) for f, v in families.items() if v != implied(f)))
+        )
 
     def __enter__(self) -> None:
         stack = self._local.__dict__.setdefault("stack", [])
@@ -135,7 +158,8 @@ def implementation(
     Raises:
       ValueError: a value that is not ``"kernel"`` or ``"xla"``, or an unknown family.
 
-    Outside any block every family runs its kernel. Blocks nest; an op's own
+    Outside any block each family runs its :data:`DEFAULTS` entry (today every one its kernel).
+    Blocks nest; an op's own
     ``implementation=`` argument overrides them all. The choice is part of :func:`jax.jit`'s
     cache key, so switching retraces instead of reusing a stale trace.
 
@@ -158,7 +182,7 @@ def implementation(
 
 def get_implementation(family: str) -> str:
     """The implementation the innermost :func:`implementation` block of this thread chose for
-    ``family`` (``"kernel"`` outside any block)."""
+    ``family`` (its :data:`DEFAULTS` entry outside any block)."""
     if family not in FAMILIES:
         raise ValueError(
             f"get_implementation: unknown op family {family!r}; the families are {_known()}"

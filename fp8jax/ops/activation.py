@@ -85,7 +85,7 @@ def activations_arg(op: str, activations: Any) -> tuple[str, ...]:
 # ------------------------------------------------------------------ the float32 math
 
 
-def _act(name: str, a: jax.Array) -> jax.Array:
+def act_f32(name: str, a: jax.Array) -> jax.Array:
     """``act(a)`` for float32 ``a`` (the order of operations is the kernels')."""
     if name == "gelu":
         inner = _SQRT_2_OVER_PI * (a + _GELU_CUBIC * (a * a * a))
@@ -99,7 +99,7 @@ def _act(name: str, a: jax.Array) -> jax.Array:
     return a
 
 
-def _dact(name: str, a: jax.Array) -> jax.Array:
+def dact_f32(name: str, a: jax.Array) -> jax.Array:
     """``act'(a)`` for float32 ``a``."""
     if name == "gelu":
         a2 = a * a
@@ -129,7 +129,7 @@ def activation_reference(x: jax.Array, activations: tuple[str, ...]) -> jax.Arra
     """Pure-jnp reference of :func:`activation`: ``act(x[..., 0, :])`` (times ``x[..., 1, :]``
     when gated), in float32, rounded once to ``x.dtype``."""
     a, b = _halves(x, len(activations) == 2)
-    y = _act(activations[0], a)
+    y = act_f32(activations[0], a)
     if b is not None:
         y = y * b
     return y.astype(x.dtype)
@@ -140,11 +140,11 @@ def dactivation_reference(g: jax.Array, x: jax.Array, activations: tuple[str, ..
     ``[g * act'(a)]``, stacked on the ``k`` axis, in float32, rounded once to ``g.dtype``."""
     a, b = _halves(x, len(activations) == 2)
     gf = g.astype(jnp.float32)
-    da = gf * _dact(activations[0], a)
+    da = gf * dact_f32(activations[0], a)
     if b is None:
         return da[..., None, :].astype(g.dtype)
     da = da * b
-    db = gf * _act(activations[0], a)
+    db = gf * act_f32(activations[0], a)
     return jnp.stack([da, db], axis=-2).astype(g.dtype)
 
 
@@ -172,7 +172,7 @@ def dactivation_cast_transpose_dbias_reference(
 # ------------------------------------------------------------------ op definitions
 
 
-def _attrs(*, activations: tuple[str, ...], **_: Any) -> dict[str, Any]:
+def activation_attrs(*, activations: tuple[str, ...], **_: Any) -> dict[str, Any]:
     return {"act": np.int64(_CODES[activations[0]]), "gated": np.int64(len(activations) == 2)}
 
 
@@ -192,7 +192,7 @@ _ACTIVATION = _opdef.OpDef(
     reference=activation_reference,
     outputs=lambda x, *, activations: (_x_out(x, x.dtype),),
     factors=lambda x_ndim: (["m a n"], ["m n"]),
-    attrs=_attrs,
+    attrs=activation_attrs,
     need_replication=("a",),
 )
 
@@ -203,7 +203,7 @@ _DACTIVATION = _opdef.OpDef(
     reference=dactivation_reference,
     outputs=lambda g, x, *, activations: (_opdef.like(x, g.dtype),),
     factors=lambda g_ndim, x_ndim: (["m n", "m a n"], ["m a n"]),
-    attrs=_attrs,
+    attrs=activation_attrs,
     need_replication=("a",),
 )
 
@@ -221,7 +221,7 @@ _ACTIVATION_CAST_TRANSPOSE = _opdef.OpDef(
         ["m a n", "s" * s_ndim],
         ["m n", "n m", "s" * s_ndim, "s" * s_ndim],
     ),
-    attrs=_attrs,
+    attrs=activation_attrs,
     max_over={3: 0},  # amax: the max over all of the activation, which is split like x
     need_replication=("a",),
 )
@@ -241,7 +241,7 @@ _DACTIVATION_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
         ["m n", "m a n", "s" * s_ndim],
         ["m a n", "a n m", "s" * s_ndim, "s" * s_ndim, "a n"],
     ),
-    attrs=_attrs,
+    attrs=activation_attrs,
     max_over={3: 0},  # amax: the max over all of dx, which is split like g
     sum_over={4: 0},  # dbias: the sum over g's rows
     need_replication=("a",),
@@ -264,7 +264,7 @@ def _x_arg(op: str, x: Any, acts: tuple[str, ...]) -> jax.Array:
     return x
 
 
-def _g_arg(op: str, g: Any, x: jax.Array) -> jax.Array:
+def gradient_arg(op: str, g: Any, x: jax.Array) -> jax.Array:
     g = _checks.wide_array(op, "g", g)
     want = (x.shape[0], x.shape[2])
     if g.shape != want:
@@ -332,7 +332,7 @@ def dactivation(
     op = "dactivation"
     acts = activations_arg(op, activations)
     x = _x_arg(op, x, acts)
-    g = _g_arg(op, g, x)
+    g = gradient_arg(op, g, x)
     return _DACTIVATION(g, x, activations=acts, implementation=implementation)[0]
 
 
@@ -407,7 +407,7 @@ def dactivation_cast_transpose_dbias(
     op = "dactivation_cast_transpose_dbias"
     acts = activations_arg(op, activations)
     x = _x_arg(op, x, acts)
-    g = _g_arg(op, g, x)
+    g = gradient_arg(op, g, x)
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     reduction = _checks.amax_reduction_arg(op, amax_reduction)

@@ -32,37 +32,37 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.ops import _checks, _opdef
-from fp8jax.ops.activation import _attrs as _act_attrs
 from fp8jax.ops.activation import (
-    _g_arg,
+    activation_attrs,
     activation_reference,
     activations_arg,
     dactivation_reference,
+    gradient_arg,
 )
 from fp8jax.ops.block_scaling import (
-    _E8M0,
-    _F32,
-    _POW2,
     BLOCK_1D,
     MXFP8_BLOCK,
-    _attrs,
-    _cast_transpose_coarse,
-    _cast_transpose_factors,
-    _cast_transpose_outputs,
-    _check_block,
-    _grid_shape,
-    _run,
-    _scale_dtype,
+    SCALE_E8M0,
+    SCALE_F32,
+    SCALE_POW2,
+    block_attrs,
     block_cast_transpose_reference,
+    cast_transpose_coarse,
+    cast_transpose_factors,
+    cast_transpose_outputs,
+    check_block,
+    grid_shape,
+    run_cast,
+    scale_dtype,
 )
 from fp8jax.ops.cast_transpose import dbias_workspace
 from fp8jax.ops.norm import (
-    _NORM_CODES,
-    _epsilon_arg,
-    _norm_type_arg,
-    _params_args,
-    _per_row,
+    NORM_CODES,
+    epsilon_arg,
     norm_forward_reference,
+    norm_type_arg,
+    params_args,
+    per_row,
 )
 
 __all__ = [
@@ -135,12 +135,12 @@ def norm_block_cast_transpose_reference(
 def _act_outputs(x, *, fp8_dtype, block, scale_mode, activations, **_):
     """``q [m, n]``, its grid, ``q_t [n, m]``, its grid, of ``x [..., m, k, n]``."""
     lead, (m, n) = x.shape[:-3], (x.shape[-3], x.shape[-1])
-    sdt = _scale_dtype(scale_mode)
+    sdt = scale_dtype(scale_mode)
     return (
         _opdef.like(x, fp8_dtype, dims=(-3, -1)),
-        _opdef.like(x, sdt, shape=_grid_shape((*lead, m, n), block), dims=(-3, -1)),
+        _opdef.like(x, sdt, shape=grid_shape((*lead, m, n), block), dims=(-3, -1)),
         _opdef.like(x, fp8_dtype, dims=(-1, -3)),
-        _opdef.like(x, sdt, shape=_grid_shape((*lead, n, m), block), dims=(-1, -3)),
+        _opdef.like(x, sdt, shape=grid_shape((*lead, n, m), block), dims=(-1, -3)),
     )
 
 
@@ -150,15 +150,15 @@ _BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
     target="fp8jax_block_cast_transpose_dbias",
     reference=block_cast_transpose_dbias_reference,
     outputs=lambda g, **kw: (
-        *_cast_transpose_outputs(g, **kw),
+        *cast_transpose_outputs(g, **kw),
         _opdef.like(g, jnp.float32, dims=(-1,), core=2),
     ),
     factors=lambda g_ndim: (
-        _cast_transpose_factors(g_ndim)[0],
-        [*_cast_transpose_factors(g_ndim)[1], "k"],
+        cast_transpose_factors(g_ndim)[0],
+        [*cast_transpose_factors(g_ndim)[1], "k"],
     ),
-    attrs=_attrs,
-    coarse=_cast_transpose_coarse,
+    attrs=block_attrs,
+    coarse=cast_transpose_coarse,
     sum_over={4: 0},  # dbias: the sum over g's rows, psum-ed over the axes that split them
     workspace=lambda g, **_: dbias_workspace(g, g.shape[-1]),
 )
@@ -167,8 +167,8 @@ _BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
 def _dact_outputs(g, x, *, fp8_dtype, block, scale_mode, **_):
     """``q [m, k, n]``, its grid ``[mb, k, nb]``, ``q_t [k, n, m]``, its grid, dbias ``[k, n]``."""
     lead, (m, k, n) = x.shape[:-3], x.shape[-3:]
-    sdt = _scale_dtype(scale_mode)
-    (mb, nb), (nt, mt) = _grid_shape((m, n), block), _grid_shape((n, m), block)
+    sdt = scale_dtype(scale_mode)
+    (mb, nb), (nt, mt) = grid_shape((m, n), block), grid_shape((n, m), block)
     return (
         _opdef.like(x, fp8_dtype),
         _opdef.like(x, sdt, shape=(*lead, mb, k, nb), dims=(-3, -2, -1)),
@@ -185,7 +185,10 @@ _ACTIVATION_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
     reference=activation_block_cast_transpose_reference,
     outputs=_act_outputs,
     factors=lambda x_ndim: (["m a n"], ["m n", "mb nb", "n m", "nt mt"]),
-    attrs=lambda *, activations, **kw: {**_attrs(**kw), **_act_attrs(activations=activations)},
+    attrs=lambda *, activations, **kw: {
+        **block_attrs(**kw),
+        **activation_attrs(activations=activations),
+    },
     coarse=lambda *, block, **_: {
         "mb": ("m", block[0]),
         "nb": ("n", block[1]),
@@ -206,7 +209,10 @@ _DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
         ["m n", "m a n"],
         ["m a n", "mb a nb", "a n m", "a nt mt", "a n"],
     ),
-    attrs=lambda *, activations, **kw: {**_attrs(**kw), **_act_attrs(activations=activations)},
+    attrs=lambda *, activations, **kw: {
+        **block_attrs(**kw),
+        **activation_attrs(activations=activations),
+    },
     coarse=lambda *, block, **_: {
         "mb": ("m", block[0]),
         "nb": ("n", block[1]),
@@ -229,17 +235,17 @@ _NORM_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
     target="fp8jax_norm_block_cast_transpose",
     reference=norm_block_cast_transpose_reference,
     outputs=lambda x, gamma, beta, **kw: (
-        *_cast_transpose_outputs(x, **_cast_kw(**kw)),
-        _per_row(x),
-        _per_row(x),
+        *cast_transpose_outputs(x, **_cast_kw(**kw)),
+        per_row(x),
+        per_row(x),
     ),
     factors=lambda x_ndim, gamma_ndim, beta_ndim: (
         ["m h", "h", "h"],
         ["m h", "mb hb", "h m", "ht mt", "m", "m"],
     ),
     attrs=lambda *, norm_type, norm_epsilon, zero_centered_gamma, **kw: {
-        **_attrs(**_cast_kw(**kw)),
-        "norm_type": np.int64(_NORM_CODES[norm_type]),
+        **block_attrs(**_cast_kw(**kw)),
+        "norm_type": np.int64(NORM_CODES[norm_type]),
         "norm_epsilon": np.float32(norm_epsilon),
         "zero_centered_gamma": np.int64(zero_centered_gamma),
     },
@@ -250,7 +256,7 @@ _NORM_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
 
 
 def _both(owner, block, x_rank, x):
-    block = _check_block(owner, block)
+    block = check_block(owner, block)
     if jnp.ndim(x) != x_rank:
         raise ValueError(f"{owner}: x must have rank {x_rank}, got shape {jnp.shape(x)}")
     if block[0] != 1 and block[0] != block[1]:
@@ -279,8 +285,8 @@ def block_cast_transpose_dbias(
     ((4, 2), (256, 1), Array([4., 4.], dtype=float32))
     """
     block = _both("block_cast_transpose_dbias", block, 2, g)
-    mode = _POW2 if power_2_scale else _F32
-    return _run(_BLOCK_CAST_TRANSPOSE_DBIAS, "block_cast_transpose_dbias", g, fp8_dtype, block,
+    mode = SCALE_POW2 if power_2_scale else SCALE_F32
+    return run_cast(_BLOCK_CAST_TRANSPOSE_DBIAS, "block_cast_transpose_dbias", g, fp8_dtype, block,
                 mode, amax_epsilon, implementation, arg="g")  # fmt: skip
 
 
@@ -294,8 +300,8 @@ def mxfp8_cast_transpose_dbias(
     """:func:`block_cast_transpose_dbias` for MXFP8: :func:`~fp8jax.ops.mxfp8_cast_transpose`
     of ``g`` [m, n] (E8M0 scales) and its float32 column sums."""
     block = _both("mxfp8_cast_transpose_dbias", block, 2, g)
-    return _run(_BLOCK_CAST_TRANSPOSE_DBIAS, "mxfp8_cast_transpose_dbias", g, fp8_dtype, block,
-                _E8M0, 0.0, implementation, arg="g")  # fmt: skip
+    return run_cast(_BLOCK_CAST_TRANSPOSE_DBIAS, "mxfp8_cast_transpose_dbias", g, fp8_dtype, block,
+                SCALE_E8M0, 0.0, implementation, arg="g")  # fmt: skip
 
 
 def activation_block_cast_transpose(
@@ -324,8 +330,8 @@ def activation_block_cast_transpose(
     acts = activations_arg("activation_block_cast_transpose", activations)
     block = _both("activation_block_cast_transpose", block, 3, x)
     _act_shape("activation_block_cast_transpose", x, acts)
-    mode = _POW2 if power_2_scale else _F32
-    return _run(_ACTIVATION_BLOCK_CAST_TRANSPOSE, "activation_block_cast_transpose", x,
+    mode = SCALE_POW2 if power_2_scale else SCALE_F32
+    return run_cast(_ACTIVATION_BLOCK_CAST_TRANSPOSE, "activation_block_cast_transpose", x,
                 fp8_dtype, block, mode, amax_epsilon, implementation,
                 activations=acts)  # fmt: skip
 
@@ -342,8 +348,8 @@ def activation_mxfp8_cast_transpose(
     acts = activations_arg("activation_mxfp8_cast_transpose", activations)
     block = _both("activation_mxfp8_cast_transpose", block, 3, x)
     _act_shape("activation_mxfp8_cast_transpose", x, acts)
-    return _run(_ACTIVATION_BLOCK_CAST_TRANSPOSE, "activation_mxfp8_cast_transpose", x,
-                fp8_dtype, block, _E8M0, 0.0, implementation, activations=acts)  # fmt: skip
+    return run_cast(_ACTIVATION_BLOCK_CAST_TRANSPOSE, "activation_mxfp8_cast_transpose", x,
+                fp8_dtype, block, SCALE_E8M0, 0.0, implementation, activations=acts)  # fmt: skip
 
 
 def _act_shape(owner: str, x: Any, acts: tuple[str, ...]) -> None:
@@ -359,8 +365,8 @@ def _dact(owner, g, x, activations, fp8_dtype, block, mode, eps, implementation)
     x = _checks.wide_array(owner, "x", x)
     block = _both(owner, block, 3, x)
     _act_shape(owner, x, acts)
-    g = _g_arg(owner, g, x)
-    return _run(_DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS, owner, g, fp8_dtype, block, mode, eps,
+    g = gradient_arg(owner, g, x)
+    return run_cast(_DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS, owner, g, fp8_dtype, block, mode, eps,
                 implementation, arg="g", extra_operands=(x,), activations=acts)  # fmt: skip
 
 
@@ -391,7 +397,7 @@ def dactivation_block_cast_transpose_dbias(
     >>> q.shape, s.shape, q_t.shape, s_t.shape, dbias.shape
     ((4, 2, 128), (4, 2, 1), (2, 128, 4), (2, 128, 1), (2, 128))
     """
-    mode = _POW2 if power_2_scale else _F32
+    mode = SCALE_POW2 if power_2_scale else SCALE_F32
     return _dact("dactivation_block_cast_transpose_dbias", g, x, activations, fp8_dtype, block,
                  mode, amax_epsilon, implementation)  # fmt: skip
 
@@ -407,20 +413,20 @@ def dactivation_mxfp8_cast_transpose_dbias(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """:func:`dactivation_block_cast_transpose_dbias` for MXFP8 (E8M0 scales)."""
     return _dact("dactivation_mxfp8_cast_transpose_dbias", g, x, activations, fp8_dtype, block,
-                 _E8M0, 0.0, implementation)  # fmt: skip
+                 SCALE_E8M0, 0.0, implementation)  # fmt: skip
 
 
 def _norm(owner, x, gamma, beta, fp8_dtype, block, mode, amax_epsilon, implementation, norm_type,
           epsilon, zero_centered_gamma):  # fmt: skip
-    norm_type = _norm_type_arg(owner, norm_type)
+    norm_type = norm_type_arg(owner, norm_type)
     x = _checks.wide_array(owner, "x", x)
     block = _both(owner, block, 2, x)
-    gamma, beta = _params_args(owner, norm_type, x, gamma, beta)
+    gamma, beta = params_args(owner, norm_type, x, gamma, beta)
     if beta is None:  # rmsnorm: the kernel takes one signature and reads no beta
         beta = jnp.zeros_like(gamma)
-    return _run(_NORM_BLOCK_CAST_TRANSPOSE, owner, x, fp8_dtype, block, mode, amax_epsilon,
+    return run_cast(_NORM_BLOCK_CAST_TRANSPOSE, owner, x, fp8_dtype, block, mode, amax_epsilon,
                 implementation, extra_operands=(gamma, beta), norm_type=norm_type,
-                norm_epsilon=_epsilon_arg(owner, epsilon),
+                norm_epsilon=epsilon_arg(owner, epsilon),
                 zero_centered_gamma=bool(zero_centered_gamma))  # fmt: skip
 
 
@@ -453,7 +459,7 @@ def norm_block_cast_transpose(
     >>> q.shape, s.shape, q_t.shape, s_t.shape, mu.tolist()
     ((2, 256), (2, 2), (256, 2), (256, 1), [127.5, 383.5])
     """
-    mode = _POW2 if power_2_scale else _F32
+    mode = SCALE_POW2 if power_2_scale else SCALE_F32
     return _norm("norm_block_cast_transpose", x, gamma, beta, fp8_dtype, block, mode,
                  amax_epsilon, implementation, norm_type, epsilon, zero_centered_gamma)  # fmt: skip
 
@@ -471,5 +477,5 @@ def norm_mxfp8_cast_transpose(
     implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """:func:`norm_block_cast_transpose` for MXFP8 (E8M0 scales)."""
-    return _norm("norm_mxfp8_cast_transpose", x, gamma, beta, fp8_dtype, block, _E8M0, 0.0,
+    return _norm("norm_mxfp8_cast_transpose", x, gamma, beta, fp8_dtype, block, SCALE_E8M0, 0.0,
                  implementation, norm_type, epsilon, zero_centered_gamma)  # fmt: skip

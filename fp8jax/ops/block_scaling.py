@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.ops import _checks, _opdef, _partition
-from fp8jax.ops.quantize import _SPECIAL_CODES, _to_fp8
+from fp8jax.ops.quantize import SPECIAL_CODES, to_fp8
 from fp8jax.recipe import fp8_max
 
 __all__ = [
@@ -64,7 +64,7 @@ MXFP8_BLOCK: tuple[int, int] = (1, 32)
 _F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
-def _check_block(owner: str, block: Any) -> tuple[int, int]:
+def check_block(owner: str, block: Any) -> tuple[int, int]:
     ok = (
         isinstance(block, tuple)
         and len(block) == 2
@@ -112,7 +112,7 @@ def block_amax(x: jax.Array, block: tuple[int, int]) -> jax.Array:
     """The amax of each ``block`` of matrix ``x``: float32 ``[ceil(rows / block[0]),
     ceil(cols / block[1])]``. NaNs are left out (as TransformerEngine's ``fmaxf`` reduction
     does: one NaN does not decide its block's scale); an inf makes the amax inf."""
-    block = _check_block("block_amax", block)
+    block = check_block("block_amax", block)
     x = _as_matrix("block_amax", x, block)
     mag = jnp.abs(x.astype(jnp.float32))
     mag = jnp.where(jnp.isnan(mag), jnp.float32(0), mag)
@@ -194,37 +194,37 @@ def _expand(grid: jax.Array, block: tuple[int, int], shape: tuple[int, int]) -> 
 
 
 # Scale modes, as the kernels' "scale_mode" attribute (common/block_scale.h).
-_F32, _POW2, _E8M0 = 0, 1, 2
+SCALE_F32, SCALE_POW2, SCALE_E8M0 = 0, 1, 2
 
 
 def _quantize_matrix(m, fp8_dtype, block, scale_mode, amax_epsilon):
     """``(q, scale grid)`` of matrix ``m``: float32 inverse scales, or E8M0 scales."""
     amax = block_amax(m, block)
-    if scale_mode == _E8M0:
+    if scale_mode == SCALE_E8M0:
         e = e8m0_exponent(amax, fp8_dtype)
         # The multiplier 2**(127 - e) as two normal factors (2**-127, for e = 254, is subnormal,
         # which XLA:CPU flushes): each product by a power of two is exact unless it underflows.
         k = 127 - e.astype(jnp.int32)
         lo = k // 2
         xf = m.astype(jnp.float32) * _expand(_pow2(lo), block, m.shape)
-        q = _to_fp8(xf, _expand(_pow2(k - lo), block, m.shape), fp8_dtype)
+        q = to_fp8(xf, _expand(_pow2(k - lo), block, m.shape), fp8_dtype)
         # A NaN scale (e = 255) makes its block's codes the format's NaN. Selected as bits: a
         # select on FP8 values goes through float32 on XLA:CPU, which turns E5M2's NaN 0x7E
         # (and -NaN) into 0x7F.
         bits = jax.lax.bitcast_convert_type(q, jnp.uint8)
-        nan = np.uint8(_SPECIAL_CODES[jnp.dtype(fp8_dtype)][1])
+        nan = np.uint8(SPECIAL_CODES[jnp.dtype(fp8_dtype)][1])
         bits = jnp.where(_expand(e == 0xFF, block, m.shape), nan, bits)
         q = jax.lax.bitcast_convert_type(bits, q.dtype)
         return q, jax.lax.bitcast_convert_type(e, jnp.float8_e8m0fnu)
     scale = block_scale(
-        amax, fp8_dtype, power_2_scale=scale_mode == _POW2, amax_epsilon=amax_epsilon,
+        amax, fp8_dtype, power_2_scale=scale_mode == SCALE_POW2, amax_epsilon=amax_epsilon,
         input_dtype=m.dtype,
     )  # fmt: skip
-    q = _to_fp8(m.astype(jnp.float32), _expand(scale, block, m.shape), fp8_dtype)
+    q = to_fp8(m.astype(jnp.float32), _expand(scale, block, m.shape), fp8_dtype)
     return q, (np.float32(1) / scale).astype(jnp.float32)
 
 
-def _grid_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
+def grid_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
     """The scale grid of an array of ``shape`` (its leading dims are separate matrices; a
     vector is one row)."""
     if len(shape) == 1:
@@ -243,7 +243,7 @@ def block_quantize_reference(
     shape = jnp.shape(x)
     m = jnp.reshape(x, (1, 1, -1) if len(shape) == 1 else (-1, *shape[-2:]))
     q, s = jax.vmap(lambda a: _quantize_matrix(a, fp8_dtype, block, scale_mode, amax_epsilon))(m)
-    return q.reshape(shape), s.reshape(_grid_shape(shape, block))
+    return q.reshape(shape), s.reshape(grid_shape(shape, block))
 
 
 def block_cast_transpose_reference(
@@ -258,7 +258,7 @@ def block_cast_transpose_reference(
             *block_quantize_reference(jnp.swapaxes(x, -1, -2), **kw))  # fmt: skip
 
 
-def _attrs(*, fp8_dtype, block, scale_mode, amax_epsilon):
+def block_attrs(*, fp8_dtype, block, scale_mode, amax_epsilon):
     del fp8_dtype
     return {
         "block_rows": np.int64(block[0]),
@@ -268,26 +268,26 @@ def _attrs(*, fp8_dtype, block, scale_mode, amax_epsilon):
     }
 
 
-def _scale_dtype(scale_mode: int) -> Any:
-    return jnp.float8_e8m0fnu if scale_mode == _E8M0 else jnp.float32
+def scale_dtype(scale_mode: int) -> Any:
+    return jnp.float8_e8m0fnu if scale_mode == SCALE_E8M0 else jnp.float32
 
 
 def _quantize_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
     del amax_epsilon
     dims = (-1,) if x.ndim == 1 else (-2, -1)
-    grid = _grid_shape(x.shape, block)
+    grid = grid_shape(x.shape, block)
     return (_opdef.like(x, fp8_dtype),
-            _opdef.like(x, _scale_dtype(scale_mode), shape=grid, dims=dims))  # fmt: skip
+            _opdef.like(x, scale_dtype(scale_mode), shape=grid, dims=dims))  # fmt: skip
 
 
-def _cast_transpose_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
+def cast_transpose_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
     del amax_epsilon
-    grid_t = _grid_shape((*x.shape[:-2], x.shape[-1], x.shape[-2]), block)
+    grid_t = grid_shape((*x.shape[:-2], x.shape[-1], x.shape[-2]), block)
     kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=0.0)
     return (
         *_quantize_outputs(x, **kw),
         _opdef.like(x, fp8_dtype, transpose=True),
-        _opdef.like(x, _scale_dtype(scale_mode), shape=grid_t, dims=(-1, -2)),
+        _opdef.like(x, scale_dtype(scale_mode), shape=grid_t, dims=(-1, -2)),
     )
 
 
@@ -298,7 +298,7 @@ def _quantize_factors(x_ndim: int) -> tuple[list[str], list[str]]:
     return [x], [x, f"{_opdef.lead(x_ndim - 2)} mb kb"]
 
 
-def _cast_transpose_factors(x_ndim: int) -> tuple[list[str], list[str]]:
+def cast_transpose_factors(x_ndim: int) -> tuple[list[str], list[str]]:
     lead = _opdef.lead(x_ndim - 2)
     x = f"{lead} m k"
     return [x], [x, f"{lead} mb kb", f"{lead} k m", f"{lead} kt mt"]
@@ -308,7 +308,7 @@ def _quantize_coarse(*, block, **_):
     return {"mb": ("m", block[0]), "kb": ("k", block[1])}
 
 
-def _cast_transpose_coarse(*, block, **_):
+def cast_transpose_coarse(*, block, **_):
     # q_t's grid counts x's K in blocks of block[0] and x's M in blocks of block[1]
     return {**_quantize_coarse(block=block), "kt": ("k", block[0]), "mt": ("m", block[1])}
 
@@ -323,7 +323,7 @@ _BLOCK_QUANTIZE = _opdef.OpDef(
     reference=block_quantize_reference,
     outputs=_quantize_outputs,
     factors=_quantize_factors,
-    attrs=_attrs,
+    attrs=block_attrs,
     coarse=_quantize_coarse,
 )
 _BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
@@ -331,10 +331,10 @@ _BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
     family="cast",
     target="fp8jax_block_cast_transpose",
     reference=block_cast_transpose_reference,
-    outputs=_cast_transpose_outputs,
-    factors=_cast_transpose_factors,
-    attrs=_attrs,
-    coarse=_cast_transpose_coarse,
+    outputs=cast_transpose_outputs,
+    factors=cast_transpose_factors,
+    attrs=block_attrs,
+    coarse=cast_transpose_coarse,
 )
 
 
@@ -344,7 +344,7 @@ def kernel_block(block: tuple[int, int]) -> bool:
     return all(0 < b <= 128 and b & (b - 1) == 0 for b in block) and block[0] * block[1] >= 32
 
 
-def _run(op, owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementation, arg="x",
+def run_cast(op, owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementation, arg="x",
          extra_operands=(), **extra):  # fmt: skip
     """Checks the arguments of a block-scaled cast op and calls it on ``x`` and
     ``extra_operands`` (``extra``: the op's other static parameters)."""
@@ -391,10 +391,10 @@ def block_quantize(
     >>> sinv  # amax 127 -> scale 2**floor(log2(448 / 127)) = 2; amax 255 -> 1
     Array([[0.5, 1. ]], dtype=float32)
     """
-    block = _check_block("block_quantize", block)
+    block = check_block("block_quantize", block)
     _check_rank("block_quantize", x, block)
-    mode = _POW2 if power_2_scale else _F32
-    return _run(_BLOCK_QUANTIZE, "block_quantize", x, fp8_dtype, block, mode, amax_epsilon,
+    mode = SCALE_POW2 if power_2_scale else SCALE_F32
+    return run_cast(_BLOCK_QUANTIZE, "block_quantize", x, fp8_dtype, block, mode, amax_epsilon,
                 implementation)  # fmt: skip
 
 
@@ -415,9 +415,9 @@ def mxfp8_quantize(
     >>> s.astype(jnp.float32)  # 3 / 448 rounded up to a power of two
     Array([[0.0078125]], dtype=float32)
     """
-    block = _check_block("mxfp8_quantize", block)
+    block = check_block("mxfp8_quantize", block)
     _check_rank("mxfp8_quantize", x, block)
-    return _run(_BLOCK_QUANTIZE, "mxfp8_quantize", x, fp8_dtype, block, _E8M0, 0.0,
+    return run_cast(_BLOCK_QUANTIZE, "mxfp8_quantize", x, fp8_dtype, block, SCALE_E8M0, 0.0,
                 implementation)  # fmt: skip
 
 
@@ -438,7 +438,7 @@ def block_dequantize(
     :func:`block_quantize` and :func:`mxfp8_quantize` (``scale_inv`` float32 or E8M0).
     An inverse scale below float32's normal range (a block amax under about 1e-36) dequantizes
     to 0 on XLA:CPU, which flushes subnormal products."""
-    block = _check_block("block_dequantize", block)
+    block = check_block("block_dequantize", block)
     _as_matrix("block_dequantize", q, block)
     return _block_dequantize(q, scale_inv, block, jnp.dtype(out_dtype))
 
@@ -453,12 +453,12 @@ def _block_dequantize(q, scale_inv, block, out_dtype):
 
 
 def _both_layouts(owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implementation):
-    block = _check_block(owner, block)
+    block = check_block(owner, block)
     if jnp.ndim(x) < 2:
         raise ValueError(f"{owner}: x must have at least 2 dims, got shape {jnp.shape(x)}")
     if block[0] != 1 and block[0] != block[1]:
         raise ValueError(f"{owner}: block must be 1 x n or square, got {block}")
-    return _run(_BLOCK_CAST_TRANSPOSE, owner, x, fp8_dtype, block, scale_mode, amax_epsilon,
+    return run_cast(_BLOCK_CAST_TRANSPOSE, owner, x, fp8_dtype, block, scale_mode, amax_epsilon,
                 implementation)  # fmt: skip
 
 
@@ -478,7 +478,7 @@ def block_cast_transpose(
     run down ``x``'s columns), never transposed from ``q``; square blocks: ``q_t`` and
     ``scale_inv_t`` are the transposes of ``q`` and ``scale_inv``. One op (one read of ``x``
     per layout on a GPU); ``implementation`` as for :func:`block_quantize`."""
-    mode = _POW2 if power_2_scale else _F32
+    mode = SCALE_POW2 if power_2_scale else SCALE_F32
     return _both_layouts("block_cast_transpose", x, fp8_dtype, block, mode, amax_epsilon,
                          implementation)  # fmt: skip
 
@@ -492,7 +492,9 @@ def mxfp8_cast_transpose(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """:func:`block_cast_transpose` for MXFP8: both layouts quantized from ``x`` (E8M0
     scales), or transposed for square (32 x 32) blocks."""
-    return _both_layouts("mxfp8_cast_transpose", x, fp8_dtype, block, _E8M0, 0.0, implementation)
+    return _both_layouts(
+        "mxfp8_cast_transpose", x, fp8_dtype, block, SCALE_E8M0, 0.0, implementation
+    )
 
 
 def block_scaled_matmul(
@@ -511,8 +513,8 @@ def block_scaled_matmul(
     (the same block size along K), so that each 128-element slice of K has one scale per row
     of each operand, as the GPU applies them. Two 2-D (square) operands are refused, as
     cuBLASLt and TransformerEngine refuse them."""
-    a_block = _check_block("block_scaled_matmul", a_block)
-    b_block = _check_block("block_scaled_matmul", b_block)
+    a_block = check_block("block_scaled_matmul", a_block)
+    b_block = check_block("block_scaled_matmul", b_block)
     if jnp.ndim(a_q) != 2 or jnp.ndim(b_q) != 2 or jnp.shape(a_q)[1] != jnp.shape(b_q)[1]:
         raise ValueError(
             "block_scaled_matmul: a_q [M, K] and b_q [N, K] must be matrices with the same K, "
@@ -575,7 +577,7 @@ def cublaslt_scales(scale: jax.Array, block: tuple[int, int], rows: int, k: int)
     reads: 1 x 128 blocks "outer-dim-major" (the rows of a K block contiguous; rows must be a
     multiple of 4), 128 x 128 tiles K-major with a column stride rounded up to 4, MXFP8's E8M0
     scales in 128 x 4 tiles of 512 bytes; padding is zero (for E8M0, the bits 0)."""
-    block = _check_block("cublaslt_scales", block)
+    block = check_block("cublaslt_scales", block)
     if block not in CUBLASLT_SCALE_MODES:
         raise ValueError(
             f"cublaslt_scales: block must be one of {list(CUBLASLT_SCALE_MODES)}, got {block}"

@@ -26,7 +26,9 @@ compiled is lowered):
   16 (every real layer) are passed through untouched. cuBLASLt's FP8 bias epilogue takes a bias of
   the output type for bf16/f16 outputs only, so a float32 bias is added by XLA after the kernel
   (the same float32 add as the reference). XLA allocates the kernel's 32 MiB workspace as a second
-  output, so the kernel allocates nothing at run time.
+  output, so the kernel allocates nothing at run time. Its ``autotune`` attribute (from
+  :func:`fp8jax.ops.gemm_options`, default on) makes the handler time cuBLASLt's candidates the
+  first time it meets a problem, outside CUDA-graph capture (``cpp/cuda/gemm_autotune.h``).
 
 With ``fp8jax.ops.implementation(gemm="xla")`` (or ``implementation="xla"``) the GEMM is
 :func:`gemm_reference` on every platform, jitted, and XLA batches and partitions its own dot;
@@ -54,6 +56,7 @@ from jax import lax
 
 from fp8jax import _ffi
 from fp8jax.ops import _checks, _gemm_partition, _implementation
+from fp8jax.ops.gemm_options import get_gemm_options
 
 __all__ = ["gemm", "gemm_reference"]
 
@@ -168,11 +171,11 @@ def gemm_reference(
     return _reference_2d(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
 
 
-def _round_up(x: int, multiple: int) -> int:
+def round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def _pad_operands(
+def pad_operands(
     a: jax.Array,
     b: jax.Array,
     bias: jax.Array | None,
@@ -186,7 +189,7 @@ def _pad_operands(
     """
     m, k = a.shape
     n = b.shape[0]
-    kp, np_ = _round_up(k, multiple), _round_up(n, multiple)
+    kp, np_ = round_up(k, multiple), round_up(n, multiple)
     if kp != k:
         a = jnp.pad(a, ((0, 0), (0, kp - k)))
     if kp != k or np_ != n:
@@ -206,9 +209,10 @@ def _cuda_2d(
     *,
     out_dtype: np.dtype,
     fast_accum: bool,
+    autotune: bool = True,
 ) -> jax.Array:
     m, n = a.shape[0], b.shape[0]
-    a_p, b_p, bias_p = _pad_operands(a, b, bias)
+    a_p, b_p, bias_p = pad_operands(a, b, bias)
     fuse_bias = bias_p is not None and out_dtype != jnp.float32
     bias_arg = bias_p if fuse_bias else jnp.zeros((0,), out_dtype)
     out_types = (
@@ -226,6 +230,7 @@ def _cuda_2d(
         fast_accum=np.int64(fast_accum),
         a_scale_mode=np.int64(0),  # per-tensor scales (block scales: fp8jax.ops._block_gemm)
         b_scale_mode=np.int64(0),
+        autotune=np.int64(autotune),
     )
     out = out[:, :n] if out.shape[1] != n else out
     if bias is not None and not fuse_bias:  # float32 output: the reference's float32 add
@@ -242,42 +247,48 @@ def _gemm_2d(
     *,
     out_dtype: np.dtype,
     accumulate: str,
+    autotune: bool = True,
 ) -> jax.Array:
     reference = functools.partial(_reference_2d, out_dtype=out_dtype)
     if 0 in (a.shape[0], a.shape[1], b.shape[0]):
         return reference(a, b, a_scale_inv, b_scale_inv, bias)  # empty: no kernel to run
-    cuda = functools.partial(_cuda_2d, out_dtype=out_dtype, fast_accum=accumulate == "fast")
+    cuda = functools.partial(
+        _cuda_2d, out_dtype=out_dtype, fast_accum=accumulate == "fast", autotune=autotune
+    )
     return lax.platform_dependent(
         a, b, a_scale_inv, b_scale_inv, bias, cpu=reference, cuda=cuda, default=reference
     )
 
 
 @functools.cache
-def _local(codes: tuple[np.dtype, np.dtype] | None) -> Any:
+def local_gemm(codes: tuple[np.dtype, np.dtype] | None, autotune: bool = True) -> Any:
     """The per-device 2-D GEMM; with ``codes = (a_dtype, b_dtype)`` its operands are the
-    ``uint8`` codes of FP8 tensors of those dtypes, viewed as FP8 on each device."""
-    if codes is None:
-        return _gemm_2d
+    ``uint8`` codes of FP8 tensors of those dtypes, viewed as FP8 on each device. ``autotune``:
+    the custom call's attribute (:mod:`fp8jax.ops.gemm_options`)."""
 
-    def from_codes(a, b, *args, **kwargs):
-        a = lax.bitcast_convert_type(a, codes[0])
-        b = lax.bitcast_convert_type(b, codes[1])
-        return _gemm_2d(a, b, *args, **kwargs)
+    def local(a, b, *args, **kwargs):
+        if codes is not None:
+            a = lax.bitcast_convert_type(a, codes[0])
+            b = lax.bitcast_convert_type(b, codes[1])
+        return _gemm_2d(a, b, *args, autotune=autotune, **kwargs)
 
-    return from_codes
+    return local
 
 
 @functools.cache
 def _batchable_gemm(
-    out_dtype: np.dtype, accumulate: str, codes: tuple[np.dtype, np.dtype] | None = None
+    out_dtype: np.dtype,
+    accumulate: str,
+    codes: tuple[np.dtype, np.dtype] | None = None,
+    autotune: bool = True,
 ) -> Any:
-    """The 2-D GEMM for one (out_dtype, accumulate, codes), with its vmap rule."""
+    """The 2-D GEMM for one (out_dtype, accumulate, codes, autotune), with its vmap rule."""
 
     @jax.custom_batching.custom_vmap
     def gemm_2d(a, b, a_scale_inv, b_scale_inv, bias):
         # Partitioned under jit on a mesh (see _gemm_partition); plain _gemm_2d otherwise.
         op = _gemm_partition.partitioned_gemm(
-            _local(codes),
+            local_gemm(codes, autotune),
             out_dtype,
             accumulate,
             bias is not None,
@@ -310,7 +321,10 @@ def _batchable_gemm(
 
 @functools.cache
 def _batchable_gemm_reuse(
-    out_dtype: np.dtype, accumulate: str, codes: tuple[np.dtype, np.dtype] | None = None
+    out_dtype: np.dtype,
+    accumulate: str,
+    codes: tuple[np.dtype, np.dtype] | None = None,
+    autotune: bool = True,
 ) -> Any:
     """:func:`_batchable_gemm` (no bias) that also takes ``reuse = (w_t, x_t)``, see
     :func:`gemm_reusing`."""
@@ -318,7 +332,7 @@ def _batchable_gemm_reuse(
     @jax.custom_batching.custom_vmap
     def gemm_2d(a, b, a_scale_inv, b_scale_inv, w_t, x_t):
         op = _gemm_partition.partitioned_gemm(
-            _local(codes),
+            local_gemm(codes, autotune),
             out_dtype,
             accumulate,
             False,
@@ -333,7 +347,7 @@ def _batchable_gemm_reuse(
         # reuse only steers the sharding: under vmap, the plain GEMM's own batching rule.
         del axis_size, w_t, x_t
         axes = (*(0 if bt else None for bt in in_batched[:4]), None)
-        plain = _batchable_gemm(out_dtype, accumulate, codes)
+        plain = _batchable_gemm(out_dtype, accumulate, codes, autotune)
         return jax.vmap(plain, in_axes=axes)(a, b, a_scale_inv, b_scale_inv, None), True
 
     return gemm_2d
@@ -379,7 +393,7 @@ def gemm_reusing(
     if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
         return _xla(a, b, a_scale_inv, b_scale_inv, None, out_dtype=out_dt)
     _ffi.ensure_registered()
-    op = _batchable_gemm_reuse(out_dt, accumulate)
+    op = _batchable_gemm_reuse(out_dt, accumulate, None, get_gemm_options().autotune)
     return op(a, b, a_scale_inv, b_scale_inv, w_t, x_t)
 
 
@@ -417,9 +431,11 @@ def gemm_codes(
         return _xla(a_view, b_view, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
     _ffi.ensure_registered()
     codes = (np.dtype(a_dt), np.dtype(b_dt))
+    autotune = get_gemm_options().autotune
     if reuse is None:
-        return _batchable_gemm(out_dt, accumulate, codes)(a, b, a_scale_inv, b_scale_inv, bias)
-    op = _batchable_gemm_reuse(out_dt, accumulate, codes)
+        op = _batchable_gemm(out_dt, accumulate, codes, autotune)
+        return op(a, b, a_scale_inv, b_scale_inv, bias)
+    op = _batchable_gemm_reuse(out_dt, accumulate, codes, autotune)
     return op(a, b, a_scale_inv, b_scale_inv, reuse[0], reuse[1])
 
 
@@ -469,4 +485,5 @@ def gemm(
     if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
         return _xla(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
     _ffi.ensure_registered()
-    return _batchable_gemm(out_dt, accumulate)(a, b, a_scale_inv, b_scale_inv, bias)
+    op = _batchable_gemm(out_dt, accumulate, None, get_gemm_options().autotune)
+    return op(a, b, a_scale_inv, b_scale_inv, bias)

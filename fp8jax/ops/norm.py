@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 NORM_TYPES: tuple[str, ...] = ("layernorm", "rmsnorm")
-_NORM_CODES = {"layernorm": 0, "rmsnorm": 1}  # the kernels' norm_type attribute
+NORM_CODES = {"layernorm": 0, "rmsnorm": 1}  # the kernels' norm_type attribute
 
 # ------------------------------------------------------------------------------- references
 
@@ -169,7 +169,7 @@ def _attrs(*, epsilon: float, zero_centered_gamma: bool, **_: Any) -> dict[str, 
     return {"epsilon": np.float32(epsilon), "zero_centered_gamma": np.int64(zero_centered_gamma)}
 
 
-def _per_row(x: jax.Array) -> jax.ShapeDtypeStruct:
+def per_row(x: jax.Array) -> jax.ShapeDtypeStruct:
     """The type of a float32 ``[..., m]`` output (``mu``, ``rsigma``) of ``x`` ``[..., m, h]``;
     under explicit sharding it carries ``x``'s sharding without the last dim."""
     sharding = jax.typeof(x).sharding
@@ -182,7 +182,7 @@ def _per_row(x: jax.Array) -> jax.ShapeDtypeStruct:
 
 
 def _forward_outputs(x, gamma, *rest, **_):
-    return _opdef.like(x, x.dtype), _per_row(x), _per_row(x)
+    return _opdef.like(x, x.dtype), per_row(x), per_row(x)
 
 
 def _row_factors(ndim: int) -> str:
@@ -205,8 +205,8 @@ def _fp8_outputs(x, gamma, *rest, fp8_dtype, **_):
         _opdef.like(x, fp8_dtype, dims=(-1, *range(-n_rows - 1, -1)), core=n_rows + 1),
         _opdef.like(scale, jnp.float32),
         _opdef.like(scale, jnp.float32),
-        _per_row(x),
-        _per_row(x),
+        per_row(x),
+        per_row(x),
     )
 
 
@@ -344,7 +344,7 @@ _BACKWARD = _opdef.OpDef(
     # The workspace's slot and pair dims are factors of their own (never split).
     factors=lambda *ndims: _backward_factors(_row_factors(ndims[0])),
     attrs=lambda *, norm_type, zero_centered_gamma, workspace_slots: {
-        "norm_type": np.int64(_NORM_CODES[norm_type]),
+        "norm_type": np.int64(NORM_CODES[norm_type]),
         "zero_centered_gamma": np.int64(zero_centered_gamma),
     },
     sum_over={1: 0, 2: 0},  # dgamma, dbeta: sums of dy's rows, psum-ed over the row split
@@ -354,13 +354,13 @@ _BACKWARD = _opdef.OpDef(
 # ------------------------------------------------------------------------------- validation
 
 
-def _norm_type_arg(op: str, norm_type: Any) -> str:
+def norm_type_arg(op: str, norm_type: Any) -> str:
     if not isinstance(norm_type, str) or norm_type not in NORM_TYPES:
         raise ValueError(f"{op}: norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
     return norm_type
 
 
-def _epsilon_arg(op: str, epsilon: Any) -> float:
+def epsilon_arg(op: str, epsilon: Any) -> float:
     try:
         eps = float(epsilon)
     except (TypeError, ValueError) as e:
@@ -370,7 +370,7 @@ def _epsilon_arg(op: str, epsilon: Any) -> float:
     return eps
 
 
-def _matrix_arg(op: str, name: str, x: Any) -> jax.Array:
+def matrix_arg(op: str, name: str, x: Any) -> jax.Array:
     x = _checks.wide_array(op, name, x)
     if x.ndim < 2:
         raise ValueError(f"{op}: {name} must have rank >= 2 ([rows, hidden]), got {x.shape}")
@@ -386,7 +386,7 @@ def _vector_arg(op: str, name: str, v: Any, h: int) -> jax.Array:
     return v
 
 
-def _params_args(
+def params_args(
     op: str, norm_type: str, x: jax.Array, gamma: Any, beta: Any
 ) -> tuple[jax.Array, jax.Array | None]:
     h = x.shape[-1]
@@ -436,10 +436,10 @@ def norm_forward(
     ([[-1.0, 1.0]], [2.0])
     """
     op = "norm_forward"
-    norm_type = _norm_type_arg(op, norm_type)
-    x = _matrix_arg(op, "x", x)
-    gamma, beta = _params_args(op, norm_type, x, gamma, beta)
-    eps = _epsilon_arg(op, epsilon)
+    norm_type = norm_type_arg(op, norm_type)
+    x = matrix_arg(op, "x", x)
+    gamma, beta = params_args(op, norm_type, x, gamma, beta)
+    eps = epsilon_arg(op, epsilon)
     params = (gamma,) if beta is None else (gamma, beta)
     y, mu, rs = _FORWARD[norm_type](
         x,
@@ -480,10 +480,10 @@ def norm_forward_fp8(
       implementation: ``"kernel"`` or ``"xla"``, as for :func:`norm_forward`.
     """
     op = "norm_forward_fp8"
-    norm_type = _norm_type_arg(op, norm_type)
-    x = _matrix_arg(op, "x", x)
-    gamma, beta = _params_args(op, norm_type, x, gamma, beta)
-    eps = _epsilon_arg(op, epsilon)
+    norm_type = norm_type_arg(op, norm_type)
+    x = matrix_arg(op, "x", x)
+    gamma, beta = params_args(op, norm_type, x, gamma, beta)
+    eps = epsilon_arg(op, epsilon)
     scale = _checks.scalar_f32(op, "scale", scale)
     dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     reduction = _checks.amax_reduction_arg(op, amax_reduction)
@@ -527,9 +527,9 @@ def norm_backward(
       zeros for rmsnorm): sums over all rows, in a fixed order (the same bits every run).
     """
     op = "norm_backward"
-    norm_type = _norm_type_arg(op, norm_type)
-    x = _matrix_arg(op, "x", x)
-    dy = _matrix_arg(op, "dy", dy)
+    norm_type = norm_type_arg(op, norm_type)
+    x = matrix_arg(op, "x", x)
+    dy = matrix_arg(op, "dy", dy)
     if dy.shape != x.shape:
         raise ValueError(f"{op}: dy must have x's shape {x.shape}, got {dy.shape}")
     lead = x.shape[:-1]

@@ -15,12 +15,12 @@ import jax.numpy as jnp
 
 from fp8jax.ops import _implementation
 from fp8jax.ops.norm import (
-    _epsilon_arg,
-    _matrix_arg,
-    _norm_type_arg,
-    _params_args,
+    epsilon_arg,
+    matrix_arg,
     norm_backward,
     norm_forward,
+    norm_type_arg,
+    params_args,
 )
 
 __all__ = ["layernorm", "rmsnorm"]
@@ -66,10 +66,10 @@ _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
 def _differentiable(op, norm_type, x, gamma, beta, epsilon, zero_centered_gamma, implementation):
-    norm_type = _norm_type_arg(op, norm_type)
-    x = _matrix_arg(op, "x", x)
-    gamma, beta = _params_args(op, norm_type, x, gamma, beta)
-    eps = _epsilon_arg(op, epsilon)
+    norm_type = norm_type_arg(op, norm_type)
+    x = matrix_arg(op, "x", x)
+    gamma, beta = params_args(op, norm_type, x, gamma, beta)
+    eps = epsilon_arg(op, epsilon)
     impl = _implementation.choose(op, "norm", implementation)
     beta_dtype = None if beta is None else jnp.dtype(beta.dtype).name  # dbeta comes back in it
     return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl, beta_dtype))

@@ -44,7 +44,7 @@ __all__ = [
 # Per FP8 dtype: (largest finite code, NaN code, code of +inf); a sign bit is OR-ed into each.
 # E4M3FN has no inf: +-inf becomes its NaN. ml_dtypes and XLA's convert give the same NaN and inf
 # codes (but they turn a finite overflow into NaN/inf, where fp8jax saturates).
-_SPECIAL_CODES = {
+SPECIAL_CODES = {
     jnp.dtype(jnp.float8_e4m3fn): (0x7E, 0x7F, 0x7F),
     jnp.dtype(jnp.float8_e5m2): (0x7B, 0x7E, 0x7C),
 }
@@ -55,7 +55,7 @@ def _sign_byte(a: jax.Array) -> jax.Array:
     return (jax.lax.bitcast_convert_type(a, jnp.uint32) >> 24).astype(jnp.uint8) & 0x80
 
 
-def _to_fp8(x: jax.Array, scale: jax.Array, fp8_dtype: Any) -> jax.Array:
+def to_fp8(x: jax.Array, scale: jax.Array, fp8_dtype: Any) -> jax.Array:
     """The FP8 code of float32 ``x * scale`` (the CPU kernel's ``QuantizeValue``).
 
     Finite products round to nearest even, saturating to +-max beyond the range. A NaN product
@@ -65,7 +65,7 @@ def _to_fp8(x: jax.Array, scale: jax.Array, fp8_dtype: Any) -> jax.Array:
     when both are finite (an overflow of the multiply is a finite value beyond the range).
     """
     dt = jnp.dtype(fp8_dtype)
-    max_code, nan_code, inf_code = _SPECIAL_CODES[dt]
+    max_code, nan_code, inf_code = SPECIAL_CODES[dt]
     y = x * scale
     m = fp8_max(dt)
     finite = jnp.isfinite(y)
@@ -95,7 +95,7 @@ def quantize_reference(
     x: jax.Array, scale: jax.Array, fp8_dtype: Any
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Pure-jnp reference of :func:`quantize` (the definition of its numerics)."""
-    q = _to_fp8(x.astype(jnp.float32), jnp.reshape(scale, ()), fp8_dtype)
+    q = to_fp8(x.astype(jnp.float32), jnp.reshape(scale, ()), fp8_dtype)
     return q, (1.0 / scale).astype(jnp.float32), _amax(x, scale.shape)
 
 

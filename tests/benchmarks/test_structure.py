@@ -96,11 +96,22 @@ def test_a_block_recipe_regression_fails():
     assert len(structure.block_failures({"block_recipes": bad})) == 6
 
 
+def test_a_predicted_ratio_below_its_known_value_fails():
+    """--check holds the cost model's predictions to KNOWN_PREDICTED (less the tolerance)."""
+    known: dict = {}
+    for (name, key), value in structure.KNOWN_PREDICTED.items():
+        known.setdefault(name, {"predicted_ratios": {}})["predicted_ratios"][key] = value
+    assert structure.prediction_failures({"predicted": known}) == []
+    known["layernorm_mlp"]["predicted_ratios"]["fp8_vs_bf16"] = 1.0
+    (bad,) = structure.prediction_failures({"predicted": known})
+    assert bad.startswith("layernorm_mlp: predicted fp8_vs_bf16 1.000, known 1.474")
+
+
 def test_suite_lists_and_summarises_the_benchmarks():
     import run
 
     names = [s.stem for s in run.scripts()]
-    assert names[:3] == ["structure", "mlp_memory", "transformer_memory"]
+    assert names[:4] == ["structure", "e2e", "mlp_memory", "transformer_memory"]
     assert {"gemm", "dense", "mlp", "transformer", "norm"} <= set(names)
     report = {"a": {"ratio_x": 0.5, "n": 3}, "residual_ratio": {"mlp": 0.25}, "r": [{"speedup": 2}]}
     assert run.ratios(report) == {

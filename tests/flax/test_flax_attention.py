@@ -21,7 +21,8 @@ from fp8jax.flax import DotProductAttention, RelativePositionBiases
 from fp8jax.flax import attention as mha_mod
 from fp8jax.flax import dot_product_attention as dpa_mod
 from fp8jax.flax import relative_position as rpb_mod
-from fp8jax.flax.dot_product_attention import (
+from fp8jax.layers import attention_core as core_mod
+from fp8jax.layers.attention_core import (
     attention_core,
     attention_with_dropout,
     segment_mask,
@@ -373,7 +374,7 @@ def test_fp8_attention_recipe_flags_stay_rejected():
 
 
 def test_docstring_examples():
-    for mod in (dpa_mod, rpb_mod, mha_mod, rotary):
+    for mod in (dpa_mod, rpb_mod, mha_mod, core_mod, rotary):
         result = doctest.testmod(mod, verbose=False)
         assert result.attempted > 0 and result.failed == 0
 

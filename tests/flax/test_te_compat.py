@@ -29,7 +29,7 @@ from fp8jax.flax import (
     TransformerLayer,
     TransformerLayerType,
 )
-from fp8jax.flax._te_args import OFF
+from fp8jax.layers.checks import OFF
 
 _LORA = dict(
     enable_low_rank_adaptation=False, low_rank_adaptation_dim=32, low_rank_adaptation_alpha=None

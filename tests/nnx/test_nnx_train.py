@@ -95,7 +95,7 @@ def test_compiled_step_has_the_linen_steps_kernels():
         return nnx.state((model, optimizer))
 
     linen_state = fflax.Fp8TrainState.from_variables(
-        apply_fn=model.linen_module.apply, variables=model.linen_variables(),
+        apply_fn=fflax.linen_twin(model).apply, variables=model.linen_variables(),
         tx=optax.sgd(0.1), recipe=RECIPE,
     )  # fmt: skip
 
@@ -146,7 +146,7 @@ def test_module_called_twice_merges_by_max_as_linen():
     state = fflax.Fp8TrainState.from_variables(
         apply_fn=LinenTwice().apply,
         variables={"params": {"layer": nn.unbox(model.layer.linen_variables()["params"])},
-                   **_linen_init(LinenTwice(), x)},
+                   **_init_linen(LinenTwice(), x)},
         tx=optax.sgd(0.1), recipe=RECIPE,
     )  # fmt: skip
 
@@ -158,7 +158,7 @@ def test_module_called_twice_merges_by_max_as_linen():
     assert_trees_equal(model.layer.linen_variables()["fp8_meta"], want["layer"])
 
 
-def _linen_init(model, x):
+def _init_linen(model, x):
     with fp8jax.autocast(enabled=True, recipe=RECIPE):
         variables = model.init(jax.random.key(0), x)
     return {k: v for k, v in variables.items() if k != "params"}
@@ -353,7 +353,7 @@ def test_calibrate_matches_linen():
     batches = [rand((4, 8), 17, 300.0), rand((4, 8), 18, 900.0)]
     variables = model.linen_variables()
     want = fflax.calibrate(
-        model.linen_module.apply, variables, batches, recipe=RECIPE, deterministic=True
+        fflax.linen_twin(model).apply, variables, batches, recipe=RECIPE, deterministic=True
     )
     fnnx.calibrate(model, batches)
     assert_trees_equal(model.linen_variables()["fp8_meta"], want)

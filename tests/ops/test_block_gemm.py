@@ -159,7 +159,7 @@ def _emulated_block_kernel(target, result_types, traced=False):
     assert target == "fp8jax_gemm"
     out_type, _ = result_types
 
-    def call(a, b, a_sl, b_sl, bias, *, has_bias, fast_accum, a_scale_mode, b_scale_mode):
+    def call(a, b, a_sl, b_sl, bias, *, has_bias, fast_accum, a_scale_mode, b_scale_mode, autotune):
         (m, k), n = a.shape, b.shape[0]
         assert m % 16 == 0 and n % 16 == 0 and k % 16 == 0 and b.shape[1] == k
         assert has_bias == 0 and fast_accum == 0 and bias.shape == (0,)

@@ -41,10 +41,10 @@ from fp8jax import ops
 from fp8jax.ops.gemm import (
     WORKSPACE_BYTES,
     _cuda_2d,
-    _pad_operands,
     _reference_2d,
     gemm_codes,
     gemm_reusing,
+    pad_operands,
 )
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -210,7 +210,7 @@ def test_pad_operands_keeps_the_result(m, n, k):
     a = jnp.asarray(rng.integers(-8, 9, (m, k)).astype(E4M3))
     b = jnp.asarray(rng.integers(-8, 9, (n, k)).astype(E5M2))
     bias = jnp.asarray(rng.integers(-50, 50, n).astype(np.float32)).astype(jnp.bfloat16)
-    a_p, b_p, bias_p = _pad_operands(a, b, bias)
+    a_p, b_p, bias_p = pad_operands(a, b, bias)
     assert a_p.shape[0] == m and a_p.shape[1] % 16 == 0 and a_p.shape[1] >= k
     assert b_p.shape[0] % 16 == 0 and b_p.shape[1] == a_p.shape[1] and b_p.shape[0] >= n
     assert bias_p.shape == (b_p.shape[0],)
@@ -234,8 +234,9 @@ def _emulated_kernel(target, result_types):
     out_type, ws_type = result_types
 
     def call(a, b, a_scale_inv, b_scale_inv, bias, *, has_bias, fast_accum, a_scale_mode,
-             b_scale_mode):  # fmt: skip
+             b_scale_mode, autotune):  # fmt: skip
         assert a_scale_mode == b_scale_mode == 0  # per-tensor (block scales: test_block_gemm.py)
+        assert autotune in (0, 1)
         m, k = a.shape
         n = b.shape[0]
         assert k % 16 == 0 and n % 16 == 0 and b.shape[1] == k, "K and N must be padded"

@@ -86,6 +86,7 @@ def test_setup_for_every_dtype_combination(a, b, out, fast_accum, has_bias):
     layouts = {
         "a": (cuda_type(b), K, N, K),  # our b: K x N column-major, ld K
         "b": (cuda_type(a), K, M, K),  # our a: K x M, ld K
+        "c": (cuda_type(out), N, M, N),  # C is D (beta = 0)
         "d": (cuda_type(out), N, M, N),  # out: N x M, ld N
     }
     for name, (dtype, rows, cols, ld) in layouts.items():
@@ -94,6 +95,75 @@ def test_setup_for_every_dtype_combination(a, b, out, fast_accum, has_bias):
         assert s[f"layout_{name}.order"] == c["CUBLASLT_ORDER_COL"]
     assert s["pref.max_workspace_bytes"] == 32 * 2**20
     assert s["pref.min_alignment_a"] == 256 and s["pref.min_alignment_d"] == 256
+    assert "desc.d_scale_pointer" not in s  # only the FP8-output epilogues read it
+
+
+# ------------------------------------------------------------ the GELU epilogues (issue 36)
+
+# (a, b, out) of the MLP's first GEMM (E4M3 x E4M3 -> E4M3) and its dgrad (E5M2 x E4M3 -> E5M2).
+GELU_TYPES = {1: ("float8_e4m3fn",) * 3, 2: ("float8_e5m2", "float8_e4m3fn", "float8_e5m2")}
+
+
+def _gelu_args(epilogue, has_bias=1, wide="bfloat16", **change):
+    a, b, out = GELU_TYPES[epilogue]
+    args = dict(a=a, b=b, out=out, m=M, n=N, k=K, has_bias=has_bias, fast_accum=int(epilogue == 1),
+                bias=wide, bias_count=N if has_bias else 0, epilogue=epilogue, aux="float16",
+                aux_count=M * N, d_scale_count=1, amax_count=1)  # fmt: skip
+    return args | change
+
+
+@pytest.mark.parametrize("wide", ["bfloat16", "float16"])
+@pytest.mark.parametrize("has_bias", [0, 1])
+@pytest.mark.parametrize("epilogue", [1, 2], ids=["gelu", "dgelu"])
+def test_gelu_epilogue_setup(epilogue, has_bias, wide):
+    """What cuBLASLt documents for an FP8 D with a GELU epilogue: D's scale and amax pointers,
+    the GELU input (ld N, float16: the one 16-bit aux type it takes beside an FP8 D), the bias
+    (gradient) and C in the 16-bit epilogue dtype, no C pointer (its alignment: the largest)."""
+    s = setup._gemm_setup(**_gelu_args(epilogue, has_bias, wide))
+    c = consts()
+    names = {(1, 0): "GELU_AUX", (1, 1): "GELU_AUX_BIAS", (2, 0): "DGELU", (2, 1): "DGELU_BGRAD"}
+    assert s["desc.epilogue"] == c["CUBLASLT_EPILOGUE_" + names[epilogue, has_bias]]
+    assert s["desc.d_scale_pointer"] == c["fake_d_scale"]
+    assert s["desc.amax_d_pointer"] == c["fake_amax"]
+    assert s["desc.aux_pointer"] == c["fake_aux"]
+    assert s["desc.aux_ld"] == N and s["desc.aux_data_type"] == c["CUDA_R_16F"]
+    assert s["desc.fast_accum"] == int(epilogue == 1)  # the dgrad accumulates in full
+    if has_bias:  # GELU: the bias read; DGELU: the bias gradient written
+        assert s["desc.bias_pointer"] == c["fake_bias"]
+        assert s["desc.bias_data_type"] == cuda_type(wide)
+    else:
+        assert s["desc.bias_pointer"] == 0
+    out = GELU_TYPES[epilogue][2]
+    assert (s["layout_d.type"], s["layout_d.rows"], s["layout_d.ld"]) == (cuda_type(out), N, N)
+    assert (s["layout_c.type"], s["layout_c.rows"], s["layout_c.ld"]) == (cuda_type(wide), N, N)
+    assert s["pref.min_alignment_c"] == 256
+
+
+@pytest.mark.parametrize(
+    ("epilogue", "change", "message"),
+    [
+        (1, dict(out="bfloat16"), "GELU epilogues write float8"),
+        (1, dict(out="float8_e5m2"), "E4M3 x E4M3 GEMM cannot write E5M2"),
+        (1, dict(bias="float32"), "must be bfloat16 or float16"),
+        (2, dict(bias="none", has_bias=0, bias_count=0), "must be bfloat16 or float16"),
+        (1, dict(bias_count=N - 16), "bias must have N elements"),
+        (2, dict(has_bias=0, bias_count=N), "none without has_bias"),
+        (1, dict(aux="bfloat16"), "GELU input must be float16"),
+        (2, dict(aux_count=M), "GELU input must be float16"),
+        (1, dict(d_scale_count=0), "one float32 scale"),
+        (2, dict(amax_count=2), "one float32 amax"),
+        (1, dict(epilogue=3), "epilogue must be 0"),
+        (
+            2,
+            dict(a_scale_mode=4, b_scale_mode=4, a_scale_count=M, b_scale_count=N, fast_accum=0),
+            "per-tensor scales",
+        ),
+    ],
+)
+def test_rejected_gelu_epilogue_problems(epilogue, change, message):
+    args = _gelu_args(epilogue, **{k: v for k, v in change.items() if k != "epilogue"})
+    with pytest.raises(ValueError, match=message):
+        setup._gemm_setup(**(args | {k: v for k, v in change.items() if k == "epilogue"}))
 
 
 @pytest.mark.parametrize(
@@ -147,14 +217,18 @@ def test_what_needs_a_device():
         assert status == "CUBLAS_STATUS_SUCCESS"
 
 
+GEMM_TARGETS = ("fp8jax_gemm", "fp8jax_gemm_gelu", "fp8jax_gemm_dgelu")
+
+
 def test_registration_traits():
-    """Every CUDA target is registered as command-buffer (CUDA graph) compatible, and the GEMM
-    brings an initialize stage (handle and heuristic query outside graph capture)."""
+    """Every CUDA target is registered as command-buffer (CUDA graph) compatible, and each GEMM
+    brings an initialize stage (handle, heuristic query and autotuning outside graph capture)."""
     regs = cuda.registrations()
     traits = cuda.traits()
     assert set(traits) == set(regs)
     assert all(v == 1 for v in traits.values())  # XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE
-    assert set(regs["fp8jax_gemm"]) == {"initialize", "execute"}
+    for target in GEMM_TARGETS:
+        assert set(regs[target]) == {"initialize", "execute"}
     assert _ffi._traits_kwargs(traits, "fp8jax_gemm")["traits"] == 1
     assert _ffi._traits_kwargs({}, "fp8jax_gemm") == {}
 
@@ -171,7 +245,8 @@ def test_cuda_registration_passes_traits_and_stages(monkeypatch):
     assert set(cuda_calls) == set(cuda.registrations())
     for _, kw in cuda_calls.values():
         assert int(kw["traits"]) == 1  # COMMAND_BUFFER_COMPATIBLE
-    assert set(cuda_calls["fp8jax_gemm"][0]) == {"initialize", "execute"}
+    for target in GEMM_TARGETS:
+        assert set(cuda_calls[target][0]) == {"initialize", "execute"}
 
 
 # ------------------------------------------------------------ block-scaled GEMMs (issue 21)

@@ -51,6 +51,25 @@ def test_default_is_kernel_and_blocks_nest():
     assert ops.get_implementation("cast") == "kernel"
 
 
+def test_the_defaults_are_one_table(monkeypatch):
+    """Outside any block each family runs its entry of ``DEFAULTS`` (every family is in it);
+    a block's default overrides the table, and naming a family at its table value is the same
+    jit key as not naming it."""
+    from fp8jax.ops import _implementation as impl
+
+    assert set(impl.FAMILIES) <= set(impl.DEFAULTS)
+    assert set(impl.DEFAULTS.values()) <= set(impl.IMPLEMENTATIONS)
+    monkeypatch.setitem(impl.DEFAULTS, "cast", "xla")
+    assert ops.get_implementation("cast") == "xla" and ops.get_implementation("gemm") == "kernel"
+    with ops.implementation("kernel"):
+        assert ops.get_implementation("cast") == "kernel"
+    with ops.implementation(gemm="xla"):
+        assert ops.get_implementation("cast") == "xla"
+    with ops.implementation(cast="xla"):
+        named = impl._CONTEXT.value
+    assert named == impl._CONTEXT.value  # the table's value: not listed, the same key
+
+
 def test_reusable_decorator_and_restored_after_an_error():
     xla = ops.implementation(cast="xla")
 
