@@ -1,4 +1,4 @@
-// Argument checks shared by the CPU and CUDA FFI handlers.
+// The shape checks the ops' argument checks (cpp/ops/) are built from.
 //
 // The Python wrappers validate everything before a kernel runs; these checks
 // are the second line, so that a malformed direct ffi_call gets an
@@ -203,6 +203,27 @@ inline ffi::Error CheckGradInputs(const char* op, const ffi::AnyBuffer& g, const
   if (g.element_type() != x.element_type()) return BadArg(op, "g and x must share a dtype");
   if (g.element_count() != s.matrices * s.rows * s.cols) {
     return BadArg(op, "g must have shape [m, n] of x's [m, k, n]");
+  }
+  return ffi::Error::Success();
+}
+
+// The FP8 outputs of a fused cast-transpose: q and q_t of `count` codes each, one FP8 dtype.
+inline ffi::Error CheckFp8Outputs(const char* op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt,
+                                  int64_t count) {
+  if (q.element_type() != qt.element_type() || q.element_count() != count ||
+      qt.element_count() != count) {
+    return BadArg(op, "q and q_t must have the quantized size and share an FP8 dtype");
+  }
+  return ffi::Error::Success();
+}
+
+// The scale outputs of a cast: scale_inv and amax, one value per scale (per group). The kernels
+// write one of each per group, so a shorter buffer would be written out of bounds.
+inline ffi::Error CheckScaleOutputs(const char* op, int64_t scale_inv_count, int64_t amax_count,
+                                    int64_t groups) {
+  if (scale_inv_count != groups || amax_count != groups) {
+    return BadArg(
+        op, "scale_inv and amax must have one value per scale (" + std::to_string(groups) + ")");
   }
   return ffi::Error::Success();
 }

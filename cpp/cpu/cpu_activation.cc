@@ -1,4 +1,4 @@
-// CPU FFI handlers of fp8jax.ops.activation: activation, dactivation, and the
+// The CPU computations of the activations (ops/activations.h): activation, dactivation, and the
 // fused activation_cast_transpose and dactivation_cast_transpose_dbias, whose
 // rows come from a prologue (cpu_cast_transpose.h) computing the activation
 // (or its gradient) of each row, rounded to the wide dtype, with the math of
@@ -8,11 +8,11 @@
 #include "common/activations.h"
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
-#include "common/op_table.h"
 #include "common/wide.h"
 #include "cpu/cpu_cast_transpose.h"
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_parallel.h"
+#include "ops/activations.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -59,11 +59,6 @@ struct DActRows {
   }
 };
 
-ffi::Error CheckAct(const char* op, int64_t code, int64_t gated) {
-  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
-  return ffi::Error::Success();
-}
-
 // Writes every row of a source into `out` (rows of `row_elems` wide values).
 template <WideKind W, typename Source>
 void WriteRows(ffi::ThreadPool* pool, const Source& src, int64_t total_rows, int64_t row_elems,
@@ -76,10 +71,10 @@ void WriteRows(ffi::ThreadPool* pool, const Source& src, int64_t total_rows, int
   });
 }
 
-// Calls fn.template operator()<W, A, G>() for a float dtype and activation.
+// Calls fn.template operator()<W, A, G>() for a float dtype and activation ((act, gated) checked
+// by the op).
 template <typename Fn>
 ffi::Error DispatchWideAct(const char* op, ffi::DataType t, int64_t code, int64_t gated, Fn&& fn) {
-  FP8JAX_RETURN_IF_ERROR(CheckAct(op, code, gated));
   return act::Dispatch(code, gated, [&]<int A, bool G>() {
     switch (WideKindOf(t)) {
       case WideKind::kF32:
@@ -94,31 +89,26 @@ ffi::Error DispatchWideAct(const char* op, ffi::DataType t, int64_t code, int64_
   });
 }
 
-ffi::Error ActivationImpl(ffi::ThreadPool pool, sig::Any x, int64_t code, int64_t gated,
-                          sig::AnyOut y) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckActivation(x, gated, *y, &s));
-  return DispatchWideAct(
-      kActivationOp, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
-        const ActRows<W, A, G> src{x.untyped_data(), s.matrices * s.rows, s.cols};
-        WriteRows<W>(&pool, src, s.matrices * s.rows, s.cols, y->untyped_data());
-        return ffi::Error::Success();
-      });
+}  // namespace
+
+ffi::Error Activation::Compute(CpuPool pool) {
+  return DispatchWideAct(kName, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
+    const ActRows<W, A, G> src{x.untyped_data(), s.matrices * s.rows, s.cols};
+    WriteRows<W>(&pool, src, s.matrices * s.rows, s.cols, y->untyped_data());
+    return ffi::Error::Success();
+  });
 }
 
-ffi::Error DActivationImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x, int64_t code,
-                           int64_t gated, sig::AnyOut dx) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckDActivation(g, x, gated, *dx, &s));
+ffi::Error DActivation::Compute(CpuPool pool) {
   const int64_t k = gated != 0 ? 2 : 1;
-  return DispatchWideAct(
-      kDActivationOp, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
-        const DActRows<W, A, G> src{g.untyped_data(), x.untyped_data(), s.matrices * s.rows,
-                                    s.cols};
-        WriteRows<W>(&pool, src, s.matrices * s.rows, k * s.cols, dx->untyped_data());
-        return ffi::Error::Success();
-      });
+  return DispatchWideAct(kName, x.element_type(), code, gated, [&]<WideKind W, int A, bool G>() {
+    const DActRows<W, A, G> src{g.untyped_data(), x.untyped_data(), s.matrices * s.rows, s.cols};
+    WriteRows<W>(&pool, src, s.matrices * s.rows, k * s.cols, dx->untyped_data());
+    return ffi::Error::Success();
+  });
 }
+
+namespace {
 
 // The fused forms: the engine with an activation prologue. `s` is the shape
 // of the quantized matrix ([m, n] forward; [m, k * n] backward).
@@ -137,12 +127,9 @@ ffi::Error FusedCastTranspose(const char* op, ffi::ThreadPool* pool, ffi::DataTy
   });
 }
 
-ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale,
-                                       int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
-                                       sig::F32Out scale_inv, sig::F32Out amax) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(
-      CheckActivationCastTranspose(x, scale, gated, *q, *qt, *scale_inv, *amax, &s));
+}  // namespace
+
+ffi::Error ActivationCastTranspose::Compute(CpuPool pool) {
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),
@@ -150,21 +137,13 @@ ffi::Error ActivationCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F3
                            amax->typed_data(),
                            nullptr,
                            nullptr};
-  return FusedCastTranspose(kActivationCastTransposeOp, &pool, x.element_type(), code, gated, q, s,
-                            o, [&]<WideKind W, int A, bool G>() {
+  return FusedCastTranspose(kName, &pool, x.element_type(), code, gated, q, s, o,
+                            [&]<WideKind W, int A, bool G>() {
                               return ActRows<W, A, G>{x.untyped_data(), s.rows, s.cols};
                             });
 }
 
-ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x,
-                                             sig::F32 scale, sig::F32, int64_t code, int64_t gated,
-                                             sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
-                                             sig::F32Out amax, sig::F32Out dbias,
-                                             sig::F32Out workspace) {
-  const ffi::ErrorOr<ActCastShapes> s =
-      CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *scale_inv, *amax, *dbias,
-                                         workspace->element_count(), kStripRows);
-  if (s.has_error()) return s.error();
+ffi::Error DActivationCastTransposeDbias::Compute(CpuPool pool) {
   const CastTransposeOut o{scale.typed_data(),
                            static_cast<uint8_t*>(q->untyped_data()),
                            static_cast<uint8_t*>(qt->untyped_data()),
@@ -172,17 +151,10 @@ ffi::Error DActivationCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, s
                            amax->typed_data(),
                            dbias->typed_data(),
                            workspace->typed_data()};
-  return FusedCastTranspose(kDActivationCastTransposeDbiasOp, &pool, x.element_type(), code, gated,
-                            q, s->q, o, [&]<WideKind W, int A, bool G>() {
-                              return DActRows<W, A, G>{g.untyped_data(), x.untyped_data(),
-                                                       s->x.rows, s->x.cols};
-                            });
+  return FusedCastTranspose(
+      kName, &pool, x.element_type(), code, gated, q, qs, o, [&]<WideKind W, int A, bool G>() {
+        return DActRows<W, A, G>{g.untyped_data(), x.untyped_data(), xs.rows, xs.cols};
+      });
 }
 
-}  // namespace
 }  // namespace fp8jax
-
-FP8JAX_CPU_HANDLER(Activation, fp8jax::ActivationImpl);
-FP8JAX_CPU_HANDLER(DActivation, fp8jax::DActivationImpl);
-FP8JAX_CPU_HANDLER(ActivationCastTranspose, fp8jax::ActivationCastTransposeImpl);
-FP8JAX_CPU_HANDLER(DActivationCastTransposeDbias, fp8jax::DActivationCastTransposeDbiasImpl);

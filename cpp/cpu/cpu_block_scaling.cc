@@ -1,9 +1,10 @@
-// CPU FFI handlers of the block-scaled casts: block_quantize, block_cast_transpose and its fused
-// forms, block_cast_transpose_dbias, activation_block_cast_transpose,
-// dactivation_block_cast_transpose_dbias and norm_block_cast_transpose (the norm computed into a
-// scratch buffer by cpu_norm.cc, then cast: norm_forward's y itself) (common/block_scale.h has
-// the numerics and the layouts, common/block_sources.h what the fused forms quantize and the dbias
-// order; fp8jax/ops/block_scaling.py and block_fused.py the references they equal).
+// The CPU computations of the block-scaled casts (ops/block_casts.h): block_quantize,
+// block_cast_transpose and its fused forms, block_cast_transpose_dbias,
+// activation_block_cast_transpose, dactivation_block_cast_transpose_dbias and
+// norm_block_cast_transpose (the norm computed into a scratch buffer by cpu_norm.cc, then cast:
+// norm_forward's y itself) (common/block_scale.h has the numerics and the layouts,
+// common/block_sources.h what the fused forms quantize and the dbias order;
+// fp8jax/ops/block_scaling.py and block_fused.py the references they equal).
 //
 // Work is split by block rows: a task takes br rows of one matrix, computes their values once
 // (the source), finds the amax of each block along them, makes the scales, then writes the codes
@@ -18,12 +19,12 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
-#include "common/op_table.h"
 #include "common/wide.h"
 #include "cpu/cpu_cast_transpose.h"  // ColumnTotals
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_norm.h"
 #include "cpu/cpu_parallel.h"
+#include "ops/block_casts.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -136,24 +137,14 @@ ffi::Error BlockCast(ffi::ThreadPool* pool, const char* op, const ffi::AnyBuffer
       });
 }
 
-ffi::Error BlockQuantizeImpl(ffi::ThreadPool pool, sig::Any x, int64_t block_rows,
-                             int64_t block_cols, int64_t scale_mode, float epsilon, sig::AnyOut q,
-                             sig::AnyOut scale_inv) {
-  block::Cast c;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCast(kBlockQuantizeOp, x, block_rows, block_cols, scale_mode,
-                                        epsilon, *q, *scale_inv, &c));
-  return BlockCast(&pool, kBlockQuantizeOp, x, c, *q, *scale_inv);
+}  // namespace
+
+ffi::Error BlockQuantize::Compute(CpuPool pool) {
+  return BlockCast(&pool, kName, x, c, *q, *scale_inv);
 }
 
-ffi::Error BlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, int64_t block_rows,
-                                  int64_t block_cols, int64_t scale_mode, float epsilon,
-                                  sig::AnyOut q, sig::AnyOut scale_inv, sig::AnyOut qt,
-                                  sig::AnyOut scale_inv_t) {
-  const char* op = kBlockCastTransposeOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
-                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
-  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+ffi::Error BlockCastTranspose::Compute(CpuPool pool) {
+  return DispatchWideFp8(kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            const DirectSource<W, ExactHalf> src{x.untyped_data(), c.rows, c.cols};
                            BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt,
@@ -162,18 +153,8 @@ ffi::Error BlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, int64_t bloc
                          });
 }
 
-// The workspace arrives as the last operand and leaves, aliased, as the last result.
-ffi::Error BlockCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any x, sig::F32,
-                                       int64_t block_rows, int64_t block_cols, int64_t scale_mode,
-                                       float epsilon, sig::AnyOut q, sig::AnyOut scale_inv,
-                                       sig::AnyOut qt, sig::AnyOut scale_inv_t, sig::F32Out dbias,
-                                       sig::F32Out workspace) {
-  const char* op = kBlockCastTransposeDbiasOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
-                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
-  FP8JAX_RETURN_IF_ERROR(CheckBlockDbias(op, c, *dbias, workspace->element_count()));
-  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+ffi::Error BlockCastTransposeDbias::Compute(CpuPool pool) {
+  return DispatchWideFp8(kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            const DirectSource<W, ExactHalf> src{x.untyped_data(), c.rows, c.cols};
                            BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt, *scale_inv_t,
@@ -182,19 +163,9 @@ ffi::Error BlockCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any x, sig::F3
                          });
 }
 
-ffi::Error ActivationBlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, int64_t code,
-                                            int64_t gated, int64_t block_rows, int64_t block_cols,
-                                            int64_t scale_mode, float epsilon, sig::AnyOut q,
-                                            sig::AnyOut scale_inv, sig::AnyOut qt,
-                                            sig::AnyOut scale_inv_t) {
-  const char* op = kActivationBlockCastTransposeOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckActivationBlockCastTranspose(x, gated, block_rows, block_cols,
-                                                           scale_mode, epsilon, *q, *scale_inv, *qt,
-                                                           *scale_inv_t, &c, &ct));
-  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+ffi::Error ActivationBlockCastTranspose::Compute(CpuPool pool) {
   return DispatchWideFp8(
-      op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+      kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
       [&]<WideKind W, typename F>() {
         return act::Dispatch(code, gated, [&]<int A, bool G>() {
           const ActSource<W, ExactHalf, A, G> src{x.untyped_data(), c.rows, c.cols};
@@ -204,20 +175,8 @@ ffi::Error ActivationBlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, in
       });
 }
 
-ffi::Error DActivationBlockCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::Any x,
-                                                  sig::F32, int64_t code, int64_t gated,
-                                                  int64_t block_rows, int64_t block_cols,
-                                                  int64_t scale_mode, float epsilon, sig::AnyOut q,
-                                                  sig::AnyOut scale_inv, sig::AnyOut qt,
-                                                  sig::AnyOut scale_inv_t, sig::F32Out dbias,
-                                                  sig::F32Out workspace) {
-  const char* op = kDActivationBlockCastTransposeDbiasOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckDActivationBlockCastTransposeDbias(
-      g, x, gated, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt, *scale_inv_t,
-      *dbias, workspace->element_count(), &c, &ct));
-  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
-  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+ffi::Error DActivationBlockCastTransposeDbias::Compute(CpuPool pool) {
+  return DispatchWideFp8(kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            return act::Dispatch(code, gated, [&]<int A, bool G>() {
                              const DActSource<W, ExactHalf, A, G> src{
@@ -230,24 +189,13 @@ ffi::Error DActivationBlockCastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any
                          });
 }
 
-ffi::Error NormBlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::Any gamma,
-                                      sig::Any beta, int64_t norm_type, float norm_epsilon,
-                                      int64_t zero_centered, int64_t block_rows, int64_t block_cols,
-                                      int64_t scale_mode, float epsilon, sig::AnyOut q,
-                                      sig::AnyOut scale_inv, sig::AnyOut qt,
-                                      sig::AnyOut scale_inv_t, sig::F32Out mu, sig::F32Out rsigma) {
-  const char* op = kNormBlockCastTransposeOp;
-  NormShape s;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckNormBlockCastTranspose(
-      x, gamma, beta, norm_type, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt,
-      *scale_inv_t, mu->element_count(), rsigma->element_count(), &s, &c, &ct));
+ffi::Error NormBlockCastTranspose::Compute(CpuPool pool) {
   const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
   const int64_t bytes = WideKindOf(x.element_type()) == WideKind::kF32 ? 4 : 2;
   std::vector<uint8_t> y(static_cast<size_t>(x.element_count() * bytes));
   NormForwardInto(&pool, layer, x, gamma, layer ? &beta : nullptr, norm_epsilon, zero_centered != 0,
                   s, y.data(), mu->typed_data(), rsigma->typed_data());
-  return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+  return DispatchWideFp8(kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            const DirectSource<W, ExactHalf> src{y.data(), c.rows, c.cols};
                            BlockCastBoth<W, F>(&pool, src, c, ct, *q, *scale_inv, *qt,
@@ -256,13 +204,4 @@ ffi::Error NormBlockCastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::Any
                          });
 }
 
-}  // namespace
 }  // namespace fp8jax
-
-FP8JAX_CPU_HANDLER(BlockQuantize, fp8jax::BlockQuantizeImpl);
-FP8JAX_CPU_HANDLER(BlockCastTranspose, fp8jax::BlockCastTransposeImpl);
-FP8JAX_CPU_HANDLER(BlockCastTransposeDbias, fp8jax::BlockCastTransposeDbiasImpl);
-FP8JAX_CPU_HANDLER(ActivationBlockCastTranspose, fp8jax::ActivationBlockCastTransposeImpl);
-FP8JAX_CPU_HANDLER(DActivationBlockCastTransposeDbias,
-                   fp8jax::DActivationBlockCastTransposeDbiasImpl);
-FP8JAX_CPU_HANDLER(NormBlockCastTranspose, fp8jax::NormBlockCastTransposeImpl);

@@ -1,4 +1,4 @@
-// CPU FFI handlers: cast_transpose and cast_transpose_dbias, on the engine of
+// The CPU computations of cast_transpose and cast_transpose_dbias (ops/casts.h), on the engine of
 // cpu_cast_transpose.h with x itself as the row source.
 #include "cpu/cpu_cast_transpose.h"
 
@@ -7,6 +7,7 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "cpu/cpu_handler.h"
+#include "ops/casts.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -33,29 +34,18 @@ ffi::Error CastTransposeAny(const char* op, ffi::ThreadPool* pool, const MatrixS
                          });
 }
 
-ffi::Error CastTransposeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::AnyOut q,
-                             sig::AnyOut qt, sig::F32Out scale_inv, sig::F32Out amax) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(
-      CheckCastTranspose(kCastTransposeOp, x, scale, *q, *qt, *scale_inv, *amax, &s));
-  return CastTransposeAny(kCastTransposeOp, &pool, s, x, scale, q, qt, scale_inv, amax, nullptr,
-                          nullptr);
-}
-
-// The workspace arrives as the last operand and leaves, aliased, as the last
-// result (fp8jax.ops._opdef.OpDef.workspace); it is written through the result.
-ffi::Error CastTransposeDbiasImpl(ffi::ThreadPool pool, sig::Any g, sig::F32 scale, sig::F32,
-                                  sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
-                                  sig::F32Out amax, sig::F32Out dbias, sig::F32Out workspace) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckCastTransposeDbias(g, scale, *q, *qt, *scale_inv, *amax, *dbias,
-                                                 workspace->element_count(), kStripRows, &s));
-  return CastTransposeAny(kCastTransposeDbiasOp, &pool, s, g, scale, q, qt, scale_inv, amax,
-                          dbias->typed_data(), workspace->typed_data());
-}
-
 }  // namespace
-}  // namespace fp8jax
 
-FP8JAX_CPU_HANDLER(CastTranspose, fp8jax::CastTransposeImpl);
-FP8JAX_CPU_HANDLER(CastTransposeDbias, fp8jax::CastTransposeDbiasImpl);
+ffi::Error CastTranspose::Compute(CpuPool pool) {
+  return CastTransposeAny(kName, &pool, s, x, scale, q, qt, scale_inv, amax, nullptr, nullptr);
+}
+
+// The dbias partials go to the workspace, one row per strip: the check's tiles.
+static_assert(kStripRows == kDbiasTileRows, "the dbias workspace has a row per strip");
+
+ffi::Error CastTransposeDbias::Compute(CpuPool pool) {
+  return CastTransposeAny(kName, &pool, s, g, scale, q, qt, scale_inv, amax, dbias->typed_data(),
+                          workspace->typed_data());
+}
+
+}  // namespace fp8jax

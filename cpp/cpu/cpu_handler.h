@@ -1,13 +1,36 @@
-// FP8JAX_CPU_HANDLER(Stem, impl): defines the CPU handler symbol Fp8jax<Stem>Cpu for `impl`,
-// which takes XLA's intra-op thread pool and then the op's signature (common/op_table.h).
+// The CPU platform of the ops (ops/op.h): a CPU handler's context, CpuPool, and the definition of
+// each op's CPU handler symbol, Fp8jax<Stem>Cpu (cpu/module_cpu.cc defines them all from the
+// X-list, common/op_table.h).
 #pragma once
 
-#include "common/op_table.h"
+#include "ops/op.h"
 #include "xla/ffi/api/ffi.h"
 
-// clang-format off: the builder chain one call per line
-#define FP8JAX_CPU_HANDLER(Stem, impl)                                        \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(Fp8jax##Stem##Cpu, impl,                      \
-                                ::xla::ffi::Ffi::Bind()                       \
-                                    .Ctx<::xla::ffi::ThreadPool>() FP8JAX_SIGNATURE_##Stem)
-// clang-format on
+namespace fp8jax {
+
+// A CPU handler's context: XLA's intra-op thread pool; a computation hands `&pool` (an
+// ffi::ThreadPool*) to ParallelFor (cpu/cpu_parallel.h).
+struct CpuPool : ffi::ThreadPool {
+  CpuPool(ffi::ThreadPool pool) : ffi::ThreadPool(pool) {}  // NOLINT: XLA's decoded pool converts
+};
+
+}  // namespace fp8jax
+
+namespace xla::ffi {
+
+// A handler parameter of type CpuPool binds XLA's thread pool (ffi::Ffi::BindTo).
+template <>
+struct CtxBinding<fp8jax::CpuPool> {
+  using Ctx = ThreadPool;
+};
+
+}  // namespace xla::ffi
+
+// Defines Fp8jax<Stem>Cpu, the CPU handler of the X-list entry (Stem, target): Stem::Handle with
+// the thread pool first, its binding derived from its parameters.
+#define FP8JAX_DEFINE_CPU_HANDLER(Stem, target)                                        \
+  extern "C" XLA_FFI_Error* Fp8jax##Stem##Cpu(XLA_FFI_CallFrame* call_frame) {         \
+    static auto* handler =                                                             \
+        ::xla::ffi::Ffi::BindTo(&::fp8jax::Stem::Handle<::fp8jax::CpuPool>).release(); \
+    return handler->Call(call_frame);                                                  \
+  }

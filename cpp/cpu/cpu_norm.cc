@@ -1,5 +1,5 @@
-// CPU FFI handlers of the norms: LayerNorm / RMSNorm forward, the forward
-// fused with the FP8 cast and transpose, and the backward.
+// The CPU computations of the norms' forwards (ops/norms.h): LayerNorm / RMSNorm forward and the
+// forward fused with the FP8 cast and transpose (the backward is cpu_norm_backward.cc).
 //
 // One row per work item, rows split over XLA's intra-op pool (ParallelFor).
 // A row is widened to float32 once, into a scratch row that stays in L1/L2,
@@ -32,11 +32,11 @@
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
 #include "common/norm_row.h"
-#include "common/op_table.h"
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
 #include "cpu/cpu_transpose.h"
+#include "ops/norms.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -244,77 +244,27 @@ void NormForwardInto(ffi::ThreadPool* pool, bool layer, const ffi::AnyBuffer& x,
   });
 }
 
-namespace {
-
-ffi::Error ForwardImpl(const char* op, bool layer, ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
-                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
-                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
-                       int64_t n_stats) {
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
-  NormForwardInto(&pool, layer, x, gamma, beta, eps, zero_centered != 0, s, y.untyped_data(), mu,
-                  rs);
+ffi::Error NormForward::Compute(CpuPool pool) {
+  NormForwardInto(&pool, layer, x, gamma, beta, eps, zero_centered != 0, s, y->untyped_data(),
+                  mu->typed_data(), rs->typed_data());
   return ffi::Error::Success();
-}
-
-ffi::Error LayerNormForward(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::Any beta,
-                            float eps, int64_t zcg, sig::AnyOut y, sig::F32Out mu, sig::F32Out rs) {
-  return ForwardImpl("layernorm_forward", true, pool, x, gamma, &beta, eps, zcg, *y,
-                     mu->typed_data(), rs->typed_data(), mu->element_count());
-}
-
-ffi::Error RmsNormForward(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, float eps, int64_t zcg,
-                          sig::AnyOut y, sig::F32Out mu, sig::F32Out rs) {
-  return ForwardImpl("rmsnorm_forward", false, pool, x, gamma, nullptr, eps, zcg, *y,
-                     mu->typed_data(), rs->typed_data(), mu->element_count());
 }
 
 // ------------------------------------------------------------ forward, FP8
 
-struct Fp8Outs {
-  ffi::AnyBuffer* q;
-  ffi::AnyBuffer* qt;
-  float* scale_inv;
-  float* amax;
-  float* mu;
-  float* rs;
-  int64_t n_stats;
-  int64_t n_scale_inv;
-  int64_t n_amax;
-};
-
-// The FP8 forward's results as the kernel wants them.
-Fp8Outs Fp8OutsOf(sig::AnyOut& q, sig::AnyOut& qt, sig::F32Out& scale_inv, sig::F32Out& amax,
-                  sig::F32Out& mu, sig::F32Out& rs) {
-  return Fp8Outs{&*q,
-                 &*qt,
-                 scale_inv->typed_data(),
-                 amax->typed_data(),
-                 mu->typed_data(),
-                 rs->typed_data(),
-                 static_cast<int64_t>(mu->element_count()),
-                 static_cast<int64_t>(scale_inv->element_count()),
-                 static_cast<int64_t>(amax->element_count())};
-}
-
-ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
-                          const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
-                          const ffi::AnyBuffer* beta, const ffi::Buffer<ffi::F32>& scale, float eps,
-                          int64_t zero_centered, const Fp8Outs& o) {
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckNormForwardFp8(op, x, gamma, beta, scale, *o.q, *o.qt, o.n_scale_inv,
-                                             o.n_amax, o.n_stats, &s));
+ffi::Error NormForwardFp8::Compute(CpuPool pool) {
   const Params p = ParamsOf(gamma, beta, zero_centered != 0);
-  const FwdArgs f{x.untyped_data(), p.g.data(), p.b.data(), eps, s.rows, s.h, nullptr, o.mu, o.rs};
-  uint8_t* q = static_cast<uint8_t*>(o.q->untyped_data());
-  uint8_t* qt = static_cast<uint8_t*>(o.qt->untyped_data());
+  const FwdArgs f{x.untyped_data(), p.g.data(),       p.b.data(),      eps, s.rows, s.h,
+                  nullptr,          mu->typed_data(), rs->typed_data()};
+  uint8_t* q8 = static_cast<uint8_t*>(q->untyped_data());
+  uint8_t* qt8 = static_cast<uint8_t*>(qt->untyped_data());
   const float* sc = scale.typed_data();
   const int64_t strips = (s.rows + kStripRows - 1) / kStripRows;
   std::unique_ptr<std::atomic<uint32_t>[]> amax_bits(new std::atomic<uint32_t>[s.groups]());
   const int64_t grain = std::max<int64_t>(1, kNormGrain / std::max<int64_t>(1, kStripRows * s.h));
   const int64_t wide_bytes = WideKindOf(x.element_type()) == WideKind::kF32 ? 4 : 2;
   auto err = DispatchWideFp8(
-      op, WideKindOf(x.element_type()), Fp8KindOf(o.q->element_type()),
+      op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
       [&]<WideKind W, typename F>() {
         ParallelFor(&pool, s.groups * strips, grain, [&](int64_t begin, int64_t end) {
           std::vector<float> scratch(s.h);
@@ -323,7 +273,7 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
             const int64_t grp = item / strips;
             const int64_t r0 = (item % strips) * kStripRows;
             const int64_t r1 = std::min(s.rows, r0 + kStripRows);
-            const Fp8Args a{f, sc[grp], q + grp * s.rows * s.h, qt + grp * s.rows * s.h};
+            const Fp8Args a{f, sc[grp], q8 + grp * s.rows * s.h, qt8 + grp * s.rows * s.h};
             const uint32_t m =
                 layer ? Fp8Strip<W, F, true>(a, grp, r0, r1, scratch.data(), ybuf.data())
                       : Fp8Strip<W, F, false>(a, grp, r0, r1, scratch.data(), ybuf.data());
@@ -336,34 +286,10 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, ffi::ThreadPool& pool,
       });
   if (!err.success()) return err;
   for (int64_t g = 0; g < s.groups; ++g) {
-    o.amax[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
-    o.scale_inv[g] = ScaleInverse(sc[g]);
+    amax->typed_data()[g] = BitsToFloat(amax_bits[g].load(std::memory_order_relaxed));
+    scale_inv->typed_data()[g] = ScaleInverse(sc[g]);
   }
   return ffi::Error::Success();
 }
 
-using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
-
-ffi::Error LayerNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::Any beta,
-                               sig::F32 scale, float eps, int64_t zcg, sig::AnyOut q,
-                               sig::AnyOut qt, F32Out scale_inv, F32Out amax, F32Out mu,
-                               F32Out rs) {
-  const Fp8Outs o = Fp8OutsOf(q, qt, scale_inv, amax, mu, rs);
-  return ForwardFp8Impl("layernorm_forward_fp8", true, pool, x, gamma, &beta, scale, eps, zcg, o);
-}
-
-ffi::Error RmsNormForwardFp8(ffi::ThreadPool pool, sig::Any x, sig::Any gamma, sig::F32 scale,
-                             float eps, int64_t zcg, sig::AnyOut q, sig::AnyOut qt,
-                             F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
-  const Fp8Outs o = Fp8OutsOf(q, qt, scale_inv, amax, mu, rs);
-  return ForwardFp8Impl("rmsnorm_forward_fp8", false, pool, x, gamma, nullptr, scale, eps, zcg, o);
-}
-
-}  // namespace
-
 }  // namespace fp8jax
-
-FP8JAX_CPU_HANDLER(LayerNormForward, fp8jax::LayerNormForward);
-FP8JAX_CPU_HANDLER(RmsNormForward, fp8jax::RmsNormForward);
-FP8JAX_CPU_HANDLER(LayerNormForwardFp8, fp8jax::LayerNormForwardFp8);
-FP8JAX_CPU_HANDLER(RmsNormForwardFp8, fp8jax::RmsNormForwardFp8);

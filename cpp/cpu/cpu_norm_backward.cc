@@ -1,4 +1,4 @@
-// CPU FFI handler of the norms' backward (LayerNorm and RMSNorm).
+// The CPU computation of the norms' backward, norm_backward (ops/norms.h; LayerNorm and RMSNorm).
 //
 // Rows are split into at most `slots` blocks of NormRowsPerPartial rows
 // (common/norm_row.h) per vmap group; the blocks are the work items spread
@@ -17,17 +17,17 @@
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
 #include "common/norm_row.h"
-#include "common/op_table.h"
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
+#include "ops/norms.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
 namespace {
 
-constexpr int64_t kGrain = int64_t{1} << 15;
-constexpr int64_t kMinRowsPerPartial = 16;  // rows summed into one partial row, at least
+constexpr int64_t kBackwardGrain = int64_t{1} << 15;  // elements per chunk of work
+constexpr int64_t kMinRowsPerPartial = 16;            // rows summed into one partial row, at least
 
 float LoadAny(const ffi::AnyBuffer& b, int64_t i) {
   switch (WideKindOf(b.element_type())) {
@@ -136,19 +136,12 @@ void BackwardBlock(const BwdArgs& a, int64_t item, float* xr, float* dyr) {
   BackwardBlockBase<W, kLayer>(a, item, xr, dyr);
 }
 
-ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 mu, sig::F32 rs,
-                        sig::Any gamma, int64_t norm_type, int64_t zero_centered, sig::AnyOut dx,
-                        sig::F32Out dgamma, sig::F32Out dbeta, sig::F32Out workspace) {
-  const char* op = kNormBackwardOp;
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(
-      CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s));
+}  // namespace
+
+ffi::Error NormBackward::Compute(CpuPool pool) {
   std::vector<float> g(gamma.element_count());
   for (size_t i = 0; i < g.size(); ++i) g[i] = NormGamma(LoadAny(gamma, i), zero_centered != 0);
-  const int64_t slots = workspace->element_count() / std::max<int64_t>(1, s.groups * 2 * s.h);
-  if (slots < 1 || workspace->element_count() != s.groups * slots * 2 * s.h) {
-    return BadArg(op, "workspace must be [groups, slots, 2, h]");
-  }
+  const int64_t slots = ws_slots;
   const int64_t per = NormRowsPerPartial(s.rows, slots, kMinRowsPerPartial);
   const int64_t partials = NormPartials(s.rows, slots, kMinRowsPerPartial);
   float* ws = workspace->typed_data();
@@ -166,8 +159,8 @@ ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 
                   ws};
   const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
   const int64_t items = s.groups * partials;
-  const int64_t grain = std::max<int64_t>(1, kGrain / (per * s.h));
-  auto err = DispatchWide(op, WideKindOf(x.element_type()), [&]<WideKind W>() {
+  const int64_t grain = std::max<int64_t>(1, kBackwardGrain / (per * s.h));
+  auto err = DispatchWide(kName, WideKindOf(x.element_type()), [&]<WideKind W>() {
     ParallelFor(&pool, items, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> xr(s.h), dyr(s.h);
       for (int64_t item = begin; item < end; ++item) {
@@ -185,7 +178,7 @@ ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 
   float* dg = dgamma->typed_data();
   float* db = dbeta->typed_data();
   const int64_t cols = s.groups * s.h;
-  ParallelFor(&pool, cols, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, partials)),
+  ParallelFor(&pool, cols, std::max<int64_t>(1, kBackwardGrain / std::max<int64_t>(1, partials)),
               [&](int64_t c0, int64_t c1) {
                 while (c0 < c1) {  // one group's columns at a time
                   const int64_t grp = c0 / s.h;
@@ -208,7 +201,4 @@ ffi::Error NormBackward(ffi::ThreadPool pool, sig::Any dy, sig::Any x, sig::F32 
   return ffi::Error::Success();
 }
 
-}  // namespace
 }  // namespace fp8jax
-
-FP8JAX_CPU_HANDLER(NormBackward, fp8jax::NormBackward);

@@ -1,9 +1,9 @@
-// CPU FFI handlers: quantize, dequantize, update_fp8_state (the cast_transpose
-// family is in cpu_cast_transpose.cc and cpu_activation.cc).
+// The CPU computations of quantize, dequantize (ops/casts.h) and update_fp8_state
+// (ops/scaling.h); the cast_transpose family is in cpu_cast_transpose.cc and cpu_activation.cc.
 //
-// Layering (as in jax's examples/ffi): a typed compute loop, a dispatcher on
-// the runtime dtypes that returns ffi::Error for anything unexpected, and the
-// handler definition at the bottom (its signature is in common/op_table.h).
+// Layering (as in jax's examples/ffi): a typed compute loop, then the op's Compute, which
+// dispatches on the runtime dtypes and returns ffi::Error for anything unexpected (the op's
+// handler has checked the arguments).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -13,12 +13,13 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/fp8_numerics.h"
-#include "common/op_table.h"
 #include "common/wide.h"
 #include "cpu/cpu_cast_transpose.h"
 #include "cpu/cpu_handler.h"
 #include "cpu/cpu_loops.h"
 #include "cpu/cpu_parallel.h"
+#include "ops/casts.h"
+#include "ops/scaling.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -55,10 +56,9 @@ void QuantizeCompute(ffi::ThreadPool* pool, const void* x, const float* scale, u
   }
 }
 
-ffi::Error QuantizeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::AnyOut q,
-                        sig::F32Out scale_inv, sig::F32Out amax) {
-  GroupShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, *scale_inv, *amax, &s));
+}  // namespace
+
+ffi::Error Quantize::Compute(CpuPool pool) {
   return DispatchWideFp8("quantize", WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            QuantizeCompute<W, F>(&pool, x.untyped_data(), scale.typed_data(),
@@ -67,6 +67,8 @@ ffi::Error QuantizeImpl(ffi::ThreadPool pool, sig::Any x, sig::F32 scale, sig::A
                            return ffi::Error::Success();
                          });
 }
+
+namespace {
 
 // -------------------------------------------------------------- dequantize
 
@@ -105,9 +107,9 @@ void DequantizeCompute(ffi::ThreadPool* pool, const uint8_t* q, const float* sca
   });
 }
 
-ffi::Error DequantizeImpl(ffi::ThreadPool pool, sig::Any q, sig::F32 scale_inv, sig::AnyOut out) {
-  GroupShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckDequantize(q, scale_inv, *out, &s));
+}  // namespace
+
+ffi::Error Dequantize::Compute(CpuPool pool) {
   return DispatchWideFp8("dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
                          [&]<WideKind W, typename F>() {
                            DequantizeCompute<W, F>(&pool,
@@ -119,11 +121,7 @@ ffi::Error DequantizeImpl(ffi::ThreadPool pool, sig::Any q, sig::F32 scale_inv, 
 
 // -------------------------------------------------------- update_fp8_state
 
-ffi::Error UpdateFp8StateImpl(ffi::ThreadPool, sig::F32 history, sig::F32 scale, sig::F32 amax,
-                              sig::F32 fp8_max, int64_t margin, int64_t algo,
-                              sig::F32Out new_history, sig::F32Out new_scale) {
-  HistoryShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s));
+ffi::Error UpdateFp8State::Compute(CpuPool) {
   const float margin_factor = std::ldexp(1.0f, -static_cast<int>(margin));
   const float* h = history.typed_data();
   float* nh = new_history->typed_data();
@@ -148,9 +146,4 @@ ffi::Error UpdateFp8StateImpl(ffi::ThreadPool, sig::F32 history, sig::F32 scale,
   return ffi::Error::Success();
 }
 
-}  // namespace
 }  // namespace fp8jax
-
-FP8JAX_CPU_HANDLER(Quantize, fp8jax::QuantizeImpl);
-FP8JAX_CPU_HANDLER(Dequantize, fp8jax::DequantizeImpl);
-FP8JAX_CPU_HANDLER(UpdateFp8State, fp8jax::UpdateFp8StateImpl);

@@ -1,4 +1,4 @@
-// CUDA FFI handlers of fp8jax.ops.activation: activation, dactivation,
+// The CUDA computations of the activations (ops/activations.h): activation, dactivation,
 // activation_cast_transpose and dactivation_cast_transpose_dbias.
 //
 // The math is common/activations.h (the CPU kernels' too). The fused forms
@@ -16,12 +16,12 @@
 #include "common/dispatch.h"
 #include "common/ffi_checks.h"
 #include "common/launch_plan.h"
-#include "common/op_table.h"
 #include "common/wide.h"
 #include "cuda/cuda_cast_transpose.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
+#include "ops/activations.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -127,11 +127,11 @@ struct DActSource {
   }
 };
 
-// Calls fn.template operator()<W, F, A, G>() for the runtime kinds.
+// Calls fn.template operator()<W, F, A, G>() for the runtime kinds ((act, gated) checked by the
+// op).
 template <typename Fn>
 ffi::Error DispatchFused(const char* op, WideKind w, Fp8Kind f, int64_t code, int64_t gated,
                          Fn&& fn) {
-  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
   return act::Dispatch(code, gated, [&]<int A, bool G>() {
     return DispatchWideFp8(
         op, w, f, [&]<WideKind W, typename F>() { return fn.template operator()<W, F, A, G>(); });
@@ -139,10 +139,9 @@ ffi::Error DispatchFused(const char* op, WideKind w, Fp8Kind f, int64_t code, in
 }
 
 // Enqueues the activation (forward, or its gradient when g != nullptr) of
-// `rows` rows of n columns into out.
+// `rows` rows of n columns into out ((act, gated) checked by the op).
 ffi::Error LaunchAct(const char* op, cudaStream_t stream, WideKind w, int64_t code, int64_t gated,
                      const void* g, const void* x, void* out, int64_t rows, int64_t n) {
-  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
   const int64_t chunks = plan::RowChunks(rows, n);
   if (chunks == 0) return ffi::Error::Success();
   const bool vector = n % plan::kVec == 0 && Addr(x) % 16 == 0 && Addr(out) % 16 == 0 &&
@@ -169,72 +168,46 @@ ffi::Error LaunchAct(const char* op, cudaStream_t stream, WideKind w, int64_t co
   });
 }
 
-ffi::Error ActivationImpl(cudaStream_t stream, sig::Any x, int64_t code, int64_t gated,
-                          sig::AnyOut y) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckActivation(x, gated, *y, &s));
-  return LaunchAct(kActivationOp, stream, WideKindOf(x.element_type()), code, gated, nullptr,
+}  // namespace
+
+ffi::Error Activation::Compute(CudaStream stream) {
+  return LaunchAct(kName, stream, WideKindOf(x.element_type()), code, gated, nullptr,
                    x.untyped_data(), y->untyped_data(), s.matrices * s.rows, s.cols);
 }
 
-ffi::Error DActivationImpl(cudaStream_t stream, sig::Any g, sig::Any x, int64_t code, int64_t gated,
-                           sig::AnyOut dx) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckDActivation(g, x, gated, *dx, &s));
-  return LaunchAct(kDActivationOp, stream, WideKindOf(x.element_type()), code, gated,
-                   g.untyped_data(), x.untyped_data(), dx->untyped_data(), s.matrices * s.rows,
-                   s.cols);
+ffi::Error DActivation::Compute(CudaStream stream) {
+  return LaunchAct(kName, stream, WideKindOf(x.element_type()), code, gated, g.untyped_data(),
+                   x.untyped_data(), dx->untyped_data(), s.matrices * s.rows, s.cols);
 }
 
-ffi::Error ActivationCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale,
-                                       int64_t code, int64_t gated, sig::AnyOut q, sig::AnyOut qt,
-                                       sig::F32Out scale_inv, sig::F32Out amax) {
-  MatrixShape s;
-  FP8JAX_RETURN_IF_ERROR(
-      CheckActivationCastTranspose(x, scale, gated, *q, *qt, *scale_inv, *amax, &s));
-  return DispatchFused(
-      kActivationCastTransposeOp, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code,
-      gated, [&]<WideKind W, typename F, int A, bool G>() {
-        const ActSource<W, A, G> src{x.untyped_data(), s.cols};
-        return LaunchCastTransposeOf<W, F, false>(
-            kActivationCastTransposeOp, stream, src, 0, s, scale.typed_data(), q->untyped_data(),
-            qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(), nullptr);
-      });
+ffi::Error ActivationCastTranspose::Compute(CudaStream stream) {
+  return DispatchFused(kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code,
+                       gated, [&]<WideKind W, typename F, int A, bool G>() {
+                         const ActSource<W, A, G> src{x.untyped_data(), s.cols};
+                         return LaunchCastTransposeOf<W, F, false>(
+                             kName, stream, src, 0, s, scale.typed_data(), q->untyped_data(),
+                             qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(),
+                             nullptr);
+                       });
 }
 
-ffi::Error DActivationCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::Any x,
-                                             sig::F32 scale, sig::F32, int64_t code, int64_t gated,
-                                             sig::AnyOut q, sig::AnyOut qt, sig::F32Out scale_inv,
-                                             sig::F32Out amax, sig::F32Out dbias,
-                                             sig::F32Out workspace) {
-  const ffi::ErrorOr<ActCastShapes> s =
-      CheckDActivationCastTransposeDbias(g, x, scale, gated, *q, *qt, *scale_inv, *amax, *dbias,
-                                         workspace->element_count(), plan::kBigTile);
-  if (s.has_error()) return s.error();
+ffi::Error DActivationCastTransposeDbias::Compute(CudaStream stream) {
   float* partial = workspace->typed_data();
-  if (auto err = DispatchFused(kDActivationCastTransposeDbiasOp, WideKindOf(x.element_type()),
-                               Fp8KindOf(q->element_type()), code, gated,
-                               [&]<WideKind W, typename F, int A, bool G>() {
-                                 const DActSource<W, A, G> src{g.untyped_data(), x.untyped_data(),
-                                                               s->x.cols};
-                                 return LaunchCastTransposeOf<W, F, true>(
-                                     kDActivationCastTransposeDbiasOp, stream, src, 0, s->q,
-                                     scale.typed_data(), q->untyped_data(), qt->untyped_data(),
-                                     scale_inv->typed_data(), amax->typed_data(), partial);
-                               });
+  if (auto err = DispatchFused(
+          kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()), code, gated,
+          [&]<WideKind W, typename F, int A, bool G>() {
+            const DActSource<W, A, G> src{g.untyped_data(), x.untyped_data(), xs.cols};
+            return LaunchCastTransposeOf<W, F, true>(
+                kName, stream, src, 0, qs, scale.typed_data(), q->untyped_data(),
+                qt->untyped_data(), scale_inv->typed_data(), amax->typed_data(), partial);
+          });
       !err.success()) {
     return err;
   }
-  return LaunchColumnTotals(kDActivationCastTransposeDbiasOp, stream, partial, s->q,
-                            dbias->typed_data());
+  return LaunchColumnTotals(kName, stream, partial, qs, dbias->typed_data());
 }
 
-}  // namespace
-}  // namespace fp8jax
-
-// Every handler allocates nothing (dbias's workspace is a buffer XLA
+// Every computation allocates nothing (dbias's workspace is a buffer XLA
 // allocates): command-buffer compatible.
-FP8JAX_CUDA_HANDLER(Activation, fp8jax::ActivationImpl);
-FP8JAX_CUDA_HANDLER(DActivation, fp8jax::DActivationImpl);
-FP8JAX_CUDA_HANDLER(ActivationCastTranspose, fp8jax::ActivationCastTransposeImpl);
-FP8JAX_CUDA_HANDLER(DActivationCastTransposeDbias, fp8jax::DActivationCastTransposeDbiasImpl);
+
+}  // namespace fp8jax

@@ -1,7 +1,7 @@
-// CUDA FFI handlers of the block-scaled casts: block_quantize, block_cast_transpose and its fused
-// forms, block_cast_transpose_dbias, activation_block_cast_transpose and
-// dactivation_block_cast_transpose_dbias (same targets and bits as
-// cpp/cpu/cpu_block_scaling.cc; the numerics and layouts are common/block_scale.h's, what the
+// The CUDA computations of the block-scaled casts (ops/block_casts.h): block_quantize,
+// block_cast_transpose and its fused forms, block_cast_transpose_dbias,
+// activation_block_cast_transpose and dactivation_block_cast_transpose_dbias (same targets and bits
+// as cpp/cpu/cpu_block_scaling.cc; the numerics and layouts are common/block_scale.h's, what the
 // fused forms quantize and the dbias order common/block_sources.h's).
 //
 // One kernel, BlockCastKernel, writes one layout of the values of a source (x, or the activation
@@ -34,13 +34,13 @@
 #include "common/ffi_checks.h"
 #include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
-#include "common/op_table.h"
 #include "common/wide.h"
 #include "cuda/cuda_column_totals.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_norm.h"
 #include "cuda/cuda_util.h"
+#include "ops/block_casts.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -194,13 +194,10 @@ ffi::Error BlockCastBoth(cudaStream_t stream, const char* op, const Source& src,
   return LaunchColumnTotals(op, stream, t);
 }
 
-ffi::Error BlockQuantizeImpl(cudaStream_t stream, sig::Any x, int64_t block_rows,
-                             int64_t block_cols, int64_t scale_mode, float epsilon, sig::AnyOut q,
-                             sig::AnyOut scale_inv) {
-  const char* op = kBlockQuantizeOp;
-  block::Cast c;
-  FP8JAX_RETURN_IF_ERROR(
-      CheckBlockCast(op, x, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, &c));
+}  // namespace
+
+ffi::Error BlockQuantize::Compute(CudaStream stream) {
+  const char* op = kName;
   return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            const DirectSource<W, FastHalf> src{x.untyped_data(), c.rows, c.cols};
@@ -208,14 +205,8 @@ ffi::Error BlockQuantizeImpl(cudaStream_t stream, sig::Any x, int64_t block_rows
                          });
 }
 
-ffi::Error BlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int64_t block_rows,
-                                  int64_t block_cols, int64_t scale_mode, float epsilon,
-                                  sig::AnyOut q, sig::AnyOut scale_inv, sig::AnyOut qt,
-                                  sig::AnyOut scale_inv_t) {
-  const char* op = kBlockCastTransposeOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
-                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
+ffi::Error BlockCastTranspose::Compute(CudaStream stream) {
+  const char* op = kName;
   return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            const DirectSource<W, FastHalf> src{x.untyped_data(), c.rows, c.cols};
@@ -224,18 +215,8 @@ ffi::Error BlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int64_t block
                          });
 }
 
-// The workspace arrives as the last operand and leaves, aliased, as the last result; it is
-// written through the result.
-ffi::Error BlockCastTransposeDbiasImpl(cudaStream_t stream, sig::Any x, sig::F32,
-                                       int64_t block_rows, int64_t block_cols, int64_t scale_mode,
-                                       float epsilon, sig::AnyOut q, sig::AnyOut scale_inv,
-                                       sig::AnyOut qt, sig::AnyOut scale_inv_t, sig::F32Out dbias,
-                                       sig::F32Out workspace) {
-  const char* op = kBlockCastTransposeDbiasOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckBlockCastTranspose(op, x, block_rows, block_cols, scale_mode, epsilon,
-                                                 *q, *scale_inv, *qt, *scale_inv_t, &c, &ct));
-  FP8JAX_RETURN_IF_ERROR(CheckBlockDbias(op, c, *dbias, workspace->element_count()));
+ffi::Error BlockCastTransposeDbias::Compute(CudaStream stream) {
+  const char* op = kName;
   return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            const DirectSource<W, FastHalf> src{x.untyped_data(), c.rows, c.cols};
@@ -245,17 +226,8 @@ ffi::Error BlockCastTransposeDbiasImpl(cudaStream_t stream, sig::Any x, sig::F32
                          });
 }
 
-ffi::Error ActivationBlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int64_t code,
-                                            int64_t gated, int64_t block_rows, int64_t block_cols,
-                                            int64_t scale_mode, float epsilon, sig::AnyOut q,
-                                            sig::AnyOut scale_inv, sig::AnyOut qt,
-                                            sig::AnyOut scale_inv_t) {
-  const char* op = kActivationBlockCastTransposeOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckActivationBlockCastTranspose(x, gated, block_rows, block_cols,
-                                                           scale_mode, epsilon, *q, *scale_inv, *qt,
-                                                           *scale_inv_t, &c, &ct));
-  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+ffi::Error ActivationBlockCastTranspose::Compute(CudaStream stream) {
+  const char* op = kName;
   return DispatchWideFp8(
       op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
       [&]<WideKind W, typename F>() {
@@ -266,19 +238,8 @@ ffi::Error ActivationBlockCastTransposeImpl(cudaStream_t stream, sig::Any x, int
       });
 }
 
-ffi::Error DActivationBlockCastTransposeDbiasImpl(cudaStream_t stream, sig::Any g, sig::Any x,
-                                                  sig::F32, int64_t code, int64_t gated,
-                                                  int64_t block_rows, int64_t block_cols,
-                                                  int64_t scale_mode, float epsilon, sig::AnyOut q,
-                                                  sig::AnyOut scale_inv, sig::AnyOut qt,
-                                                  sig::AnyOut scale_inv_t, sig::F32Out dbias,
-                                                  sig::F32Out workspace) {
-  const char* op = kDActivationBlockCastTransposeDbiasOp;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckDActivationBlockCastTransposeDbias(
-      g, x, gated, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt, *scale_inv_t,
-      *dbias, workspace->element_count(), &c, &ct));
-  if (!act::Valid(code, gated)) return BadArg(op, "unknown activation (act, gated) attributes");
+ffi::Error DActivationBlockCastTransposeDbias::Compute(CudaStream stream) {
+  const char* op = kName;
   return DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                          [&]<WideKind W, typename F>() {
                            return act::Dispatch(code, gated, [&]<int A, bool G>() {
@@ -293,18 +254,8 @@ ffi::Error DActivationBlockCastTransposeDbiasImpl(cudaStream_t stream, sig::Any 
 
 // The norm's statistics (cuda_norm.cu's forward kernel, writing no y), then the cast of y as the
 // block kernel computes it from them (NormSource): y never goes to memory.
-ffi::Error NormBlockCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::Any gamma,
-                                      sig::Any beta, int64_t norm_type, float norm_epsilon,
-                                      int64_t zero_centered, int64_t block_rows, int64_t block_cols,
-                                      int64_t scale_mode, float epsilon, sig::AnyOut q,
-                                      sig::AnyOut scale_inv, sig::AnyOut qt,
-                                      sig::AnyOut scale_inv_t, sig::F32Out mu, sig::F32Out rsigma) {
-  const char* op = kNormBlockCastTransposeOp;
-  NormShape s;
-  block::Cast c, ct;
-  FP8JAX_RETURN_IF_ERROR(CheckNormBlockCastTranspose(
-      x, gamma, beta, norm_type, block_rows, block_cols, scale_mode, epsilon, *q, *scale_inv, *qt,
-      *scale_inv_t, mu->element_count(), rsigma->element_count(), &s, &c, &ct));
+ffi::Error NormBlockCastTranspose::Compute(CudaStream stream) {
+  const char* op = kName;
   const bool layer = norm_type == static_cast<int64_t>(NormType::kLayerNorm);
   FP8JAX_RETURN_IF_ERROR(NormStats(op, layer, stream, x, gamma, layer ? &beta : nullptr,
                                    norm_epsilon, zero_centered != 0, s, mu->typed_data(),
@@ -330,13 +281,4 @@ ffi::Error NormBlockCastTransposeImpl(cudaStream_t stream, sig::Any x, sig::Any 
                          });
 }
 
-}  // namespace
 }  // namespace fp8jax
-
-FP8JAX_CUDA_HANDLER(BlockQuantize, fp8jax::BlockQuantizeImpl);
-FP8JAX_CUDA_HANDLER(BlockCastTranspose, fp8jax::BlockCastTransposeImpl);
-FP8JAX_CUDA_HANDLER(BlockCastTransposeDbias, fp8jax::BlockCastTransposeDbiasImpl);
-FP8JAX_CUDA_HANDLER(ActivationBlockCastTranspose, fp8jax::ActivationBlockCastTransposeImpl);
-FP8JAX_CUDA_HANDLER(DActivationBlockCastTransposeDbias,
-                    fp8jax::DActivationBlockCastTransposeDbiasImpl);
-FP8JAX_CUDA_HANDLER(NormBlockCastTranspose, fp8jax::NormBlockCastTransposeImpl);

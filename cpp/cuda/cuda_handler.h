@@ -1,11 +1,11 @@
-// FP8JAX_CUDA_HANDLER(Stem, impl): defines the CUDA handler symbol Fp8jax<Stem>Cuda for `impl`,
-// which takes XLA's stream and then the op's signature (common/op_table.h), with the traits every
-// fp8jax CUDA handler has (kCudaHandlerTraits).
+// The CUDA platform of the ops (ops/op.h): a CUDA handler's context, CudaStream, the traits every
+// fp8jax CUDA handler has, and the definition of each op's CUDA handler symbol, Fp8jax<Stem>Cuda
+// (cuda/module_cuda.cc defines them all from the X-list, common/op_table.h).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "common/op_table.h"
+#include "ops/op.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -15,25 +15,31 @@ namespace fp8jax {
 // passes the same value to the registration (which is what XLA reads).
 inline constexpr ::xla::ffi::Traits kCudaHandlerTraits = ::xla::ffi::Traits::kCmdBufferCompatible;
 
+// A CUDA handler's context: XLA's stream for the call, which it converts to.
+struct CudaStream {
+  CudaStream(cudaStream_t s) : stream(s) {}         // NOLINT: XLA's decoded stream converts
+  operator cudaStream_t() const { return stream; }  // NOLINT: and back, for the CUDA calls
+  cudaStream_t stream;
+};
+
 }  // namespace fp8jax
 
-#if defined(FP8JAX_HOST_CUDA)
-// cpp/testing/host_cuda.h: the handler bound for XLA's CPU platform, Fp8jax<Stem>HostCuda, which
-// calls `impl` with no stream (the kernels run on the host).
-// clang-format off
-#define FP8JAX_CUDA_HANDLER(Stem, impl)                                               \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                      \
-      Fp8jax##Stem##HostCuda,                                                         \
-      [](auto&&... args) { return impl(cudaStream_t{}, std::forward<decltype(args)>(args)...); }, \
-      ::xla::ffi::Ffi::Bind() FP8JAX_SIGNATURE_##Stem)
-// clang-format on
-#else
-// clang-format off: the builder chain one call per line
-#define FP8JAX_CUDA_HANDLER(Stem, impl)                                               \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                      \
-      Fp8jax##Stem##Cuda, impl,                                                       \
-      ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()         \
-          FP8JAX_SIGNATURE_##Stem,                                                    \
-      {fp8jax::kCudaHandlerTraits})
-// clang-format on
-#endif
+namespace xla::ffi {
+
+// A handler parameter of type CudaStream binds XLA's stream (ffi::Ffi::BindTo).
+template <>
+struct CtxBinding<fp8jax::CudaStream> {
+  using Ctx = PlatformStream<cudaStream_t>;
+};
+
+}  // namespace xla::ffi
+
+// Defines Fp8jax<Stem>Cuda, the CUDA handler of the X-list entry (Stem, target): Stem::Handle with
+// the stream first, its binding derived from its parameters, command-buffer compatible.
+#define FP8JAX_DEFINE_CUDA_HANDLER(Stem, target)                                                  \
+  extern "C" XLA_FFI_Error* Fp8jax##Stem##Cuda(XLA_FFI_CallFrame* call_frame) {                   \
+    static auto* handler = ::xla::ffi::Ffi::BindTo(&::fp8jax::Stem::Handle<::fp8jax::CudaStream>, \
+                                                   {::fp8jax::kCudaHandlerTraits})                \
+                               .release();                                                        \
+    return handler->Call(call_frame);                                                             \
+  }

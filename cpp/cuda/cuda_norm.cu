@@ -1,8 +1,8 @@
-// CUDA FFI handlers of the norms' forward: LayerNorm / RMSNorm, and the forward fused with the
-// FP8 cast (q; q_t by a second, byte-transpose pass). The backward is cuda_norm_backward.cu's,
-// the row access and reductions both use cuda_norm_row.cuh's.
+// The CUDA computations of the norms' forwards (ops/norms.h): LayerNorm / RMSNorm, and the forward
+// fused with the FP8 cast (q; q_t by a second, byte-transpose pass). The backward is
+// cuda_norm_backward.cu's, the row access and reductions both use cuda_norm_row.cuh's.
 //
-// Same target names and numerics as cpp/cpu/cpu_norm.cc: the per-element and
+// Same numerics as cpp/cpu/cpu_norm.cc: the per-element and
 // per-row arithmetic is common/norm_row.h's, the grid, the row groups, the
 // chunk each thread owns and the vector/scalar choice are common/norm_plan.h's
 // (tested on the host). A row group (a warp, or up to 16 warps for long rows)
@@ -13,7 +13,7 @@
 // (every lane ends with the same bits, as a + b == b + a) and, for rows of
 // several warps, the warps' sums in warp order through shared memory.
 //
-// Every handler allocates nothing, never synchronises the host and enqueues the same work
+// Every computation allocates nothing, never synchronises the host and enqueues the same work
 // for the same shapes, so it is CUDA-graph compatible (kCmdBufferCompatible).
 #include <cuda_runtime.h>
 
@@ -28,13 +28,13 @@
 #include "common/fp8_numerics.h"
 #include "common/norm_plan.h"
 #include "common/norm_row.h"
-#include "common/op_table.h"
 #include "common/wide.h"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_norm.h"
 #include "cuda/cuda_norm_row.cuh"
 #include "cuda/cuda_util.h"
+#include "ops/norms.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -254,43 +254,17 @@ ffi::Error LaunchPlainForward(const char* op, bool layer, cudaStream_t stream,
   });
 }
 
-ffi::Error ForwardImpl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
-                       const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
-                       int64_t zero_centered, ffi::AnyBuffer& y, float* mu, float* rs,
-                       int64_t n_stats) {
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckNormForward(op, x, gamma, beta, y, n_stats, &s));
+}  // namespace
+
+ffi::Error NormForward::Compute(CudaStream stream) {
   return LaunchPlainForward(op, layer, stream, x, gamma, beta, eps, zero_centered != 0, s,
-                            y.untyped_data(), mu, rs);
+                            y->untyped_data(), mu->typed_data(), rs->typed_data());
 }
 
-using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
-using Stream = ffi::PlatformStream<cudaStream_t>;
-
-ffi::Error LayerNormForward(cudaStream_t stream, sig::Any x, sig::Any gamma, sig::Any beta,
-                            float eps, int64_t zcg, sig::AnyOut y, F32Out mu, F32Out rs) {
-  return ForwardImpl("layernorm_forward", true, stream, x, gamma, &beta, eps, zcg, *y,
-                     mu->typed_data(), rs->typed_data(), mu->element_count());
-}
-
-ffi::Error RmsNormForward(cudaStream_t stream, sig::Any x, sig::Any gamma, float eps, int64_t zcg,
-                          sig::AnyOut y, F32Out mu, F32Out rs) {
-  return ForwardImpl("rmsnorm_forward", false, stream, x, gamma, nullptr, eps, zcg, *y,
-                     mu->typed_data(), rs->typed_data(), mu->element_count());
-}
-
-ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
-                          const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta,
-                          const ffi::Buffer<ffi::F32>& scale, float eps, int64_t zero_centered,
-                          ffi::AnyBuffer& q, ffi::AnyBuffer& qt, F32Out& scale_inv_out,
-                          F32Out& amax_out, float* mu, float* rs, int64_t n_stats) {
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckNormForwardFp8(op, x, gamma, beta, scale, q, qt,
-                                             scale_inv_out->element_count(),
-                                             amax_out->element_count(), n_stats, &s));
-  float* scale_inv = scale_inv_out->typed_data();
-  float* amax = amax_out->typed_data();
-  if (const cudaError_t err = cudaMemsetAsync(amax, 0, s.groups * sizeof(float), stream);
+ffi::Error NormForwardFp8::Compute(CudaStream stream) {
+  float* scale_inv_out = scale_inv->typed_data();
+  float* amax_out = amax->typed_data();
+  if (const cudaError_t err = cudaMemsetAsync(amax_out, 0, s.groups * sizeof(float), stream);
       err != cudaSuccess) {
     return CudaError(op, "cudaMemsetAsync", err);
   }
@@ -305,17 +279,17 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const
   a.rows = s.groups * s.rows;
   a.rows_per_group = s.rows;
   a.h = s.h;
-  a.q = static_cast<uint8_t*>(q.untyped_data());
+  a.q = static_cast<uint8_t*>(q->untyped_data());
   a.scale = scale.typed_data();
-  a.amax_bits = reinterpret_cast<uint32_t*>(amax);
-  a.scale_inv = scale_inv;
+  a.amax_bits = reinterpret_cast<uint32_t*>(amax_out);
+  a.scale_inv = scale_inv_out;
   a.groups = s.groups;
-  a.mu = mu;
-  a.rs = rs;
+  a.mu = mu->typed_data();
+  a.rs = rs->typed_data();
   const bool aligned = RowsAligned(s.h, ElemBytes(x.element_type()), {a.x, a.q});
   a.params_like_x = ParamsLikeX(x.element_type(), gamma, beta, aligned);
   // The row kernel runs even for empty tensors: it writes scale_inv.
-  auto err = DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q.element_type()),
+  auto err = DispatchWideFp8(op, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
                              [&]<WideKind W, typename F>() {
                                return layer ? LaunchForwardAny<W, true, F>(op, stream, a, aligned)
                                             : LaunchForwardAny<W, false, F>(op, stream, a, aligned);
@@ -330,28 +304,9 @@ ffi::Error ForwardFp8Impl(const char* op, bool layer, cudaStream_t stream, const
     return e;
   }
   return Launch(op, NormTransposeKernel, tiles < resident ? tiles : resident,
-                plan::kNormTransposeThreads, stream, static_cast<const uint8_t*>(q.untyped_data()),
-                static_cast<uint8_t*>(qt.untyped_data()), s.groups, s.rows, s.h);
+                plan::kNormTransposeThreads, stream, static_cast<const uint8_t*>(q->untyped_data()),
+                static_cast<uint8_t*>(qt->untyped_data()), s.groups, s.rows, s.h);
 }
-
-ffi::Error LayerNormForwardFp8(cudaStream_t stream, sig::Any x, sig::Any gamma, sig::Any beta,
-                               sig::F32 scale, float eps, int64_t zcg, sig::AnyOut q,
-                               sig::AnyOut qt, F32Out scale_inv, F32Out amax, F32Out mu,
-                               F32Out rs) {
-  return ForwardFp8Impl("layernorm_forward_fp8", true, stream, x, gamma, &beta, scale, eps, zcg, *q,
-                        *qt, scale_inv, amax, mu->typed_data(), rs->typed_data(),
-                        mu->element_count());
-}
-
-ffi::Error RmsNormForwardFp8(cudaStream_t stream, sig::Any x, sig::Any gamma, sig::F32 scale,
-                             float eps, int64_t zcg, sig::AnyOut q, sig::AnyOut qt,
-                             F32Out scale_inv, F32Out amax, F32Out mu, F32Out rs) {
-  return ForwardFp8Impl("rmsnorm_forward_fp8", false, stream, x, gamma, nullptr, scale, eps, zcg,
-                        *q, *qt, scale_inv, amax, mu->typed_data(), rs->typed_data(),
-                        mu->element_count());
-}
-
-}  // namespace
 
 ffi::Error NormStats(const char* op, bool layer, cudaStream_t stream, const ffi::AnyBuffer& x,
                      const ffi::AnyBuffer& gamma, const ffi::AnyBuffer* beta, float eps,
@@ -361,8 +316,3 @@ ffi::Error NormStats(const char* op, bool layer, cudaStream_t stream, const ffi:
 }
 
 }  // namespace fp8jax
-
-FP8JAX_CUDA_HANDLER(LayerNormForward, fp8jax::LayerNormForward);
-FP8JAX_CUDA_HANDLER(RmsNormForward, fp8jax::RmsNormForward);
-FP8JAX_CUDA_HANDLER(LayerNormForwardFp8, fp8jax::LayerNormForwardFp8);
-FP8JAX_CUDA_HANDLER(RmsNormForwardFp8, fp8jax::RmsNormForwardFp8);

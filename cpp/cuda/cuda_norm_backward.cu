@@ -15,13 +15,13 @@
 #include "common/fp8_numerics.h"
 #include "common/norm_plan.h"
 #include "common/norm_row.h"
-#include "common/op_table.h"
 #include "common/wide.h"
 #include "cuda/cuda_column_totals.cuh"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_norm_row.cuh"
 #include "cuda/cuda_util.h"
+#include "ops/norms.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -154,24 +154,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1) NormBackwardKernel(BwdArgs a) 
 
 // ------------------------------------------------------------------ handler
 
-using F32Out = ffi::Result<ffi::Buffer<ffi::F32>>;
-
 template <WideKind W, bool kLayer, bool kVector>
 ffi::Error LaunchBackward(const char* op, cudaStream_t stream, const BwdArgs& a) {
   return Launch(op, NormBackwardKernel<W, kVector, kLayer>, a.p.grid, a.p.threads, stream, a);
 }
 
-ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 mu, sig::F32 rs,
-                        sig::Any gamma, int64_t norm_type, int64_t zero_centered, sig::AnyOut dx,
-                        F32Out dgamma, F32Out dbeta, F32Out workspace) {
-  const char* op = kNormBackwardOp;
-  NormShape s;
-  FP8JAX_RETURN_IF_ERROR(
-      CheckNormBackward(dy, x, mu, rs, gamma, norm_type, *dx, *dgamma, *dbeta, &s));
-  const int64_t ws_slots = workspace->element_count() / (s.groups * 2 * s.h);
-  if (ws_slots < 1 || workspace->element_count() != s.groups * ws_slots * 2 * s.h) {
-    return BadArg(op, "workspace must be [groups, slots, 2, h]");
-  }
+}  // namespace
+
+ffi::Error NormBackward::Compute(CudaStream stream) {
+  const char* op = kName;
   const int eb = ElemBytes(x.element_type());
   const bool aligned =
       RowsAligned(s.h, eb, {dy.untyped_data(), x.untyped_data(), dx->untyped_data()});
@@ -228,7 +219,4 @@ ffi::Error NormBackward(cudaStream_t stream, sig::Any dy, sig::Any x, sig::F32 m
   return LaunchColumnTotals(op, stream, t);
 }
 
-}  // namespace
 }  // namespace fp8jax
-
-FP8JAX_CUDA_HANDLER(NormBackward, fp8jax::NormBackward);

@@ -1,10 +1,9 @@
-// CUDA FFI handlers: quantize, dequantize, update_fp8_state (the
-// cast_transpose family is in cuda_cast_transpose.cu and cuda_activation.cu;
-// the device helpers they share in cuda_device.cuh).
+// The CUDA computations of quantize, dequantize (ops/casts.h) and update_fp8_state
+// (ops/scaling.h); the cast_transpose family is in cuda_cast_transpose.cu and cuda_activation.cu,
+// the device helpers they share in cuda_device.cuh.
 //
-// Same target names and numerics as cpp/cpu/cpu_ops.cc. Every handler takes
-// XLA's stream from PlatformStream<cudaStream_t>, allocates nothing, never
-// synchronises the host (so it is CUDA-graph compatible, and says so with
+// Same numerics as cpp/cpu/cpu_ops.cc. Every computation runs on XLA's stream, allocates nothing,
+// never synchronises the host (so the handlers are CUDA-graph compatible, and say so with
 // kCmdBufferCompatible), and reports launch failures as ffi::Error.
 //
 // Grids, tiles, the vector/scalar choice and edge guards come from
@@ -26,10 +25,11 @@
 #include "common/fp8_device_convert.h"
 #include "common/fp8_numerics.h"
 #include "common/launch_plan.h"
-#include "common/op_table.h"
 #include "cuda/cuda_device.cuh"
 #include "cuda/cuda_handler.h"
 #include "cuda/cuda_util.h"
+#include "ops/casts.h"
+#include "ops/scaling.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fp8jax {
@@ -69,10 +69,9 @@ __global__ void __launch_bounds__(plan::kThreads)
       });
 }
 
-ffi::Error QuantizeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, sig::AnyOut q,
-                        sig::F32Out scale_inv, sig::F32Out amax) {
-  GroupShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckQuantize(x, scale, *q, *scale_inv, *amax, &s));
+}  // namespace
+
+ffi::Error Quantize::Compute(CudaStream stream) {
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(amax->typed_data());
   FP8JAX_RETURN_IF_ERROR(MemsetAsync("quantize", amax_bits, s.groups * sizeof(uint32_t), stream));
   return DispatchWideFp8(
@@ -85,6 +84,8 @@ ffi::Error QuantizeImpl(cudaStream_t stream, sig::Any x, sig::F32 scale, sig::An
                              amax_bits, a);
       });
 }
+
+namespace {
 
 // -------------------------------------------------------------- dequantize
 
@@ -114,9 +115,9 @@ __global__ void __launch_bounds__(plan::kThreads)
       [](int64_t) {});
 }
 
-ffi::Error DequantizeImpl(cudaStream_t stream, sig::Any q, sig::F32 scale_inv, sig::AnyOut out) {
-  GroupShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckDequantize(q, scale_inv, *out, &s));
+}  // namespace
+
+ffi::Error Dequantize::Compute(CudaStream stream) {
   return DispatchWideFp8(
       "dequantize", WideKindOf(out->element_type()), Fp8KindOf(q.element_type()),
       [&]<WideKind W, typename F>() {
@@ -126,6 +127,8 @@ ffi::Error DequantizeImpl(cudaStream_t stream, sig::Any q, sig::F32 scale_inv, s
                              qp, scale_inv.typed_data(), out->untyped_data(), a);
       });
 }
+
+namespace {
 
 // -------------------------------------------------------- update_fp8_state
 
@@ -166,11 +169,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-ffi::Error UpdateFp8StateImpl(cudaStream_t stream, sig::F32 history, sig::F32 scale, sig::F32 amax,
-                              sig::F32 fp8_max, int64_t margin, int64_t algo,
-                              sig::F32Out new_history, sig::F32Out new_scale) {
-  HistoryShape s;
-  FP8JAX_RETURN_IF_ERROR(CheckUpdateFp8State(history, scale, amax, fp8_max, algo, &s));
+}  // namespace
+
+ffi::Error UpdateFp8State::Compute(CudaStream stream) {
   if (s.rows == 0) return ffi::Error::Success();
   if (s.rows > INT32_MAX) return BadArg("update_fp8_state", "too many state rows");
   const float margin_factor = std::ldexp(1.0f, -static_cast<int>(margin));
@@ -180,14 +181,8 @@ ffi::Error UpdateFp8StateImpl(cudaStream_t stream, sig::F32 history, sig::F32 sc
                 new_scale->typed_data());
 }
 
-}  // namespace
+// Each computation above is command-buffer (CUDA graph) compatible: each call enqueues the same
+// work for the same shapes (a memset and one kernel launch), with no allocation and no host
+// synchronisation.
+
 }  // namespace fp8jax
-
-// Every handler is command-buffer (CUDA graph) compatible: each call enqueues
-// the same work for the same shapes (a memset and one kernel launch), with no
-// allocation and no host synchronisation. (module_cuda.cc passes the same
-// trait to the registration.)
-
-FP8JAX_CUDA_HANDLER(Quantize, fp8jax::QuantizeImpl);
-FP8JAX_CUDA_HANDLER(Dequantize, fp8jax::DequantizeImpl);
-FP8JAX_CUDA_HANDLER(UpdateFp8State, fp8jax::UpdateFp8StateImpl);

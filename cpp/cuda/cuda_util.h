@@ -6,8 +6,6 @@
 
 #include <cstdint>
 #include <string>
-#include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "common/ffi_checks.h"
@@ -81,7 +79,8 @@ inline ffi::Error ResidentBlocks(const char* op, const void* kernel, int threads
 // (another library's), blaming this op for it and hiding it from its owner;
 // cudaPeekAtLastError before and after cannot tell an old error from a new one
 // of the same code either. Faults inside the kernel are asynchronous and
-// surface, as for XLA's own kernels, at the next synchronisation.
+// surface, as for XLA's own kernels, at the next synchronisation. (The tests' host run of the
+// kernels, cpp/testing/host_cuda.h, brings its own cudaLaunchKernelEx, which runs the blocks.)
 template <typename... Params, typename... Args>
 ffi::Error Launch(const char* op, void (*kernel)(Params...), int64_t grid, int threads,
                   cudaStream_t stream, Args&&... args) {
@@ -89,30 +88,19 @@ ffi::Error Launch(const char* op, void (*kernel)(Params...), int64_t grid, int t
     return ffi::Error::Internal(std::string("fp8jax ") + op + ": bad grid size " +
                                 std::to_string(grid));
   }
-#if defined(FP8JAX_HOST_CUDA)
-  // cpp/testing/host_cuda.h: the blocks run on the host; the arguments become the kernel's
-  // parameter types, as at a launch.
-  (void)stream;
-  std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-  const std::string err =
-      host_cuda::RunGrid(static_cast<unsigned>(grid), static_cast<unsigned>(threads),
-                         [&] { std::apply(kernel, params); });
-  if (!err.empty()) return ffi::Error::Internal(std::string("fp8jax ") + op + ": " + err);
-  return ffi::Error::Success();
-#else
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = nullptr;
-  config.numAttrs = 0;
+  // gridDim, blockDim, dynamicSmemBytes, stream, attrs, numAttrs (in the host run of the kernels,
+  // gridDim and blockDim name the running block's, so the members go unnamed here).
+  const cudaLaunchConfig_t config = {dim3(static_cast<unsigned>(grid)),
+                                     dim3(static_cast<unsigned>(threads)),
+                                     0,
+                                     stream,
+                                     nullptr,
+                                     0};
   if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
       err != cudaSuccess) {
     return CudaError(op, "kernel launch", err);
   }
   return ffi::Error::Success();
-#endif
 }
 
 }  // namespace fp8jax

@@ -1,18 +1,19 @@
-// nanobind module `fp8jax._fp8jax_cuda`: the CUDA FFI handlers as PyCapsules,
-// under the same target names as the CPU ones (common/op_table.h). Loaded only
-// when JAX has a CUDA backend (see fp8jax/_ffi.py); loading it runs no CUDA call.
+// nanobind module `fp8jax._fp8jax_cuda`: defines every op's CUDA handler, Fp8jax<Stem>Cuda, from
+// the X-list (common/op_table.h; each op's Handle with the stream, cuda/cuda_handler.h) and hands
+// them to Python as PyCapsules under the same target names as the CPU ones. Loaded only when JAX
+// has a CUDA backend (see fp8jax/_ffi.py); loading it runs no CUDA call.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
 
 #include "common/op_table.h"
+#include "common/registrations.h"
 #include "cuda/cuda_handler.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace nb = nanobind;
-
-FP8JAX_OPS(FP8JAX_DECLARE_CUDA_HANDLER_)
-// The cuBLASLt GEMMs (cuda/gemm_cublaslt.cc): a plain one and the MLP's two GELU epilogues.
+FP8JAX_OPS(FP8JAX_DEFINE_CUDA_HANDLER)
+// The cuBLASLt GEMMs (CUDA only, two execution stages; their handlers are defined in
+// cuda/gemm_cublaslt.cc): a plain one and the MLP's two GELU epilogues.
 #define FP8JAX_GEMM_TARGETS(X)    \
   X(Gemm, "fp8jax_gemm")          \
   X(GemmGelu, "fp8jax_gemm_gelu") \
@@ -23,31 +24,19 @@ FP8JAX_OPS(FP8JAX_DECLARE_CUDA_HANDLER_)
 FP8JAX_GEMM_TARGETS(FP8JAX_DECLARE_GEMM_)
 #undef FP8JAX_DECLARE_GEMM_
 
-namespace {
-
-nb::capsule Capsule(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
-}  // namespace
-
 NB_MODULE(_fp8jax_cuda, m) {
+  namespace nb = nanobind;
   m.doc() = "fp8jax CUDA kernels (XLA FFI handlers)";
   // A capsule (execute stage only) or a dict of XLA FFI stage -> capsule.
   m.def("registrations", []() {
-    nb::dict d;
-#define FP8JAX_REGISTER_(Stem, target) d[target] = Capsule(Fp8jax##Stem##Cuda);
-    FP8JAX_OPS(FP8JAX_REGISTER_)
-#undef FP8JAX_REGISTER_
+#define FP8JAX_ENTRY_(Stem, target) {target, Fp8jax##Stem##Cuda},
+    nb::dict d = fp8jax::Registrations({FP8JAX_OPS(FP8JAX_ENTRY_)});
+#undef FP8JAX_ENTRY_
     // A GEMM's initialize stage creates the cuBLASLt handle and chooses the algorithm (the
     // heuristic, timed when autotuning) outside CUDA-graph capture; execute calls cublasLtMatmul.
-#define FP8JAX_REGISTER_GEMM_(Symbol, target)                       \
-  {                                                                 \
-    nb::dict stages;                                                \
-    stages["initialize"] = Capsule(Fp8jax##Symbol##InitializeCuda); \
-    stages["execute"] = Capsule(Fp8jax##Symbol##Cuda);              \
-    d[target] = stages;                                             \
-  }
+#define FP8JAX_REGISTER_GEMM_(Symbol, target) \
+  d[target] = fp8jax::Registrations(          \
+      {{"initialize", Fp8jax##Symbol##InitializeCuda}, {"execute", Fp8jax##Symbol##Cuda}});
     FP8JAX_GEMM_TARGETS(FP8JAX_REGISTER_GEMM_)
 #undef FP8JAX_REGISTER_GEMM_
     return d;

@@ -2,9 +2,10 @@
 // compile with g++/clang and run on the CPU, so the tests execute every __global__ body without
 // a GPU (tests/ops/test_host_cuda.py).
 //
-// Included first by each cpp/testing/host_cuda_*.cc, which then includes one cpp/cuda/*.cu. It
-// defines FP8JAX_HOST_CUDA, under which cuda/cuda_util.h's Launch hands the kernel to RunGrid and
-// cuda/cuda_handler.h binds each handler for XLA's CPU platform (no stream).
+// Included first by each translation unit CMake generates for a cpp/cuda/*.cu (this header, then
+// the source, unchanged), and by module_host_cuda.cc, which binds every op's CUDA handler for XLA's
+// CPU platform (no stream). The sources need no switch: cuda/cuda_util.h's Launch calls
+// cudaLaunchKernelEx, which this header defines as LaunchKernelEx below (RunGrid on the host).
 //
 // The model, and what it checks:
 // - Launches run one at a time (whatever thread XLA calls a handler on), and a launch runs its
@@ -52,8 +53,6 @@
 #error "cpp/testing/host_cuda.h is for the host compiler, never for nvcc"
 #endif
 
-#define FP8JAX_HOST_CUDA 1
-
 // Before the CUDA headers, which keep a definition they find (crt/host_defines.h).
 #define __global__
 #define __device__
@@ -72,6 +71,9 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 namespace fp8jax::host_cuda {
 
@@ -127,7 +129,27 @@ unsigned AtomicMax(unsigned* p, unsigned v);
 // The running thread's lane.
 inline unsigned Lane() { return ThreadIdx().x % 32; }
 
+// The message of this thread's last failed launch (what cudaGetErrorString reports for it).
+std::string& LastLaunchError();
+
+// cudaLaunchKernelEx on the host: runs `kernel`'s grid with RunGrid, the arguments converted to
+// the kernel's parameter types as at a launch (the stream is not used: launches run one at a
+// time). A failed run returns cudaErrorLaunchFailure, its message kept for cudaGetErrorString.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Params...),
+                           Args&&... args) {
+  std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+  std::string err =
+      RunGrid(config->gridDim.x, config->blockDim.x, [&] { std::apply(kernel, params); });
+  if (err.empty()) return cudaSuccess;
+  LastLaunchError() = std::move(err);
+  return cudaErrorLaunchFailure;
+}
+
 }  // namespace fp8jax::host_cuda
+
+// After the CUDA headers (which define the real one): every launch of the sources runs on the host.
+#define cudaLaunchKernelEx ::fp8jax::host_cuda::LaunchKernelEx
 
 #define threadIdx (::fp8jax::host_cuda::ThreadIdx())
 #define blockIdx (::fp8jax::host_cuda::BlockIdx())

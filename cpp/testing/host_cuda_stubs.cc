@@ -1,9 +1,19 @@
 // The CUDA runtime calls of cpp/cuda/'s handlers, for the host runtime of host_cuda.h: a device of
 // Options::sms multiprocessors, an occupancy of Options::blocks_per_sm (0: 2048 / threads),
-// cudaMemsetAsync as memset.
+// cudaMemsetAsync as memset, and the error text of a failed host launch.
 #include <cstring>
+#include <string>
 
 #include "testing/host_cuda.h"
+
+namespace fp8jax::host_cuda {
+
+std::string& LastLaunchError() {
+  thread_local std::string message;
+  return message;
+}
+
+}  // namespace fp8jax::host_cuda
 
 extern "C" {
 
@@ -30,7 +40,13 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   return cudaSuccess;
 }
 
-const char* cudaGetErrorName(cudaError_t) { return "cudaErrorHostStub"; }
-const char* cudaGetErrorString(cudaError_t) { return "a CUDA runtime stub of host_cuda failed"; }
+// A failed host launch (LaunchKernelEx) reports RunGrid's message.
+const char* cudaGetErrorName(cudaError_t err) {
+  return err == cudaErrorLaunchFailure ? "cudaErrorLaunchFailure" : "cudaErrorHostStub";
+}
+const char* cudaGetErrorString(cudaError_t err) {
+  if (err == cudaErrorLaunchFailure) return fp8jax::host_cuda::LastLaunchError().c_str();
+  return "a CUDA runtime stub of host_cuda failed";
+}
 
 }  // extern "C"

@@ -1,40 +1,62 @@
 // nanobind module `fp8jax._fp8jax_host_cuda`, built only for the tests (FP8JAX_TESTING=ON, where
-// the CUDA toolkit's headers are found): every CUDA handler of cpp/cuda/ with its kernels,
-// compiled by the host compiler on the runtime of host_cuda.h and bound for XLA's CPU platform.
+// the CUDA toolkit's headers are found): every op's CUDA handler with the computations and kernels
+// of cpp/cuda/, compiled by the host compiler on the runtime of host_cuda.h and bound for XLA's
+// CPU platform (Fp8jax<Stem>HostCuda).
 // tests/ops/test_host_cuda.py registers them under "fp8jax_host_cuda_*" targets and runs the ops
 // on them, so every __global__ body executes without a GPU.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include <string>
+#include <utility>
 
 #include "testing/host_cuda.h"
 // The runtime first.
 #include "common/op_table.h"
+#include "common/registrations.h"
+#include "cuda/cuda_handler.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
 
 namespace fp8jax::host_cuda {
-std::string RunSelfTest(const std::string& kind, int threads, int param);  // host_cuda_selftest.cc
-}
 
-#define FP8JAX_DECLARE_HOST_CUDA_HANDLER_(Stem, target) \
-  XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Stem##HostCuda);
-FP8JAX_OPS(FP8JAX_DECLARE_HOST_CUDA_HANDLER_)
-#undef FP8JAX_DECLARE_HOST_CUDA_HANDLER_
+std::string RunSelfTest(const std::string& kind, int threads, int param);  // host_cuda_selftest.cc
+
+// An op's CUDA handler body, Handle<CudaStream>, bound for XLA's CPU platform: no context, a null
+// stream (the kernels run on the host and launch nothing on it).
+template <auto kHandle>
+struct WithoutStream;
+
+template <typename... Params, ffi::Error (*kHandle)(CudaStream, Params...)>
+struct WithoutStream<kHandle> {
+  static ffi::Error Call(Params... params) {
+    return kHandle(CudaStream(nullptr), std::move(params)...);
+  }
+};
+
+}  // namespace fp8jax::host_cuda
+
+// Fp8jax<Stem>HostCuda, for every op of the X-list.
+#define FP8JAX_DEFINE_HOST_CUDA_HANDLER_(Stem, target)                                    \
+  extern "C" XLA_FFI_Error* Fp8jax##Stem##HostCuda(XLA_FFI_CallFrame* call_frame) {       \
+    static auto* handler =                                                                \
+        ::xla::ffi::Ffi::BindTo(&::fp8jax::host_cuda::WithoutStream<                      \
+                                    &::fp8jax::Stem::Handle<::fp8jax::CudaStream>>::Call) \
+            .release();                                                                   \
+    return handler->Call(call_frame);                                                     \
+  }
+FP8JAX_OPS(FP8JAX_DEFINE_HOST_CUDA_HANDLER_)
+#undef FP8JAX_DEFINE_HOST_CUDA_HANDLER_
 
 NB_MODULE(_fp8jax_host_cuda, m) {
   namespace hc = fp8jax::host_cuda;
   m.doc() = "fp8jax CUDA handlers and kernels run on the host (tests only)";
   // The real target name -> the host handler's capsule.
   m.def("registrations", []() {
-    nb::dict d;
-#define FP8JAX_REGISTER_(Stem, target) \
-  d[target] = nb::capsule(reinterpret_cast<void*>(Fp8jax##Stem##HostCuda));
-    FP8JAX_OPS(FP8JAX_REGISTER_)
-#undef FP8JAX_REGISTER_
-    return d;
+#define FP8JAX_ENTRY_(Stem, target) {target, Fp8jax##Stem##HostCuda},
+    return fp8jax::Registrations({FP8JAX_OPS(FP8JAX_ENTRY_)});
+#undef FP8JAX_ENTRY_
   });
   m.def(
       "set_options",

@@ -102,8 +102,8 @@ SCALED = [op for op, d in registered_ops().items() if d.max_over]
 @pytest.mark.parametrize("op", SCALED)
 def test_handler_refuses_scale_outputs_of_another_size(op, monkeypatch):
     """A direct FFI call whose scale_inv or amax result is not one value per scale is an error
-    naming them, not a write out of bounds (the checks live in cpp/common/op_table.h, shared by
-    the CPU and CUDA handlers)."""
+    naming them, not a write out of bounds (each op's check is in its family header, cpp/ops/,
+    the one handler body of every platform)."""
     _, target = family_and_target(op)
     (amax_at,) = registered_ops()[op].max_over
     real = jax.ffi.ffi_call
