@@ -208,7 +208,7 @@ def test_mlp_fused_block_casts_equal_the_unfused_chain(name, acts, inter):
 
     setup, scale, _ = core.resolve("t", RECIPES[name], None, None, None, 6, ("norm", "activation"))
     cfg = lm._Config(setup=setup, norm=None, activations=acts, has_bias=(True, True),
-                     keep_ln=False, grouped=False, dtype=jnp.dtype(jnp.bfloat16),
+                     keep_ln=False, grouped=False, fused=False, dtype=jnp.dtype(jnp.bfloat16),
                      dtypes=(jnp.bfloat16,) * 7)  # fmt: skip
     m, k = 256, len(acts)
     h = rand((m, k, inter), 20).astype(jnp.bfloat16)

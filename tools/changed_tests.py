@@ -25,43 +25,50 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "tools" / "gpu_run_manifest.txt"
-TRACKED = ("cpp/cuda/", "cpp/common/", "fp8jax/ops/")
+TRACKED = ("cpp/cuda/", "cpp/common/", "cpp/ops/", "fp8jax/ops/")
 SUFFIXES = (".cu", ".cuh", ".cc", ".h", ".py")
 # every kernel's GPU bits against its host run (tests/ops/test_host_cuda.py)
 HOST_RUN = "tests/ops/test_host_cuda.py::test_gpu_kernels_equal_their_host_run"
 #: family: (source patterns, the tests that run its kernels on a GPU)
 FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemm": (
-        ("cpp/cuda/gemm_*", "fp8jax/ops/gemm.py", "fp8jax/ops/_gemm_partition.py"),
-        ("tests/ops/test_gemm.py", "tests/ops/test_gemm_setup.py"),
+        ("cpp/cuda/gemm_*", "fp8jax/ops/gemm*.py", "fp8jax/ops/_gemm_partition.py"),
+        ("tests/ops/test_gemm.py", "tests/ops/test_gemm_setup.py",
+         "tests/ops/test_gemm_autotune.py", "tests/ops/test_gemm_epilogue.py",
+         "tests/test_mlp_fused.py"),
     ),
-    "grouped_gemm": (("fp8jax/ops/_grouped_gemm.py",), ("tests/test_grouped_gemm.py",)),
+    "grouped_gemm": (("fp8jax/ops/_grouped_gemm.py",), ("tests/test_gated_pair_gemm.py",)),
     "block": (
-        ("cpp/cuda/cuda_block_scaling.cu", "cpp/common/block_*", "fp8jax/ops/block_*.py",
-         "fp8jax/ops/_block_gemm.py"),
+        ("cpp/cuda/cuda_block_scaling.cu", "cpp/common/block_*", "cpp/ops/block_casts.h",
+         "fp8jax/ops/block_*.py", "fp8jax/ops/_block_gemm.py"),
         ("tests/ops/test_block_scaling.py", "tests/ops/test_block_fused.py",
          "tests/ops/test_block_gemm.py"),
     ),
     "cast": (
         ("cpp/cuda/cuda_cast_transpose.*", "cpp/cuda/cuda_ops.cu", "cpp/common/launch_plan.h",
-         "cpp/common/fp8_device_convert.h", "fp8jax/ops/quantize.py",
+         "cpp/common/fp8_device_convert.h", "cpp/ops/casts.h", "fp8jax/ops/quantize.py",
          "fp8jax/ops/cast_transpose.py"),
         ("tests/ops/test_quantize.py", "tests/ops/test_cast_transpose.py",
          "tests/ops/test_cast_transpose_dbias.py", "tests/ops/test_kernel_shapes.py"),
     ),
     "activation": (
-        ("cpp/cuda/cuda_activation.cu", "cpp/common/activations.h", "fp8jax/ops/activation.py"),
+        ("cpp/cuda/cuda_activation.cu", "cpp/common/activations.h", "cpp/ops/activations.h",
+         "fp8jax/ops/activation.py"),
         ("tests/ops/test_activation.py",),
     ),
     "norm": (
         ("cpp/cuda/cuda_norm*", "cpp/cuda/cuda_column_totals.cuh", "cpp/common/norm_*",
-         "fp8jax/ops/norm*.py"),
+         "cpp/ops/norms.h", "fp8jax/ops/norm*.py"),
         ("tests/ops/test_norm.py",),
     ),
-    "scaling": (("cpp/cuda/cuda_ops.cu", "fp8jax/ops/scaling.py"), ("tests/ops/test_scaling.py",)),
+    "scaling": (
+        ("cpp/cuda/cuda_ops.cu", "cpp/ops/scaling.h", "fp8jax/ops/scaling.py"),
+        ("tests/ops/test_scaling.py",),
+    ),
     # the handlers' plumbing (FFI checks, dispatch, op table, launch helpers): every op
     "shared": (
-        ("cpp/cuda/*", "cpp/common/*", "fp8jax/ops/_*.py", "fp8jax/ops/__init__.py"),
+        ("cpp/cuda/*", "cpp/common/*", "cpp/ops/op.h", "fp8jax/ops/_*.py",
+         "fp8jax/ops/__init__.py"),
         ("tests/ops/test_command_buffer.py", "tests/ops/test_implementation.py"),
     ),
 }  # fmt: skip

@@ -79,7 +79,9 @@ def _residuals(gpt, cfg, recipe, batch: int) -> tuple[int, int]:
 
     import fp8jax
 
-    state = jax.eval_shape(lambda: gpt.linen_init(dataclasses.replace(cfg, batch=batch), recipe))
+    state = jax.eval_shape(
+        lambda: gpt.init_linen_state(dataclasses.replace(cfg, batch=batch), recipe)
+    )
     tokens = jax.ShapeDtypeStruct((batch, cfg.seq), jnp.int32)
 
     def loss(params, probes, tokens):
@@ -153,7 +155,7 @@ def state_bytes(gpt, cfg, recipe) -> dict[str, Any]:
     the FP8 scaling state (from the train state's shapes: nothing is allocated)."""
     import jax
 
-    state = jax.eval_shape(lambda: gpt.linen_init(cfg, recipe))
+    state = jax.eval_shape(lambda: gpt.init_linen_state(cfg, recipe))
     n = sum(x.size for x in jax.tree.leaves(state.params))
     per = lambda tree: _nbytes(tree) / n
     return {
@@ -194,7 +196,7 @@ def step_bytes(gpt, cfg, recipe, fsdp: int = 1) -> dict[str, int]:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    state = jax.eval_shape(lambda: gpt.linen_init(cfg, recipe))
+    state = jax.eval_shape(lambda: gpt.init_linen_state(cfg, recipe))
     train_step = gpt.linen_steps(recipe)[0]
     step = jax.jit(lambda s, x, y: train_step(s, x, y), donate_argnums=0)
     batch = jax.ShapeDtypeStruct((cfg.batch, cfg.seq), jnp.int32)

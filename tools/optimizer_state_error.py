@@ -213,7 +213,7 @@ def run(
     candidates = {n: CANDIDATES[n] for n in (names or CANDIDATES)}
     cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], **overrides})
     train, _, desc = train_gpt.load_text(None, max_bytes)
-    state = train_gpt.linen_init(cfg, None)
+    state = train_gpt.init_linen_state(cfg, None)
     tx = train_gpt.make_tx(cfg)  # clip by global norm 1, then optax.adamw (float32)
     clip = optax.clip_by_global_norm(1.0)
     params, opt_state = state.params, tx.init(state.params)

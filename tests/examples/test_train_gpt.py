@@ -140,7 +140,7 @@ def test_fp8_optimizer_with_bfloat16_params(train_gpt):
 
     small = {"layers": 1, "seq": 16, "batch": 2, "optimizer": "adamw_fp8_bf16"}
     cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], **small})
-    state = train_gpt.linen_init(cfg, None)
+    state = train_gpt.init_linen_state(cfg, None)
     assert {p.dtype for p in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
     adam = state.opt_state[1][0]  # chain(clip, adamw) -> adamw's chain -> its Adam
     assert {c.dtype for c in jax.tree.leaves(adam.mu.codes)} == {jnp.dtype(jnp.float8_e4m3fn)}
