@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "fp8jax"
@@ -325,3 +326,11 @@ def test_no_private_name_crosses_modules():
         if (m, home, name) not in PRIVATE_ALLOWED
     ]
     assert not bad, f"{len(bad)} private names cross modules:\n" + "\n".join(bad)
+
+
+def test_test_file_names_are_unique():
+    """tests/ has no packages, so pytest imports each test file by its base name: two files of
+    one name collide (and the conformance suite would read an op's SAMPLES from the wrong one)."""
+    tests = Path(__file__).resolve().parent
+    names = Counter(p.name for p in tests.rglob("test_*.py"))
+    assert sorted(n for n, c in names.items() if c > 1) == []
