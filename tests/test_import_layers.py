@@ -15,6 +15,7 @@ Flax): not an import statement, so not an edge.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 from collections import Counter
@@ -384,8 +385,6 @@ def test_fp8jax_ops_exports_each_modules_all():
     """Each module of an ops family declares ``__all__``; its family package and
     :mod:`fp8jax.ops` re-export exactly those names (sorted, each once), so a name added to a
     module's ``__all__`` is public API with no other edit."""
-    import importlib
-
     import fp8jax.ops
 
     exported: list[str] = []
