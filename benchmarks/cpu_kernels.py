@@ -14,7 +14,7 @@ faster). The outputs of the two are compared bit for bit before timing.
                    kernel's fixed summation order differs from XLA's, so dbias is compared
                    within the float32 bound of a sum, the other outputs bit for bit
   update_fp8_states  the delayed-scaling update of n [n, L] histories ("max")
-  layernorm, rmsnorm, layernorm_fp8, layernorm_bwd   the norms (fp8jax/ops/norm.py) on
+  layernorm, rmsnorm, layernorm_fp8, layernorm_bwd   the norms (fp8jax/ops/fused/norm.py) on
                    bf16/f32 [m, h]: forward, forward fused with the E4M3 cast and transpose,
                    backward. These match their references within the tolerance of a different
                    summation order (tests/ops/test_norm.py), not bit for bit: they are checked
@@ -43,14 +43,14 @@ import numpy as np
 from _common import add_timing_args, check_timing_args, environment, write_json
 
 import fp8jax
-from fp8jax.ops.cast_transpose import cast_transpose_dbias_reference, cast_transpose_reference
-from fp8jax.ops.norm import (
+from fp8jax.ops.casts.cast_transpose import cast_transpose_dbias_reference, cast_transpose_reference
+from fp8jax.ops.casts.quantize import dequantize_reference, quantize_reference
+from fp8jax.ops.casts.scaling import update_fp8_states_reference
+from fp8jax.ops.fused.norm import (
     norm_backward_reference,
     norm_forward_fp8_reference,
     norm_forward_reference,
 )
-from fp8jax.ops.quantize import dequantize_reference, quantize_reference
-from fp8jax.ops.scaling import update_fp8_states_reference
 from fp8jax.recipe import DelayedScaling
 
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}

@@ -41,7 +41,7 @@ from _common import (
 from jax import lax
 
 import fp8jax
-from fp8jax.ops.grouped_gemm import has_cuda_kernel
+from fp8jax.ops.gemms.grouped_gemm import has_cuda_kernel
 
 E4M3 = jnp.float8_e4m3fn
 # (T, K, N, G): tokens x top-k rows, hidden, expert width, experts

@@ -69,8 +69,8 @@ from fp8jax.flax import (
     LayerNormMLP,
     TransformerLayer,
 )
-from fp8jax.ops._block_gemm import _gpu_runs
-from fp8jax.ops.block_scaling import CUBLASLT_SCALE_MODES
+from fp8jax.ops.block.block_scaling import CUBLASLT_SCALE_MODES
+from fp8jax.ops.gemms.blockwise import _gpu_runs
 
 RECIPE = fp8jax.DelayedScaling(amax_history_len=4)
 # The block-scaled recipes: the same counts (their GEMM is cuBLASLt's block-scaled one, lowered
@@ -80,7 +80,7 @@ BATCH, SEQ, HIDDEN, FFN, HEADS = 4, 16, 64, 128, 4
 # Values the code has today where they differ from the ideal; --check fails above them.
 KNOWN = {
     # the fused QKV kernel's transposed copy is a transpose of its codes by XLA (the grouped
-    # GEMM path, fp8jax/ops/_grouped_gemm.py; once per step, weight-sized)
+    # GEMM path, fp8jax/ops/gemms/fixed_groups.py; once per step, weight-sized)
     ("transformer_layer", "fp8_xla_transposes"): 1,
 }
 

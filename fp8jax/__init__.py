@@ -18,7 +18,7 @@ from fp8jax.grouped_dense import grouped_dense, grouped_roles
 from fp8jax.layernorm_dense import layernorm_dense
 from fp8jax.layernorm_mlp import MLP_ROLES, layernorm_mlp
 from fp8jax.moe import moe, moe_roles
-from fp8jax.ops.quantize import cast_to_representable
+from fp8jax.ops.casts.quantize import cast_to_representable
 from fp8jax.recipe import (
     DelayedScaling,
     Float8BlockScaling,

@@ -34,11 +34,19 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import current_state
-from fp8jax.ops import _grouped_gemm
-from fp8jax.ops._block_gemm import block_gemm
-from fp8jax.ops._implementation import get_implementation
-from fp8jax.ops._partition import explicit_mesh
-from fp8jax.ops.block_fused import (
+from fp8jax.ops.base.partition import explicit_mesh
+from fp8jax.ops.base.switch import get_implementation
+from fp8jax.ops.block.block_scaling import (
+    block_cast_transpose,
+    mxfp8_cast_transpose,
+)
+from fp8jax.ops.casts.cast_transpose import (
+    cast_transpose,
+    cast_transpose_dbias,
+    grouped_cast_transpose_dbias,
+)
+from fp8jax.ops.casts.quantize import quantize
+from fp8jax.ops.fused.block_fused import (
     activation_block_cast_transpose,
     activation_mxfp8_cast_transpose,
     block_cast_transpose_dbias,
@@ -48,17 +56,9 @@ from fp8jax.ops.block_fused import (
     norm_block_cast_transpose,
     norm_mxfp8_cast_transpose,
 )
-from fp8jax.ops.block_scaling import (
-    block_cast_transpose,
-    mxfp8_cast_transpose,
-)
-from fp8jax.ops.cast_transpose import (
-    cast_transpose,
-    cast_transpose_dbias,
-    grouped_cast_transpose_dbias,
-)
-from fp8jax.ops.gemm import gemm_codes
-from fp8jax.ops.quantize import quantize
+from fp8jax.ops.gemms import fixed_groups
+from fp8jax.ops.gemms.blockwise import block_gemm
+from fp8jax.ops.gemms.gemm import gemm_codes
 from fp8jax.recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -286,7 +286,7 @@ def block_cast(
 ):
     """Matrix ``x`` [M, K] block-scaled for a GEMM with ``role``'s blocks (``"x"``, ``"w"``,
     ``"grad"``): ``(q [M, K], q_t [K, M], (scale_inv, scale_inv_t), amax)``, both layouts from
-    :mod:`fp8jax.ops.block_scaling` (a 1-row-block tensor's ``q_t`` quantized again from
+    :mod:`fp8jax.ops.block.block_scaling` (a 1-row-block tensor's ``q_t`` quantized again from
     ``x``), plus ``x``'s float32 column sums when ``with_dbias``, in the same op
     (:func:`~fp8jax.ops.block_cast_transpose_dbias`). With ``activations``, ``x`` is an MLP's
     first GEMM output [M, k, N] and its activation is cast, in one op
@@ -361,7 +361,7 @@ def _cols(sinv: Any) -> jax.Array:
 def _gemm(setup: Fp8Setup, a, a_sinv, b, b_sinv, *, roles, dtypes, out_dtype, bias=None,
           accumulate, reuse=None):  # fmt: skip
     """``a @ b.T`` of the K-major codes ``a`` [M, K] and ``b`` [N, K]: the FP8 GEMM
-    (:func:`~fp8jax.ops.gemm.gemm_codes`), or under block scaling the block-scaled one with
+    (:func:`~fp8jax.ops.gemms.gemm.gemm_codes`), or under block scaling the block-scaled one with
     ``roles``' blocks (dequantize per block, float32 accumulation;
     :func:`~fp8jax.ops.block_gemm`: cuBLASLt on a GPU with the scale modes, else
     XLA's dequantize and float32 dot), plus ``bias`` in float32."""
@@ -589,7 +589,7 @@ def grouped_forward(s: Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
     w_q = named(codes(q), 1)
     w_t = named(jnp.transpose(w_q, (1, 2, 0)), 3)
     sinv, amax = named(sinv, 4), named(amax, 5)
-    y = _grouped_gemm.gemm_n(x_q, w_t, x_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=bias,
+    y = fixed_groups.gemm_n(x_q, w_t, x_sinv, sinv, dtypes=(fwd, fwd), out_dtype=dtype, bias=bias,
                accumulate="fast")  # fmt: skip
     return y, amax, GemmResiduals(w_q, w_t, sinv)
 
@@ -597,7 +597,7 @@ def grouped_forward(s: Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
 def grouped_cast_grad(s: Fp8Setup, dy: jax.Array, scale: jax.Array, with_bias: bool):
     """The output gradient ``dy [M, g, N]`` cast to the backward format -> ``(codes [M, g, N],
     transposed codes [g, N, M], scale_inv, amax, dbias [g, N] (float32) or None)``: one fused
-    kernel (:func:`~fp8jax.ops.cast_transpose.grouped_cast_transpose_dbias`), or under
+    kernel (:func:`~fp8jax.ops.casts.cast_transpose.grouped_cast_transpose_dbias`), or under
     explicit sharding (where its global view is not allowed) a quantize, an XLA transpose of
     the codes and a float32 column sum."""
     bwd, impl = s.bwd_dtype, s.implementation("cast")
@@ -617,11 +617,11 @@ def grouped_backward(s: Fp8Setup, g_q, g_t, g_sinv, x_t, x_sinv, res, x_dt, w_dt
     """dgrad ``[M, hidden]`` and wgrad ``(hidden, g, N)`` of :func:`grouped_forward` from the output
     gradient's codes ``g_q [M, g, N]`` and ``g_t [g, N, M]``."""
     fwd, bwd = s.fwd_dtype, s.bwd_dtype
-    dx = _grouped_gemm.gemm_k(
+    dx = fixed_groups.gemm_k(
         g_q, res.w_q, g_sinv, res.w_sinv, dtypes=(bwd, fwd), out_dtype=x_dt,
         reuse=(res.w_t, x_t),
     )  # fmt: skip
-    dw = _grouped_gemm.gemm_n(
+    dw = fixed_groups.gemm_n(
         x_t, g_t, x_sinv, g_sinv, dtypes=(fwd, bwd), out_dtype=w_dt, accumulate="split"
     )
     return dx, dw

@@ -12,8 +12,8 @@ import numpy as np
 
 from fp8jax._layer_core import Fp8Setup, block_norm_cast, cast_t, named_input
 from fp8jax.autocast import is_fp8_enabled
-from fp8jax.ops.norm import norm_backward, norm_forward, norm_forward_fp8
-from fp8jax.ops.norm_autodiff import layernorm, rmsnorm
+from fp8jax.ops.fused.norm import norm_backward, norm_forward, norm_forward_fp8
+from fp8jax.ops.fused.norm_autodiff import layernorm, rmsnorm
 
 NORM_TYPES = ("layernorm", "rmsnorm")
 

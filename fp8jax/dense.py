@@ -37,8 +37,8 @@ from jax.sharding import PartitionSpec
 
 from fp8jax import _layer_core as core
 from fp8jax._layer_core import CHECKPOINT_NAMES, save_fp8_operands
-from fp8jax.ops._partition import explicit_matmul_spec, explicit_mesh
-from fp8jax.ops.gemm_options import below_fp8_flops
+from fp8jax.ops.base.partition import explicit_matmul_spec, explicit_mesh
+from fp8jax.ops.gemms.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 

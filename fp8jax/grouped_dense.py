@@ -44,23 +44,23 @@ import jax.numpy as jnp
 
 from fp8jax import _exchange
 from fp8jax import _layer_core as core
-from fp8jax.ops._partition import varying
-from fp8jax.ops.block_scaling import (
+from fp8jax.ops.base.partition import varying
+from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
     block_dequantize,
     block_quantize,
     mxfp8_cast_transpose,
     mxfp8_quantize,
 )
-from fp8jax.ops.grouped_gemm import grouped_gemm
-from fp8jax.ops.grouped_scaling import (
+from fp8jax.ops.block.grouped_scaling import (
     check_group_sizes,
     check_sum,
     group_ids,
     grouped_quantize,
     segment_block_quantize,
 )
-from fp8jax.ops.quantize import quantize
+from fp8jax.ops.casts.quantize import quantize
+from fp8jax.ops.gemms.grouped_gemm import grouped_gemm
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
 

@@ -24,8 +24,8 @@ from fp8jax._norm_layer import (
     input_backward,
     input_forward,
 )
-from fp8jax.ops import _grouped_gemm
-from fp8jax.ops.gemm_options import below_fp8_flops
+from fp8jax.ops.gemms import fixed_groups
+from fp8jax.ops.gemms.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
@@ -39,7 +39,7 @@ class _Config(NamedTuple):
     norm: tuple[str, float, bool] | None  # None: no norm
     has_bias: bool
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
-    grouped: bool  # kernel (hidden, g, N) kept 3-D (fp8jax.ops._grouped_gemm), e.g. fused QKV
+    grouped: bool  # kernel (hidden, g, N) kept 3-D (fp8jax.ops.gemms.fixed_groups), e.g. fused QKV
     dtype: Any
     dtypes: tuple[Any, ...]  # x, gamma, beta, kernel, bias
 
@@ -189,7 +189,7 @@ def layernorm_dense_observed(
     grouped = (
         kernel.ndim == 3
         and not setup.current_scaling
-        and _grouped_gemm.usable(setup.implementation("gemm"))
+        and fixed_groups.usable(setup.implementation("gemm"))
     )
     b = None if bias is None else bias.astype(dtype)
     b = b if b is None or grouped else b.reshape(n)

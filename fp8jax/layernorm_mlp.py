@@ -13,7 +13,7 @@ output (the activation's input). The six roles of the FP8 state are
 ``gemm_roles("fc1", "fc2")``: input, kernel and output-grad of each GEMM, as in
 :func:`fp8jax.dense`.
 
-**Fused GELU epilogues** (:mod:`fp8jax.ops.gemm_epilogue`, on by default,
+**Fused GELU epilogues** (:mod:`fp8jax.ops.gemms.gemm_epilogue`, on by default,
 ``fp8jax.ops.gemm_options(fused_epilogues=False)`` turns them off): with a ``"gelu"`` activation,
 delayed scaling, a bfloat16/float16 ``dtype``, no dropout, the ``"kernel"`` implementation of the
 ``gemm`` and ``activation`` families and no explicit mesh axes, GEMM1 runs with cuBLASLt's GELU
@@ -43,16 +43,16 @@ from fp8jax._norm_layer import (
     input_backward,
     input_forward,
 )
-from fp8jax.ops import _grouped_gemm
-from fp8jax.ops._partition import explicit_mesh
-from fp8jax.ops.activation import (
+from fp8jax.ops.base.partition import explicit_mesh
+from fp8jax.ops.fused.activation import (
     activation,
     activation_cast_transpose,
     dactivation,
     dactivation_cast_transpose_dbias,
 )
-from fp8jax.ops.gemm_epilogue import EPILOGUE_DTYPES, gemm_dgelu, gemm_gelu
-from fp8jax.ops.gemm_options import below_fp8_flops, get_gemm_options
+from fp8jax.ops.gemms import fixed_groups
+from fp8jax.ops.gemms.gemm_epilogue import EPILOGUE_DTYPES, gemm_dgelu, gemm_gelu
+from fp8jax.ops.gemms.gemm_options import below_fp8_flops, get_gemm_options
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
 
@@ -69,11 +69,11 @@ class _Config(NamedTuple):
     activations: tuple[str, ...]
     has_bias: tuple[bool, bool]
     keep_ln: bool  # also return the norm's output (return_layernorm_output)
-    # GEMM1 with the gated pair as its own dim (fp8jax.ops._grouped_gemm): kernel_1 (hidden, 2, I),
-    # bias_1 (2, I); else the 2-D view (hidden, k I), (k I,)
+    # GEMM1 with the gated pair as its own dim (fp8jax.ops.gemms.fixed_groups): kernel_1
+    # (hidden, 2, I), bias_1 (2, I); else the 2-D view (hidden, k I), (k I,)
     grouped: bool
     # GEMM1 with the GELU epilogue and GEMM2's dgrad with the DGELU epilogue
-    # (fp8jax.ops.gemm_epilogue; fused_path says when)
+    # (fp8jax.ops.gemms.gemm_epilogue; fused_path says when)
     fused: bool
     dtype: Any  # dtype of the GEMMs' outputs (the activation's input and the result)
     # dtypes of (x, gamma, beta, w1, b1, w2, b2): each gradient is returned in its primal's
@@ -372,12 +372,12 @@ def layernorm_mlp_observed(
         x = x.astype(dtype)
     w1 = kernel_1 if jnp.dtype(kernel_1.dtype) in core.WIDE else kernel_1.astype(dtype)
     w2 = kernel_2 if jnp.dtype(kernel_2.dtype) in core.WIDE else kernel_2.astype(dtype)
-    # the gated pair kept as a dim of its own (see fp8jax.ops._grouped_gemm), except with current
-    # scaling (whose casts of the activation gradient are 2-D)
+    # the gated pair kept as a dim of its own (see fp8jax.ops.gemms.fixed_groups), except with
+    # current scaling (whose casts of the activation gradient are 2-D)
     grouped = (
         len(acts) == 2
         and not setup.current_scaling
-        and _grouped_gemm.usable(setup.implementation("gemm"))
+        and fixed_groups.usable(setup.implementation("gemm"))
     )
     b1 = None if bias_1 is None else bias_1.astype(dtype)
     b1 = b1 if b1 is None or grouped else b1.reshape(-1)

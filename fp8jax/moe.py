@@ -45,7 +45,7 @@ import numpy as np
 
 from fp8jax import _exchange
 from fp8jax.grouped_dense import grouped_dense_observed, grouped_roles
-from fp8jax.ops._partition import varying
+from fp8jax.ops.base.partition import varying
 from fp8jax.state import Fp8Meta
 
 __all__ = [

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops.scaling import update_fp8_states
+from fp8jax.ops.casts.scaling import update_fp8_states
 from fp8jax.recipe import DelayedScaling
 
 __all__ = [

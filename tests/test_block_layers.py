@@ -1,6 +1,6 @@
 """The layers under the block-scaled recipes (Float8BlockScaling, MXFP8BlockScaling): the dense
 layer's forward and its three gradients equal, bit for bit (on a GPU, within cuBLASLt's
-accumulation), the same computation composed by hand from fp8jax.ops.block_scaling; the norm
+accumulation), the same computation composed by hand from fp8jax.ops.block.block_scaling; the norm
 and MLP layers, the Flax modules and a train step stay within FP8 bounds of their
 high-precision results; remat with the FP8 policy changes nothing; stateless (no FP8
 variables, no probe needed)."""
@@ -16,7 +16,7 @@ from _shared import rand
 
 import fp8jax
 from fp8jax import ops
-from fp8jax.ops import block_scaling as bs
+from fp8jax.ops.block import block_scaling as bs
 
 RECIPES = {
     "block": fp8jax.Float8BlockScaling(),

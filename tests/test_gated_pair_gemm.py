@@ -1,4 +1,5 @@
-"""fp8jax.ops._grouped_gemm: the gated LayerNormMLP's GEMM1 with the activation pair as its own dim.
+"""fp8jax.ops.gemms.fixed_groups: the gated LayerNormMLP's GEMM1 with the activation pair as its
+own dim.
 
 On one device it runs the very 2-D GEMMs the layer's 2-D form runs (each device reshapes its
 block), so the gated block's outputs and every gradient are the same bits either way; under
@@ -18,7 +19,7 @@ from _shared import rand
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, ops
 from fp8jax.layernorm_mlp import layernorm_mlp_observed
-from fp8jax.ops import _grouped_gemm
+from fp8jax.ops.gemms import fixed_groups
 
 H, INTER, ROWS = 16, 32, 24
 RECIPE = DelayedScaling(amax_history_len=4)
@@ -41,7 +42,7 @@ def _args(bias=True):
 
 def _run(args, recipe, grouped, monkeypatch):
     """The gated block's output and the gradients of every argument and of the probe."""
-    monkeypatch.setattr(_grouped_gemm, "usable", lambda impl: grouped and impl == "kernel")
+    monkeypatch.setattr(fixed_groups, "usable", lambda impl: grouped and impl == "kernel")
     meta = fp8jax.init_fp8_meta(recipe, n_roles=6) if isinstance(recipe, DelayedScaling) else None
     # a scale other than one, so that the scales reach every GEMM
     if meta is not None:
@@ -80,11 +81,11 @@ def test_same_bits_as_the_2d_form(bias, monkeypatch):
 def test_used_for_gated_delayed_scaling_only(monkeypatch):
     """The grouped GEMMs run for a gated block under delayed scaling with the kernel GEMM; not
     under current scaling (whose activation-gradient cast is 2-D) nor the XLA GEMM."""
-    monkeypatch.setattr(_grouped_gemm, "usable", _grouped_gemm.usable)
-    assert _grouped_gemm.usable("kernel") and not _grouped_gemm.usable("xla")
+    monkeypatch.setattr(fixed_groups, "usable", fixed_groups.usable)
+    assert fixed_groups.usable("kernel") and not fixed_groups.usable("xla")
     calls = []
-    real = _grouped_gemm.gemm_n
-    monkeypatch.setattr(_grouped_gemm, "gemm_n", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = fixed_groups.gemm_n
+    monkeypatch.setattr(fixed_groups, "gemm_n", lambda *a, **k: calls.append(1) or real(*a, **k))
     x, gamma, beta, w1, w2, b1, b2 = _args()
     for recipe, used in ((RECIPE, True), (Float8CurrentScaling(), False)):
         calls.clear()

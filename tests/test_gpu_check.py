@@ -99,7 +99,7 @@ def test_a_changed_kernel_selects_its_family_and_the_host_run(manifest, capsys):
 
 
 def test_a_new_python_op_file_selects_its_family_only(manifest, capsys):
-    _edit(manifest, drop="fp8jax/ops/gemm.py")  # as if the last run had no gemm.py
+    _edit(manifest, drop="fp8jax/ops/gemms/gemm.py")  # as if the last run had no gemm.py
     assert _selected(manifest, capsys) == list(ct.FAMILIES["gemm"][1])
 
 

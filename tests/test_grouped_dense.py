@@ -18,7 +18,7 @@ from _shared import rand
 
 import fp8jax
 from fp8jax import ops
-from fp8jax.ops.grouped_scaling import group_ids
+from fp8jax.ops.block.grouped_scaling import group_ids
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 

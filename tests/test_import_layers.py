@@ -15,6 +15,7 @@ Flax): not an import statement, so not an edge.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 from collections import Counter
@@ -30,7 +31,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bindings", ("fp8jax._ffi", "fp8jax._support")),
     # recipes are plain data (formats, margins, fp8_max) that the ops' checks read
     ("recipe", ("fp8jax.recipe",)),
-    ("ops", ("fp8jax.ops",)),
+    # the ops, one package per family (fp8jax/ops/<family>/), lowest first: the OpDef machinery,
+    # the mesh plans, the kernel/XLA switch and the shared checks; the per-tensor casts; the
+    # block-scaled casts; the norms, activations and fused casts; the GEMMs
+    ("ops base", ("fp8jax.ops.base",)),
+    ("ops casts", ("fp8jax.ops.casts",)),
+    ("ops block", ("fp8jax.ops.block",)),
+    ("ops fused", ("fp8jax.ops.fused",)),
+    ("ops gemms", ("fp8jax.ops.gemms",)),
+    ("ops", ("fp8jax.ops",)),  # fp8jax/ops/__init__.py: every family's public names
     # the FP8 state and its update (ops.scaling), its update on variable trees (framework
     # neutral, for fp8jax.flax and fp8jax.nnx), the autocast context, TE's MeshResource
     (
@@ -62,7 +71,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 #: Imports inside a function that are allowed although they go against the rules, and why.
 DEFERRED: dict[tuple[str, str], str] = {
-    ("fp8jax.ops._opdef", "fp8jax.ops"): (
+    ("fp8jax.ops.base.opdef", "fp8jax.ops"): (
         "registered_ops() (read by tests) imports the ops package so that every op module has "
         "declared its OpDef; called after all modules are loaded"
     ),
@@ -217,8 +226,9 @@ def test_deferred_allowances_name_modules():
 def test_the_checks_catch_a_deferred_cycle_and_an_upward_import(tmp_path, monkeypatch):
     """What the old ``dense`` <-> ``_fp8_gemm`` pair did (a cycle through an import inside a
     function) and a layer importing a layer above it are both reported, naming the lines."""
-    assert _upward({"fp8jax.ops.quantize": [("fp8jax.dense", 7, True)]}) == [
-        "fp8jax/ops/quantize.py:7: fp8jax.ops.quantize (layer 'ops') imports fp8jax.dense "
+    assert _upward({"fp8jax.ops.casts.quantize": [("fp8jax.dense", 7, True)]}) == [
+        "fp8jax/ops/casts/quantize.py:7: fp8jax.ops.casts.quantize (layer 'ops casts') imports "
+        "fp8jax.dense "
         "(layer 'functional layers', above it) inside a function"
     ]
     assert _layer("fp8jax.flax.dense") > _layer("fp8jax.dense") > _layer("fp8jax._layer_core")
@@ -318,7 +328,8 @@ def _private_uses(module: str) -> list[tuple[str, str, int]]:
 def test_no_private_name_crosses_modules():
     """What two modules share has a plain name in its home (docs/design.md): no fp8jax module
     takes a ``_name`` from another, but the reasoned :data:`PRIVATE_ALLOWED`. Private
-    *modules* (``fp8jax.ops._partition``) are the package's internals and may be imported."""
+    *modules* (``fp8jax.ops.gemms._gemm_partition``) are their package's internals
+    (:func:`test_private_modules_stay_in_their_package`)."""
     bad = [
         f"{_where(m, line)}: {m} uses {home}.{name}"
         for m in sorted(MODULES)
@@ -326,6 +337,73 @@ def test_no_private_name_crosses_modules():
         if (m, home, name) not in PRIVATE_ALLOWED
     ]
     assert not bad, f"{len(bad)} private names cross modules:\n" + "\n".join(bad)
+
+
+def _private_module_uses(module: str) -> list[tuple[str, int]]:
+    """``(private module, line)`` for each ``_name`` module that ``module`` imports from outside
+    the package that holds it (``fp8jax.ops.gemms._gemm_partition`` is for ``fp8jax.ops.gemms``
+    and the packages below it; ``fp8jax._ffi`` for all of ``fp8jax``)."""
+    found = []
+    for target, line, _ in _imports(module):
+        package, _, leaf = target.rpartition(".")
+        if leaf.startswith("_") and not (module == package or module.startswith(package + ".")):
+            found.append((target, line))
+    return found
+
+
+def test_private_modules_stay_in_their_package():
+    """A module that another package uses has a plain name (``fp8jax.ops.base.partition``,
+    read by the layers); a ``_name`` module is imported only inside its own package."""
+    bad = [
+        f"{_where(m, line)}: {m} imports {target}"
+        for m in sorted(MODULES)
+        for target, line in _private_module_uses(m)
+    ]
+    assert not bad, "\n".join(bad)
+    assert _private_module_uses("fp8jax.ops.gemms.gemm") == []  # its _gemm_partition: inside
+
+
+#: The ops' families, lowest first: each a package of fp8jax/ops/ and a layer of its own.
+OPS_FAMILIES = ("base", "casts", "block", "fused", "gemms")
+
+
+def test_ops_are_family_packages_in_layer_order():
+    """fp8jax/ops/ holds its ``__init__`` and one package per family, nothing else; the
+    families' layers are in :data:`OPS_FAMILIES`' order (a lower family never imports a higher
+    one: :func:`test_each_module_imports_only_its_layer_or_below`)."""
+    ops = ROOT / "ops"
+    assert sorted(p.name for p in ops.glob("*.py")) == ["__init__.py"]
+    packages = sorted(p.name for p in ops.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert packages == sorted(OPS_FAMILIES)
+    layers = [_layer(f"fp8jax.ops.{f}") for f in OPS_FAMILIES]
+    assert layers == sorted(set(layers))
+    assert _layer("fp8jax.recipe") < layers[0] and layers[-1] < _layer("fp8jax.ops")
+    assert _layer("fp8jax.ops.gemms.gemm") == layers[-1]
+
+
+def test_fp8jax_ops_exports_each_modules_all():
+    """Each module of an ops family declares ``__all__``; its family package and
+    :mod:`fp8jax.ops` re-export exactly those names (sorted, each once), so a name added to a
+    module's ``__all__`` is public API with no other edit."""
+    import fp8jax.ops
+
+    exported: list[str] = []
+    for family in OPS_FAMILIES:
+        package = importlib.import_module(f"fp8jax.ops.{family}")
+        names: list[str] = []
+        for path in sorted((ROOT / "ops" / family).glob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            module = importlib.import_module(f"fp8jax.ops.{family}.{path.stem}")
+            assert isinstance(getattr(module, "__all__", None), list), f"{path}: no __all__"
+            for name in module.__all__:
+                assert getattr(package, name) is getattr(module, name), (family, name)
+                assert getattr(fp8jax.ops, name) is getattr(module, name), name
+            names += module.__all__
+        assert sorted(package.__all__) == sorted(names), family
+        exported += names
+    assert fp8jax.ops.__all__ == sorted(exported)
+    assert len(set(exported)) == len(exported)
 
 
 def test_test_file_names_are_unique():

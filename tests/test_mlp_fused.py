@@ -1,5 +1,5 @@
-"""LayerNormMLP with the GELU epilogues (fp8jax/ops/gemm_epilogue.py) and the GEMM options
-(fp8jax/ops/gemm_options.py): when the fused path is taken, what the CUDA lowering of a train
+"""LayerNormMLP with the GELU epilogues (fp8jax/ops/gemms/gemm_epilogue.py) and the GEMM options
+(fp8jax/ops/gemms/gemm_options.py): when the fused path is taken, what the CUDA lowering of a train
 step calls, its numerics against the separate kernels, and the small-GEMM policy of every layer.
 """
 

@@ -23,7 +23,7 @@ def test_cpu_extension_always_built_and_registered():
 def test_every_op_is_in_the_cpp_op_table_and_back():
     """The C++ op table (cpp/common/op_table.h) and the Python op declarations name the same
     targets: an op declared on one side only fails here."""
-    from fp8jax.ops._opdef import registered_ops
+    from fp8jax.ops.base.opdef import registered_ops
 
     targets = {op.target for op in registered_ops().values()}
     assert set(_ffi.cpu_extension().registrations()) == targets

@@ -13,8 +13,8 @@ import argparse
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import block_scaling as bs
 from fp8jax.ops import quantize_reference
+from fp8jax.ops.block import block_scaling as bs
 
 E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 

@@ -32,43 +32,45 @@ HOST_RUN = "tests/ops/test_host_cuda.py::test_gpu_kernels_equal_their_host_run"
 #: family: (source patterns, the tests that run its kernels on a GPU)
 FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemm": (
-        ("cpp/cuda/gemm_*", "fp8jax/ops/gemm*.py", "fp8jax/ops/_gemm_partition.py"),
+        ("cpp/cuda/gemm_*", "fp8jax/ops/gemms/gemm*.py",
+         "fp8jax/ops/gemms/_gemm_partition.py"),
         ("tests/ops/test_gemm.py", "tests/ops/test_gemm_setup.py",
          "tests/ops/test_gemm_autotune.py", "tests/ops/test_gemm_epilogue.py",
          "tests/test_mlp_fused.py"),
     ),
-    "grouped_gemm": (("fp8jax/ops/_grouped_gemm.py",), ("tests/test_gated_pair_gemm.py",)),
+    "grouped_gemm": (("fp8jax/ops/gemms/fixed_groups.py",), ("tests/test_gated_pair_gemm.py",)),
     "block": (
         ("cpp/cuda/cuda_block_scaling.cu", "cpp/common/block_*", "cpp/ops/block_casts.h",
-         "fp8jax/ops/block_*.py", "fp8jax/ops/_block_gemm.py"),
+         "fp8jax/ops/block/block_*.py", "fp8jax/ops/fused/block_*.py",
+         "fp8jax/ops/gemms/blockwise.py"),
         ("tests/ops/test_block_scaling.py", "tests/ops/test_block_fused.py",
          "tests/ops/test_block_gemm.py"),
     ),
     "cast": (
         ("cpp/cuda/cuda_cast_transpose.*", "cpp/cuda/cuda_ops.cu", "cpp/common/launch_plan.h",
-         "cpp/common/fp8_device_convert.h", "cpp/ops/casts.h", "fp8jax/ops/quantize.py",
-         "fp8jax/ops/cast_transpose.py"),
+         "cpp/common/fp8_device_convert.h", "cpp/ops/casts.h", "fp8jax/ops/casts/quantize.py",
+         "fp8jax/ops/casts/cast_transpose.py"),
         ("tests/ops/test_quantize.py", "tests/ops/test_cast_transpose.py",
          "tests/ops/test_cast_transpose_dbias.py", "tests/ops/test_kernel_shapes.py"),
     ),
     "activation": (
         ("cpp/cuda/cuda_activation.cu", "cpp/common/activations.h", "cpp/ops/activations.h",
-         "fp8jax/ops/activation.py"),
+         "fp8jax/ops/fused/activation.py"),
         ("tests/ops/test_activation.py",),
     ),
     "norm": (
         ("cpp/cuda/cuda_norm*", "cpp/cuda/cuda_column_totals.cuh", "cpp/common/norm_*",
-         "cpp/ops/norms.h", "fp8jax/ops/norm*.py"),
+         "cpp/ops/norms.h", "fp8jax/ops/fused/norm*.py"),
         ("tests/ops/test_norm.py",),
     ),
     "scaling": (
-        ("cpp/cuda/cuda_ops.cu", "cpp/ops/scaling.h", "fp8jax/ops/scaling.py"),
+        ("cpp/cuda/cuda_ops.cu", "cpp/ops/scaling.h", "fp8jax/ops/casts/scaling.py"),
         ("tests/ops/test_scaling.py",),
     ),
     # the handlers' plumbing (FFI checks, dispatch, op table, launch helpers): every op
     "shared": (
-        ("cpp/cuda/*", "cpp/common/*", "cpp/ops/op.h", "fp8jax/ops/_*.py",
-         "fp8jax/ops/__init__.py"),
+        ("cpp/cuda/*", "cpp/common/*", "cpp/ops/op.h", "fp8jax/ops/base/*.py",
+         "fp8jax/ops/__init__.py", "fp8jax/ops/*/__init__.py"),
         ("tests/ops/test_command_buffer.py", "tests/ops/test_implementation.py"),
     ),
 }  # fmt: skip

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import train_gpt  # noqa: E402
 
 import fp8jax  # noqa: E402
-from fp8jax.ops.block_scaling import block_scale  # noqa: E402
+from fp8jax.ops.block.block_scaling import block_scale  # noqa: E402
 from fp8jax.optim import BLOCK, MOMENT_FORMATS, dequantize_moment, quantize_moment  # noqa: E402
 from fp8jax.optim.moments import from_blocks, to_blocks  # noqa: E402
 

@@ -2,7 +2,7 @@
 // kernels (and the definition their tests check against the jnp references).
 //
 // Every value is float32 math on float32 inputs in exactly the order of the
-// jnp reference (fp8jax/ops/activation.py); only tanhf, erfcf and expf are
+// jnp reference (fp8jax/ops/fused/activation.py); only tanhf, erfcf and expf are
 // the platform's own (the C library on the host, CUDA's on the device), so
 // CPU, CUDA and XLA agree to a few float32 ulps, not bit for bit. Products and
 // sums go through Mul/Add, which on the device are __fmul_rn/__fadd_rn: nvcc

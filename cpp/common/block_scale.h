@@ -1,5 +1,5 @@
 // Block-scaled FP8 (Float8BlockScaling, MXFP8): the scale rules and the tile walk the CPU and CUDA
-// kernels share. The definitions are fp8jax/ops/block_scaling.py's jnp references
+// kernels share. The definitions are fp8jax/ops/block/block_scaling.py's jnp references
 // (docs/numerics.md, "Block scaling"); every function here computes the same float32 operations in
 // the same order, so the kernels give the references' bits.
 //

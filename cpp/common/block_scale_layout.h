@@ -1,6 +1,6 @@
 // Where cuBLASLt reads each block scale of a block-scaled FP8 GEMM operand, as plain functions
 // (host and device), so that the layouts are tested on a machine with no GPU
-// (tests/ops/test_gemm_setup.py, against fp8jax.ops.block_scaling.cublaslt_scales).
+// (tests/ops/test_gemm_setup.py, against fp8jax.ops.block.block_scaling.cublaslt_scales).
 //
 // An operand is a row-major [rows, K] FP8 matrix, K-major as cuBLASLt's FP8 GEMM takes it (our a
 // has rows = M, our b rows = N); its scales come in fp8jax's compact grid, one per block:

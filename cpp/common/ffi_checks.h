@@ -84,7 +84,7 @@ struct MatrixShape {
   int64_t cols = 0;
 };
 
-// The dbias workspace that XLA allocates for a dbias op (fp8jax.ops._opdef.OpDef.workspace: one
+// The dbias workspace that XLA allocates for a dbias op (fp8jax.ops.base.opdef.OpDef.workspace: one
 // more operand, aliased to one more result, so no handler allocates): float32 [matrices,
 // row_tiles, cols], one partial column sum per tile of `tile_rows` rows (the platform's tiling).
 inline int64_t DbiasWorkspaceElements(const MatrixShape& s, int64_t tile_rows) {

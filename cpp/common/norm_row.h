@@ -1,6 +1,6 @@
 // Per-row LayerNorm / RMSNorm numerics shared by the CPU and CUDA kernels.
 //
-// The definition is fp8jax/ops/norm.py's reference, in float32: the row mean
+// The definition is fp8jax/ops/fused/norm.py's reference, in float32: the row mean
 // is the row sum divided by h, the variance the sum of the centred squares
 // divided by h (two passes, never E[x^2] - E[x]^2), rsigma = 1 / sqrt(var +
 // epsilon), y = ((x - mu) * rsigma) * g + beta with g = gamma (or 1 + gamma),
@@ -26,7 +26,7 @@ namespace fp8jax {
 
 // The norm math uses the never-fused RnAdd, RnSub and RnMul (fp8_numerics.h).
 
-// The kernels' norm_type attribute (fp8jax/ops/norm.py _NORM_CODES).
+// The kernels' norm_type attribute (fp8jax/ops/fused/norm.py _NORM_CODES).
 enum class NormType : int64_t { kLayerNorm = 0, kRmsNorm = 1 };
 
 // The scale applied: gamma, or 1 + gamma with zero_centered_gamma.
@@ -105,7 +105,7 @@ struct NormLanes {
 };
 
 // The backward's column sums (dgamma, dbeta) go through a workspace of
-// `slots` partial rows per vmap group (fp8jax/ops/norm.py
+// `slots` partial rows per vmap group (fp8jax/ops/fused/norm.py
 // norm_workspace_slots, an output of the custom call): the CPU kernel cuts a
 // group's rows into at most `slots` blocks of NormRowsPerPartial consecutive
 // rows, each block summing its rows in order into its own partial; a second

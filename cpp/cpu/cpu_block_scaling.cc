@@ -4,7 +4,7 @@
 // norm_block_cast_transpose (the norm computed into a scratch buffer by cpu_norm.cc, then cast:
 // norm_forward's y itself) (common/block_scale.h has the numerics and the layouts,
 // common/block_sources.h what the fused forms quantize and the dbias order;
-// fp8jax/ops/block_scaling.py and block_fused.py the references they equal).
+// fp8jax/ops/block/block_scaling.py and fused/block_fused.py the references they equal).
 //
 // Work is split by block rows: a task takes br rows of one matrix, computes their values once
 // (the source), finds the amax of each block along them, makes the scales, then writes the codes

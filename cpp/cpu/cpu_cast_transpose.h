@@ -51,7 +51,7 @@ struct DirectRows {
 
 // What the engine writes; dbias (matrices x cols float32) may be null, else
 // `partial` is its workspace, float32 [matrices, strips, cols] (the XLA
-// buffer the op passes in, fp8jax.ops.cast_transpose.dbias_workspace).
+// buffer the op passes in, fp8jax.ops.casts.cast_transpose.dbias_workspace).
 struct CastTransposeOut {
   const float* scale;
   uint8_t* q;

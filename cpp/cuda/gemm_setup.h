@@ -20,7 +20,7 @@ namespace fp8jax {
 inline constexpr uintptr_t kMaxAlignment = 256;
 
 // What the GEMM does after the scaled product `p = (a @ b^T) * a_scale_inv * b_scale_inv`
-// (the `epilogue` FFI attribute; fp8jax/ops/gemm.py and fp8jax/ops/gemm_epilogue.py).
+// (the `epilogue` FFI attribute; fp8jax/ops/gemms/gemm.py and fp8jax/ops/gemms/gemm_epilogue.py).
 enum class GemmEpilogue : int32_t {
   // out = p (+ bias[N]), rounded once to out's wide dtype: cuBLASLt's DEFAULT or BIAS.
   kPlain = 0,

@@ -1,7 +1,7 @@
 // The activations and their fused casts: activation, dactivation, activation_cast_transpose and
-// dactivation_cast_transpose_dbias (Python: fp8jax/ops/activation.py). Each op's target, signature
-// (its Handle's parameters) and argument check; their computations are in cpu/cpu_activation.cc
-// and cuda/cuda_activation.cu (ops/op.h says how the pieces fit).
+// dactivation_cast_transpose_dbias (Python: fp8jax/ops/fused/activation.py). Each op's target,
+// signature (its Handle's parameters) and argument check; their computations are in
+// cpu/cpu_activation.cc and cuda/cuda_activation.cu (ops/op.h says how the pieces fit).
 #pragma once
 
 #include <cstdint>

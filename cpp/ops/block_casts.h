@@ -1,8 +1,8 @@
 // The block-scaled casts: block_quantize, block_cast_transpose and its fused forms,
 // block_cast_transpose_dbias, activation_block_cast_transpose,
 // dactivation_block_cast_transpose_dbias and norm_block_cast_transpose (Python:
-// fp8jax/ops/block_scaling.py, block_fused.py). The checks they share (the blocks the kernels
-// take, the scale grids of both layouts), then each op's target, signature (its Handle's
+// fp8jax/ops/block/block_scaling.py, fused/block_fused.py). The checks they share (the blocks the
+// kernels take, the scale grids of both layouts), then each op's target, signature (its Handle's
 // parameters) and argument check, which fills the block::Cast its kernels run on; their
 // computations are in cpu/cpu_block_scaling.cc and cuda/cuda_block_scaling.cu (ops/op.h says how
 // the pieces fit).

@@ -1,5 +1,5 @@
 // The per-tensor casts: quantize, dequantize, cast_transpose and cast_transpose_dbias (Python:
-// fp8jax/ops/quantize.py, cast_transpose.py). Each op's target, signature (its Handle's
+// fp8jax/ops/casts/quantize.py, cast_transpose.py). Each op's target, signature (its Handle's
 // parameters) and argument check; their computations are in cpu/cpu_ops.cc,
 // cpu/cpu_cast_transpose.cc, cuda/cuda_ops.cu and cuda/cuda_cast_transpose.cu (ops/op.h says
 // how the pieces fit).
@@ -22,7 +22,7 @@
 namespace fp8jax {
 
 // The rows of a tile of the dbias workspace, on every platform: the CUDA tile, and the CPU's
-// strips of the same height (fp8jax.ops.cast_transpose.DBIAS_TILE_ROWS).
+// strips of the same height (fp8jax.ops.casts.cast_transpose.DBIAS_TILE_ROWS).
 inline constexpr int64_t kDbiasTileRows = plan::kBigTile;
 
 // fp8jax_quantize (Fp8jaxQuantizeCpu, Fp8jaxQuantizeCuda): x, one scale per group of x -> q
@@ -111,7 +111,7 @@ struct CastTranspose {
 // fp8jax_cast_transpose_dbias (Fp8jaxCastTransposeDbiasCpu, Fp8jaxCastTransposeDbiasCuda): g,
 // scale, workspace -> cast_transpose's outputs, dbias (one value per column of each matrix) and
 // the workspace. The workspace arrives as the last operand and leaves, aliased, as the last
-// result (fp8jax.ops._opdef.OpDef.workspace): it is written through the result.
+// result (fp8jax.ops.base.opdef.OpDef.workspace): it is written through the result.
 struct CastTransposeDbias {
   static constexpr char kName[] = "cast_transpose_dbias";
   sig::Any g;

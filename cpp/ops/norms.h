@@ -1,5 +1,5 @@
 // The norms: layernorm and rmsnorm forward, their FP8 forms (the normalised output cast to FP8
-// with its transpose) and the backward shared by both (Python: fp8jax/ops/norm.py). Each op's
+// with its transpose) and the backward shared by both (Python: fp8jax/ops/fused/norm.py). Each op's
 // target, signature (its Handle's parameters) and argument check; their computations are in
 // cpu/cpu_norm.cc, cpu/cpu_norm_backward.cc, cuda/cuda_norm.cu and cuda/cuda_norm_backward.cu
 // (ops/op.h says how the pieces fit). A layernorm and an rmsnorm op share one call (NormForward,

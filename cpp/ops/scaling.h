@@ -1,6 +1,6 @@
-// The delayed-scaling state update, update_fp8_state (Python: fp8jax/ops/scaling.py): its target,
-// signature (its Handle's parameters) and argument check; its computation is in cpu/cpu_ops.cc and
-// cuda/cuda_ops.cu (ops/op.h says how the pieces fit).
+// The delayed-scaling state update, update_fp8_state (Python: fp8jax/ops/casts/scaling.py): its
+// target, signature (its Handle's parameters) and argument check; its computation is in
+// cpu/cpu_ops.cc and cuda/cuda_ops.cu (ops/op.h says how the pieces fit).
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from fp8jax.layers.checks import check_names
-from fp8jax.ops import _partition
+from fp8jax.ops.base import partition
 
 __all__ = ["constrain", "explicit_spec", "laid_out", "reshard_batch_dims"]
 
@@ -34,7 +34,7 @@ def explicit_spec(names: tuple[str | None, ...] | None) -> PartitionSpec | None:
     With explicit axes a sharding constraint only asserts, so :class:`DenseGeneral` *makes* the
     output's layout instead (``jax.sharding.reshard``).
     """
-    if names is None or not nn.get_logical_axis_rules() or not _partition.explicit_mesh():
+    if names is None or not nn.get_logical_axis_rules() or not partition.explicit_mesh():
         return None
     return nn.logical_to_mesh_axes(names)
 
@@ -45,19 +45,18 @@ def reshard_batch_dims(x: jax.Array, axes: tuple[int, ...], out_spec: PartitionS
     sequence is gathered before the column-parallel GEMM, as XLA does for a constraint under
     automatic axes). Contracted dims keep their axes, less any the batch dims now use."""
     current = [
-        _partition.entry_axes(e)
-        for e in (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)[: x.ndim]
+        partition.entry_axes(e) for e in (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)[: x.ndim]
     ]
     batch = [d for d in range(x.ndim) if d not in axes]
     dims = list(current)
     for d, entry in zip(batch, tuple(out_spec)[: len(batch)], strict=False):
-        dims[d] = _partition.entry_axes(entry)
+        dims[d] = partition.entry_axes(entry)
     used = {a for d in batch for a in dims[d]}
     for d in axes:
         dims[d] = tuple(a for a in dims[d] if a not in used)
     if dims == current:
         return x
-    return jax.sharding.reshard(x, _partition.spec(dims))
+    return jax.sharding.reshard(x, partition.spec(dims))
 
 
 def laid_out(

@@ -8,7 +8,7 @@ float32 inverse scale per block of ``block`` consecutive elements along the last
 state", has the measurements behind them):
 
 - ``"e4m3"``, the first moment: FP8 E4M3 codes with Float8BlockScaling's scale rule,
-  :func:`fp8jax.ops.block_scaling.block_scale`, with float32 (not power-of-two) scales, so the
+  :func:`fp8jax.ops.block.block_scaling.block_scale`, with float32 (not power-of-two) scales, so the
   block's largest value comes back to float32 precision every step;
 - ``"sqrt_uint8"``, the second moment: uint8 codes of ``sqrt(v)``, linear from 0 to the block's
   largest (code 255). An EMA with ``b2 = 0.999`` moves 0.1% a step: E4M3's 6-12% steps hold it
@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from fp8jax.ops._partition import entry_axes, explicit_mesh, whole_blocks
-from fp8jax.ops.block_scaling import block_scale
+from fp8jax.ops.base.partition import entry_axes, explicit_mesh, whole_blocks
+from fp8jax.ops.block.block_scaling import block_scale
 from fp8jax.recipe import fp8_max
 
 __all__ = [

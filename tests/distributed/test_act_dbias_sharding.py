@@ -203,7 +203,7 @@ def test_grouped_cast_transpose_dbias_sharded(split, implementation):
     """``g[m, 3, n]`` (a fused QKV projection's output gradient) split on ``m`` and/or ``n``:
     the same bits as on one device, no gather (each device runs the 2-D kernel on its
     ``[m_local, 3 * n_local]`` view), dbias summed over the axes that split ``m``."""
-    from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
+    from fp8jax.ops.casts.cast_transpose import grouped_cast_transpose_dbias
 
     mesh, (rows, cols) = make_mesh(), split
     g = _data((32, 3, 64), jnp.bfloat16, 3)

@@ -107,7 +107,7 @@ def test_no_amax_is_reduced_across_devices(layout):
 
 # ---------------------------------------------------------------- the cast ops on a mesh
 
-from fp8jax.ops import block_scaling as bs  # noqa: E402
+from fp8jax.ops.block import block_scaling as bs  # noqa: E402
 
 _CASTS = {
     "block": lambda v: bs.block_cast_transpose(v, jnp.float8_e4m3fn),
@@ -153,14 +153,14 @@ def test_a_ragged_dim_left_whole_beside_a_split_one(cast):
 
 
 def test_the_whole_blocks_predicate():
-    from fp8jax.ops import _partition
+    from fp8jax.ops.base import partition
 
     mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
-    assert _partition.whole_blocks(mesh, (), 300, 128)  # unsplit: ragged is fine
-    assert _partition.whole_blocks(mesh, ("data",), 256, 128)
-    assert not _partition.whole_blocks(mesh, ("model",), 256, 128)  # parts of 64
-    assert not _partition.whole_blocks(mesh, ("data",), 257, 1)  # uneven parts
-    assert _partition.whole_blocks(mesh, ("data", "model"), 1024, 128)
+    assert partition.whole_blocks(mesh, (), 300, 128)  # unsplit: ragged is fine
+    assert partition.whole_blocks(mesh, ("data",), 256, 128)
+    assert not partition.whole_blocks(mesh, ("model",), 256, 128)  # parts of 64
+    assert not partition.whole_blocks(mesh, ("data",), 257, 1)  # uneven parts
+    assert partition.whole_blocks(mesh, ("data", "model"), 1024, 128)
 
 
 @pytest.mark.parametrize(
@@ -234,7 +234,7 @@ def test_block_gemm_cuda_plan_keeps_whole_block_splits(combo, a_spec, b_spec, ou
     the float32 summation order, then one bfloat16 rounding)."""
     from test_block_gemm import _emulated_block_kernel, _operands
 
-    from fp8jax.ops import _block_gemm as bg
+    from fp8jax.ops.gemms import blockwise as bg
 
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
     aq, a_s, a_block, bq, b_s, b_block = _operands(combo, m=2048, n=1024, k=512, seed=3)

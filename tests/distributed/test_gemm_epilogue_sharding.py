@@ -1,4 +1,4 @@
-"""The MLP's GELU-epilogue GEMMs (``fp8jax/ops/gemm_epilogue.py``) on 8 emulated devices.
+"""The MLP's GELU-epilogue GEMMs (``fp8jax/ops/gemms/gemm_epilogue.py``) on 8 emulated devices.
 
 Per layout, against one device: M and N stay split as the operands are, a split K is gathered
 (the GELU needs whole sums), the amax is made global with one all-reduce over the mesh and the
@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
-from fp8jax.ops import gemm_epilogue as ge
+from fp8jax.ops.gemms import gemm_epilogue as ge
 
 pytestmark = needs_devices(8)
 

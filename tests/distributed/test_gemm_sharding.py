@@ -1,4 +1,4 @@
-"""The FP8 GEMM's sharding rule (``fp8jax/ops/_gemm_partition.py``) on 8 emulated devices.
+"""The FP8 GEMM's sharding rule (``fp8jax/ops/gemms/_gemm_partition.py``) on 8 emulated devices.
 
 The rule wraps the single-device 2-D GEMM (``gemm._gemm_2d``: the XLA dot on CPU, cuBLASLt on
 CUDA); these tests call it directly, so they hold whether or not ``gemm`` routes through it yet.
@@ -22,8 +22,8 @@ from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-gemm_mod = importlib.import_module("fp8jax.ops.gemm")
-gemm_partition = importlib.import_module("fp8jax.ops._gemm_partition")
+gemm_mod = importlib.import_module("fp8jax.ops.gemms.gemm")
+gemm_partition = importlib.import_module("fp8jax.ops.gemms._gemm_partition")
 
 N_DEVICES = 8
 pytestmark = needs_devices(N_DEVICES)

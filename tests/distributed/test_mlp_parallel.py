@@ -14,7 +14,7 @@ compared: a kernel may be gathered in its other layout, or as the 2-D view the F
 dtypes are not compared), has no other collective that the FP32 model does not have, and adds
 exactly one all-reduce per step: every amax of a split tensor is reduced over the whole mesh,
 which XLA combines into one all-reduce. The gated block's first GEMM keeps the activation pair
-as its own dim (fp8jax/ops/_grouped_gemm.py); before, its 2-D reshape gathered ``wi_kernel``,
+as its own dim (fp8jax/ops/gemms/fixed_groups.py); before, its 2-D reshape gathered ``wi_kernel``,
 ``wi_bias`` and the activation gradient under TP. In SP the fused layers run the norm on the
 sequence-split input and gather its FP8 output before GEMM1 (Megatron's sequence parallelism),
 where the FP32 blocks keep the sequence split through the GEMMs and gather the kernels instead

@@ -479,9 +479,9 @@ def test_single_device_lowering_is_the_bare_kernel():
 
 
 def test_sharding_rules():
-    quantize_mod = importlib.import_module("fp8jax.ops.quantize")
-    ct_mod = importlib.import_module("fp8jax.ops.cast_transpose")
-    scaling_mod = importlib.import_module("fp8jax.ops.scaling")
+    quantize_mod = importlib.import_module("fp8jax.ops.casts.quantize")
+    ct_mod = importlib.import_module("fp8jax.ops.casts.cast_transpose")
+    scaling_mod = importlib.import_module("fp8jax.ops.casts.scaling")
     assert quantize_mod._quantize_rule(0, 2, 1) == "d0 d1, s -> d0 d1, s, s"
     assert quantize_mod._quantize_rule(0, 2, 0) == "d0 d1,  -> d0 d1, , "
     assert quantize_mod._quantize_rule(1, 3, 1) == "g0 d0 d1, g0 -> g0 d0 d1, g0, g0"

@@ -3,7 +3,7 @@ tests/distributed/test_ops_conformance.py): :class:`Sample`, the tolerances, sma
 and :func:`samples`, the table of every op's samples.
 
 Each op's sample lives in its own test file (tests/ops/test_<op>.py), in a module-level dict
-``SAMPLES`` that maps the op (every name in :func:`fp8jax.ops._opdef.registered_ops`, plus the
+``SAMPLES`` that maps the op (every name in :func:`fp8jax.ops.base.opdef.registered_ops`, plus the
 GEMM, which is not an OpDef) to a builder ``(key) -> {variant: Sample}``: representative
 arguments of the op's public function, one variant per option combination that changes the
 kernel's path (FP8 format, input dtype, gated or not, zero-centred gamma, rank, recipe). ``key``
@@ -132,14 +132,14 @@ reference)."""
 
 KERNEL_PENDING = {"grouped_gemm"}
 """Ops with no kernel on any platform yet: their kernel path runs the reference everywhere
-(fp8jax.ops.grouped_gemm.has_cuda_kernel() is False), so no program calls their target."""
+(fp8jax.ops.gemms.grouped_gemm.has_cuda_kernel() is False), so no program calls their target."""
 
 
 def family_and_target(op: str) -> tuple[str, str]:
     """The op's implementation family and FFI target."""
     if op in NOT_OPDEFS:
         return NOT_OPDEFS[op]
-    from fp8jax.ops._opdef import registered_ops
+    from fp8jax.ops.base.opdef import registered_ops
 
     d = registered_ops()[op]
     return d.family, d.target
@@ -153,7 +153,7 @@ def samples() -> dict[str, Builder]:
     ``sys.path``, see tests/conftest.py), the name pytest imports it under, so these are the same
     module objects pytest collects; the other test files are not imported. Cached: built on the
     first call, not when this module is imported. Ordered as
-    :func:`fp8jax.ops._opdef.registered_ops`, then :data:`NOT_OPDEFS`, then any other name.
+    :func:`fp8jax.ops.base.opdef.registered_ops`, then :data:`NOT_OPDEFS`, then any other name.
     """
     found: dict[str, tuple[str, Builder]] = {}
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
@@ -169,7 +169,7 @@ def samples() -> dict[str, Builder]:
                     "an op's sample lives in exactly one test file"
                 )
             found[op] = (path.stem, build)
-    from fp8jax.ops._opdef import registered_ops
+    from fp8jax.ops.base.opdef import registered_ops
 
     rank = {op: i for i, op in enumerate([*registered_ops(), *NOT_OPDEFS])}
     return {op: found[op][1] for op in sorted(found, key=lambda op: rank.get(op, len(rank)))}

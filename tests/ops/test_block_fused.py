@@ -1,5 +1,5 @@
-"""The fused block-scaled casts (fp8jax/ops/block_fused.py): each equals its unfused chain bit for
-bit within one implementation, dbias in the kernels' fixed order (the same bits as
+"""The fused block-scaled casts (fp8jax/ops/fused/block_fused.py): each equals its unfused chain
+bit for bit within one implementation, dbias in the kernels' fixed order (the same bits as
 cast_transpose_dbias's), plus the argument checks. On a GPU only the kernels promise that
 (XLA:GPU keeps values in float32 across the chain's roundings and has its own transcendentals).
 The conformance samples below put the three ops through the CPU kernel, vmap, the CUDA kernel

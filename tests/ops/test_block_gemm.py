@@ -1,5 +1,5 @@
-"""fp8jax.ops._block_gemm: the block-scaled GEMM on cuBLASLt. On CPU it is the reference (bit for
-bit), on a GPU within GEMM_GPU_CLOSE of it (cuBLASLt's accumulation order); lowered for CUDA it
+"""fp8jax.ops.gemms.blockwise: the block-scaled GEMM on cuBLASLt. On CPU it is the reference (bit
+for bit), on a GPU within GEMM_GPU_CLOSE of it (cuBLASLt's accumulation order); lowered for CUDA it
 is one ``fp8jax_gemm`` call with the operands' scale modes, padded operands and the scales in
 cuBLASLt's layout (as many as the handler's own count); a GPU without a mode runs the reference
 (the same rule as the handler's check)."""
@@ -17,8 +17,8 @@ from _samples import GEMM_GPU_CLOSE
 from _values import assert_matches
 from conftest import load_testing_extension
 
-from fp8jax.ops import _block_gemm as bg
-from fp8jax.ops import block_scaling as bs
+from fp8jax.ops.block import block_scaling as bs
+from fp8jax.ops.gemms import blockwise as bg
 
 E4M3 = jnp.float8_e4m3fn
 

@@ -1,4 +1,4 @@
-"""fp8jax.ops.block_scaling: the block scale rules against numpy oracles written from
+"""fp8jax.ops.block.block_scaling: the block scale rules against numpy oracles written from
 TransformerEngine's and cuBLAS's definitions (frexp/ldexp, not bit masks), the block layouts
 and ragged edges, the transposed copies, and the block-scaled GEMM against a float64 oracle
 within the FP8 rounding bound."""
@@ -14,8 +14,8 @@ from _samples import F32_SCALE_GPU_CLOSE, M, Sample
 from _shared import rand
 from _values import assert_matches
 
-from fp8jax.ops import block_scaling as bs
 from fp8jax.ops import quantize_reference
+from fp8jax.ops.block import block_scaling as bs
 
 E4M3, E5M2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
 _quantize_reference = jax.jit(quantize_reference, static_argnums=2)

@@ -18,7 +18,7 @@ from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, dyadic, scale_of
 from _values import FP8_TYPES, assert_fp8_equal
 
 from fp8jax import ops
-from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
+from fp8jax.ops.casts.cast_transpose import grouped_cast_transpose_dbias
 
 WIDE = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 # (256, 264): fast tiles on a GPU; the others have guarded edges; (300, 520): several row tiles;
@@ -77,7 +77,7 @@ def test_nonfinite_columns(implementation):
 def test_grouped_is_the_2d_op_on_the_view(implementation):
     """``grouped_cast_transpose_dbias(g[m, k, n])``: the bits of ``cast_transpose_dbias`` of
     ``g.reshape(m, k * n)``, reshaped to ``q [m, k, n]``, ``q_t [k, n, m]``, ``dbias [k, n]``."""
-    from fp8jax.ops.cast_transpose import grouped_cast_transpose_dbias
+    from fp8jax.ops.casts.cast_transpose import grouped_cast_transpose_dbias
 
     g = _g((200, 3, 40), jnp.bfloat16, seed=11)
     s = jnp.float32(2.0)

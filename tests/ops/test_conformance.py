@@ -33,7 +33,7 @@ from _values import assert_matches
 from conftest import has_cuda
 
 from fp8jax import _ffi, ops
-from fp8jax.ops._opdef import registered_ops
+from fp8jax.ops.base.opdef import registered_ops
 
 CASES = cases()
 OPS = list(samples())

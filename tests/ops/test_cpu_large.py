@@ -26,8 +26,8 @@ from _values import (
 from conftest import on_cpu
 
 from fp8jax import ops
-from fp8jax.ops.cast_transpose import cast_transpose_reference
-from fp8jax.ops.quantize import dequantize_reference, quantize_reference
+from fp8jax.ops.casts.cast_transpose import cast_transpose_reference
+from fp8jax.ops.casts.quantize import dequantize_reference, quantize_reference
 
 
 def _wide_equal(got, want) -> None:

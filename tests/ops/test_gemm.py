@@ -38,7 +38,7 @@ from _samples import F32, GEMM_GPU_CLOSE, M, N, Sample, fp8_codes, normal, scale
 from conftest import on_cpu, requires_cuda
 
 from fp8jax import ops
-from fp8jax.ops.gemm import (
+from fp8jax.ops.gemms.gemm import (
     WORKSPACE_BYTES,
     _cuda_2d,
     _reference_2d,

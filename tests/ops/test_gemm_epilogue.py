@@ -1,4 +1,4 @@
-"""gemm_gelu and gemm_dgelu (fp8jax/ops/gemm_epilogue.py): the references against a float64
+"""gemm_gelu and gemm_dgelu (fp8jax/ops/gemms/gemm_epilogue.py): the references against a float64
 numpy oracle, the CUDA branch with an emulated handler (padding, slicing, attributes), vmap,
 bad input, and the custom calls in the program lowered for CUDA.
 
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from _implementations import implementation_fixture, only, pytest_generate_tests  # noqa: F401
 
-from fp8jax.ops import gemm_epilogue as ge
-from fp8jax.ops.gemm import WORKSPACE_BYTES
+from fp8jax.ops.gemms import gemm_epilogue as ge
+from fp8jax.ops.gemms.gemm import WORKSPACE_BYTES
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

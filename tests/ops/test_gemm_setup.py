@@ -320,9 +320,9 @@ def test_rejected_block_scale_problems(change, message):
 @pytest.mark.parametrize(("rows", "k"), [(128, 256), (260, 416), (36, 1000)], ids=str)
 def test_block_scale_layouts_agree_with_the_python_side(mode, rows, k):
     """common/block_scale_layout.h (what a CUDA handler will use) and
-    fp8jax.ops.block_scaling.cublaslt_scales put every scale at the same place: distinct
+    fp8jax.ops.block.block_scaling.cublaslt_scales put every scale at the same place: distinct
     places inside the count, the count as documented."""
-    from fp8jax.ops import block_scaling as bs
+    from fp8jax.ops.block import block_scaling as bs
 
     block = {4: (1, 128), 5: (128, 128), 2: (1, 32)}[mode]
     grid = (_cdiv(rows, block[0]), _cdiv(k, block[1]))

@@ -20,7 +20,7 @@ from _samples import BF16, E4M3, E5M2, F32, GEMM_GPU_CLOSE, Sample, fp8_codes, n
 from _values import assert_matches
 
 from fp8jax import ops
-from fp8jax.ops.grouped_scaling import segment_grid_size
+from fp8jax.ops.block.grouped_scaling import segment_grid_size
 
 SIZES = {  # group sizes over M = 45 rows
     "uneven": [7, 0, 30, 0],  # empty groups, rows past the sum (37 < 45)

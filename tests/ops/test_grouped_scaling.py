@@ -1,4 +1,4 @@
-"""fp8jax.ops.grouped_scaling: the casts of a mixture of experts' ragged operands, bit for bit
+"""fp8jax.ops.block.grouped_scaling: the casts of a mixture of experts' ragged operands, bit for bit
 against the per-tensor and block casts applied to each group on its own (the definition: a
 group's rows, or a segment of columns, is cast as a tensor of its own)."""
 
@@ -11,7 +11,7 @@ import pytest
 from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
 
 from fp8jax import ops
-from fp8jax.ops.grouped_scaling import local_group_sizes, segment_grid_size
+from fp8jax.ops.block.grouped_scaling import local_group_sizes, segment_grid_size
 
 E4M3, E5M2, F32, BF16 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float32, jnp.bfloat16
 SIZES = [[5, 0, 17, 1], [0, 23, 0, 0], [3, 4, 5, 6], [0, 0, 0, 0]]  # over 23 rows

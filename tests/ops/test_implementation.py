@@ -55,7 +55,7 @@ def test_the_defaults_are_one_table(monkeypatch):
     """Outside any block each family runs its entry of ``DEFAULTS`` (every family is in it);
     a block's default overrides the table, and naming a family at its table value is the same
     jit key as not naming it."""
-    from fp8jax.ops import _implementation as impl
+    from fp8jax.ops.base import switch as impl
 
     assert set(impl.FAMILIES) <= set(impl.DEFAULTS)
     assert set(impl.DEFAULTS.values()) <= set(impl.IMPLEMENTATIONS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import load_testing_extension
 
-from fp8jax.ops.norm import NORM_WORKSPACE_SLOTS, norm_workspace_slots
+from fp8jax.ops.fused.norm import NORM_WORKSPACE_SLOTS, norm_workspace_slots
 
 ext = load_testing_extension()
 RESIDENT = 132 * 4

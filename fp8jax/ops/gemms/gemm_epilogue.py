@@ -65,22 +65,22 @@ import numpy as np
 from jax import lax
 
 from fp8jax import _ffi
-from fp8jax.ops import _checks, _implementation, _partition
-from fp8jax.ops._gemm_partition import divisible_axes, operand_dims, reused_plan
-from fp8jax.ops.activation import act_f32, dact_f32
-from fp8jax.ops.gemm import WORKSPACE_BYTES, gemm_reference, pad_operands
-from fp8jax.ops.gemm_options import get_gemm_options
-from fp8jax.ops.quantize import quantize_reference
+from fp8jax.ops.base import checks, partition, switch
+from fp8jax.ops.casts.quantize import quantize_reference
+from fp8jax.ops.fused.activation import act_f32, dact_f32
+from fp8jax.ops.gemms._gemm_partition import divisible_axes, operand_dims, reused_plan
+from fp8jax.ops.gemms.gemm import WORKSPACE_BYTES, gemm_reference, pad_operands
+from fp8jax.ops.gemms.gemm_options import get_gemm_options
 
-__all__ = ["gemm_dgelu", "gemm_dgelu_reference", "gemm_gelu", "gemm_gelu_reference"]
+__all__ = []  # internal to fp8jax.ops: none of its names is public API
 
 _F16 = jnp.dtype(jnp.float16)
 _F32 = jnp.dtype(jnp.float32)
 EPILOGUE_DTYPES = (jnp.dtype(jnp.bfloat16), _F16)
 """The 16-bit dtypes a bias (gradient) of the GELU epilogues may have (cuBLASLt's C type)."""
 _GELU, _DGELU = 1, 2  # the handlers' epilogue codes (cpp/cuda/gemm_setup.h, GemmEpilogue)
-_implementation.register_family("gemm", "gemm_gelu")
-_implementation.register_family("gemm", "gemm_dgelu")
+switch.register_family("gemm", "gemm_gelu")
+switch.register_family("gemm", "gemm_dgelu")
 
 
 def _product(a, b, a_scale_inv, b_scale_inv) -> jax.Array:
@@ -235,7 +235,7 @@ def _mn(mesh, a, b):
 
 
 def _rep(mesh, x):
-    return _partition.named(mesh, ((),) * x.ndim)
+    return partition.named(mesh, ((),) * x.ndim)
 
 
 @functools.cache
@@ -247,27 +247,27 @@ def _partitioned_gelu(cfg, dtypes, has_bias):
     def plan(mesh, args):
         a, b = args[0], args[1]
         m, n = _mn(mesh, a, b)
-        ins = [_partition.named(mesh, (m, ())), _partition.named(mesh, (n, ()))]
+        ins = [partition.named(mesh, (m, ())), partition.named(mesh, (n, ()))]
         ins += [_rep(mesh, x) for x in args[2:5]]
-        ins += [_partition.named(mesh, (n,))] if has_bias else []
-        mn = _partition.named(mesh, (m, n))
-        amax_axes = _partition.amax_axes(mesh, (m, n), "mesh")
+        ins += [partition.named(mesh, (n,))] if has_bias else []
+        mn = partition.named(mesh, (m, n))
+        amax_axes = partition.amax_axes(mesh, (m, n), "mesh")
 
         def local(*xs):
             q, aux, amax = kernel(*xs)
-            return q, aux, _partition.pmax_over(amax, amax_axes)
+            return q, aux, partition.pmax_over(amax, amax_axes)
 
-        return ins, [mn, mn, _partition.named(mesh, ())], local
+        return ins, [mn, mn, partition.named(mesh, ())], local
 
     rule = "m k, n k, , , " + (", n" if has_bias else "") + " -> m n, m n, "
-    return _partition.partitioned(kernel, plan, rule, need_replication=("k",))
+    return partition.partitioned(kernel, plan, rule, need_replication=("k",))
 
 
 @functools.cache
 def _partitioned_dgelu(cfg, dtypes, has_reuse):
     """``gemm_dgelu`` split over a mesh; with ``has_reuse`` two more operands, ``(w_t, x_t)``
-    as for :func:`~fp8jax.ops.gemm.gemm_reusing`: under FSDP the forward GEMM's gathered kernel
-    is transposed on each device instead of gathered again."""
+    as for :func:`~fp8jax.ops.gemms.gemm.gemm_reusing`: under FSDP the forward GEMM's gathered
+    kernel is transposed on each device instead of gathered again."""
     with_dbias = cfg[2]
 
     def kernel(from_reuse, a, b, a_sinv, b_sinv, aux, scale, *reuse):
@@ -282,30 +282,30 @@ def _partitioned_dgelu(cfg, dtypes, has_reuse):
         if reused is not None and reused[2]:
             reused = None  # the forward split its N: K here, which the GELU cannot take
         m, n = reused[:2] if reused else _mn(mesh, a, b)
-        ins = [_partition.named(mesh, (m, ())),
-               _as_is(mesh, b) if reused else _partition.named(mesh, (n, ())),
-               _rep(mesh, args[2]), _rep(mesh, args[3]), _partition.named(mesh, (m, n)),
+        ins = [partition.named(mesh, (m, ())),
+               _as_is(mesh, b) if reused else partition.named(mesh, (n, ())),
+               _rep(mesh, args[2]), _rep(mesh, args[3]), partition.named(mesh, (m, n)),
                _rep(mesh, args[5])]  # fmt: skip
         if has_reuse:
-            ins += [_partition.named(mesh, ((), n)) if reused else _as_is(mesh, args[6])]
+            ins += [partition.named(mesh, ((), n)) if reused else _as_is(mesh, args[6])]
             ins += [_as_is(mesh, args[7])]
-        amax_axes = _partition.amax_axes(mesh, (m, n), "mesh")
-        m_axes = _partition.splitting_axes(mesh, (m,))
+        amax_axes = partition.amax_axes(mesh, (m, n), "mesh")
+        m_axes = partition.splitting_axes(mesh, (m,))
 
         def local(*xs):
             q, amax, *dbias = kernel(reused is not None, *xs)
-            out = (q, _partition.pmax_over(amax, amax_axes))
+            out = (q, partition.pmax_over(amax, amax_axes))
             if with_dbias:  # the rows' partial sums made global, added in float32
                 d = dbias[0]
                 out += (jax.lax.psum(d.astype(_F32), m_axes).astype(d.dtype) if m_axes else d,)
             return out
 
-        outs = [_partition.named(mesh, (m, n)), _partition.named(mesh, ())]
-        return ins, outs + ([_partition.named(mesh, (n,))] if with_dbias else []), local
+        outs = [partition.named(mesh, (m, n)), partition.named(mesh, ())]
+        return ins, outs + ([partition.named(mesh, (n,))] if with_dbias else []), local
 
     rule = "m k, n k, , , m n, " + (", r0 r1, r2 r3" if has_reuse else "")
     rule += " -> m n, " + (", n" if with_dbias else "")
-    return _partition.partitioned(
+    return partition.partitioned(
         functools.partial(kernel, False), plan, rule, need_replication=("k",)
     )
 
@@ -345,10 +345,10 @@ def _mapped(op):
 def _operands(op, a, b, a_scale_inv, b_scale_inv, scale, dtypes):
     """Checks and FP8 views: ``(a_view, b_view, a_scale_inv, b_scale_inv, scale, codes)``."""
     if dtypes is None:
-        a, b = _checks.fp8_array(op, "a", a), _checks.fp8_array(op, "b", b)
+        a, b = checks.fp8_array(op, "a", a), checks.fp8_array(op, "b", b)
         a_view, b_view, codes = a, b, None
     else:
-        codes = tuple(_checks.fp8_dtype_arg(op, "dtypes", d) for d in dtypes)
+        codes = tuple(checks.fp8_dtype_arg(op, "dtypes", d) for d in dtypes)
         for name, v in (("a", a), ("b", b)):
             if jnp.result_type(v) != jnp.uint8:
                 raise TypeError(f"{op}: {name} must hold uint8 codes, got {jnp.result_type(v)}")
@@ -361,7 +361,7 @@ def _operands(op, a, b, a_scale_inv, b_scale_inv, scale, dtypes):
     if a_view.dtype == jnp.float8_e5m2 and b_view.dtype == jnp.float8_e5m2:
         raise TypeError(f"{op}: a and b cannot both be float8_e5m2")
     named = (("a_scale_inv", a_scale_inv), ("b_scale_inv", b_scale_inv), ("scale", scale))
-    scalars = [_checks.scalar_f32(op, name, v) for name, v in named]
+    scalars = [checks.scalar_f32(op, name, v) for name, v in named]
     return (a_view, b_view, *(jnp.reshape(s, ()) for s in scalars), codes)
 
 
@@ -388,13 +388,13 @@ def gemm_gelu(
     op = "gemm_gelu"
     a_v, b_v, a_sinv, b_sinv, scale, codes = _operands(op, a, b, a_scale_inv, b_scale_inv,
                                                        scale, dtypes)  # fmt: skip
-    fp8 = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    fp8 = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     if bias is not None:
-        bias = _checks.array_arg(op, "bias", bias)
+        bias = checks.array_arg(op, "bias", bias)
         if bias.shape != (b_v.shape[0],) or bias.dtype not in EPILOGUE_DTYPES:
             raise ValueError(f"{op}: bias must be bfloat16 or float16 [N], got {bias.dtype}"
                              f"{list(bias.shape)}")  # fmt: skip
-    if _implementation.choose(op, "gemm", implementation) == "xla":
+    if switch.choose(op, "gemm", implementation) == "xla":
         return _GELU_XLA(a_v, b_v, a_sinv, b_sinv, scale, fp8_dtype=fp8, bias=bias)
     _ffi.ensure_registered()
     bias_dtype = EPILOGUE_DTYPES[0] if bias is None else jnp.dtype(bias.dtype)
@@ -425,20 +425,20 @@ def gemm_dgelu(
     sums: ``(q, scale_inv, amax, dbias [N] of dbias_dtype or None)`` (module docstring).
     Split (full-precision) accumulation, as every dgrad. ``reuse = (w_t, x_t)``: the forward
     GEMM's ``b`` (``b`` transposed, codes as ``b``) and its ``a`` transposed, read for their
-    shardings only (:func:`~fp8jax.ops.gemm.gemm_reusing`). Other arguments as for
+    shardings only (:func:`~fp8jax.ops.gemms.gemm.gemm_reusing`). Other arguments as for
     :func:`gemm_gelu`."""
     op = "gemm_dgelu"
     a_v, b_v, a_sinv, b_sinv, scale, codes = _operands(op, a, b, a_scale_inv, b_scale_inv,
                                                        scale, dtypes)  # fmt: skip
-    fp8 = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    aux = _checks.array_arg(op, "aux", aux)
+    fp8 = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    aux = checks.array_arg(op, "aux", aux)
     if aux.dtype != _F16 or aux.shape != (a_v.shape[0], b_v.shape[0]):
         raise ValueError(f"{op}: aux must be float16 [M, N], got {aux.dtype}{list(aux.shape)}")
     dbias_dtype = jnp.dtype(dbias_dtype)
     if dbias_dtype not in EPILOGUE_DTYPES:
         raise ValueError(f"{op}: dbias_dtype must be bfloat16 or float16, got {dbias_dtype}")
     with_dbias = bool(with_dbias)
-    if _implementation.choose(op, "gemm", implementation) == "xla":
+    if switch.choose(op, "gemm", implementation) == "xla":
         return _DGELU_XLA(a_v, b_v, a_sinv, b_sinv, aux, scale, fp8_dtype=fp8,
                           dbias_dtype=dbias_dtype, with_dbias=with_dbias)  # fmt: skip
     _ffi.ensure_registered()

@@ -13,8 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp8jax.ops import _implementation
-from fp8jax.ops.norm import (
+from fp8jax.ops.base import switch
+from fp8jax.ops.fused.norm import (
     epsilon_arg,
     matrix_arg,
     norm_backward,
@@ -70,7 +70,7 @@ def _differentiable(op, norm_type, x, gamma, beta, epsilon, zero_centered_gamma,
     x = matrix_arg(op, "x", x)
     gamma, beta = params_args(op, norm_type, x, gamma, beta)
     eps = epsilon_arg(op, epsilon)
-    impl = _implementation.choose(op, "norm", implementation)
+    impl = switch.choose(op, "norm", implementation)
     beta_dtype = None if beta is None else jnp.dtype(beta.dtype).name  # dbeta comes back in it
     return _norm(x, gamma, beta, (norm_type, eps, bool(zero_centered_gamma), impl, beta_dtype))
 

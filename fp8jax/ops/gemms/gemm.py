@@ -33,7 +33,7 @@ compiled is lowered):
 With ``fp8jax.ops.implementation(gemm="xla")`` (or ``implementation="xla"``) the GEMM is
 :func:`gemm_reference` on every platform, jitted, and XLA batches and partitions its own dot;
 the custom partitioning and vmap rule below are the kernel path's. This op is not an
-:class:`~fp8jax.ops._opdef.OpDef`: its split is decided from both operands (M, N and K, a
+:class:`~fp8jax.ops.base.opdef.OpDef`: its split is decided from both operands (M, N and K, a
 ``psum`` for a split K, the FSDP reuse), its vmap folds a batch into M, and on CPU it has no
 kernel, so it keeps its own plan (``_gemm_partition``) and calls the same switch.
 
@@ -55,8 +55,9 @@ import numpy as np
 from jax import lax
 
 from fp8jax import _ffi
-from fp8jax.ops import _checks, _gemm_partition, _implementation
-from fp8jax.ops.gemm_options import get_gemm_options
+from fp8jax.ops.base import checks, switch
+from fp8jax.ops.gemms import _gemm_partition
+from fp8jax.ops.gemms.gemm_options import get_gemm_options
 
 __all__ = ["gemm", "gemm_reference"]
 
@@ -66,7 +67,7 @@ PAD_MULTIPLE = 16
 WORKSPACE_BYTES = 32 * 2**20
 
 _E5M2 = jnp.dtype(jnp.float8_e5m2)
-_FAMILY = _implementation.register_family("gemm", "gemm")
+_FAMILY = switch.register_family("gemm", "gemm")
 _DIMS_NT = (((1,), (1,)), ((), ()))
 
 
@@ -81,8 +82,8 @@ def _validate(
     accumulate: Any,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, np.dtype, jax.Array | None]:
     """Every argument check of :func:`gemm`, before any kernel; errors name the argument."""
-    a = _checks.fp8_array(op, "a", a)
-    b = _checks.fp8_array(op, "b", b)
+    a = checks.fp8_array(op, "a", a)
+    b = checks.fp8_array(op, "b", b)
     if a.dtype == _E5M2 and b.dtype == _E5M2:
         raise TypeError(
             f"{op}: a and b cannot both be float8_e5m2 (cuBLASLt has no E5M2 x E5M2 GEMM); "
@@ -97,13 +98,13 @@ def _validate(
             f"{op}: a [M, K] and b [N, K] must share K (their last dim), got a {a.shape} and "
             f"b {b.shape}"
         )
-    a_scale_inv = _checks.scalar_f32(op, "a_scale_inv", a_scale_inv)
-    b_scale_inv = _checks.scalar_f32(op, "b_scale_inv", b_scale_inv)
-    out_dt = _checks.wide_dtype_arg(op, "out_dtype", out_dtype)
+    a_scale_inv = checks.scalar_f32(op, "a_scale_inv", a_scale_inv)
+    b_scale_inv = checks.scalar_f32(op, "b_scale_inv", b_scale_inv)
+    out_dt = checks.wide_dtype_arg(op, "out_dtype", out_dtype)
     if not isinstance(accumulate, str) or accumulate not in ACCUMULATE_MODES:
         raise ValueError(f"{op}: accumulate must be 'fast' or 'split', got {accumulate!r}")
     if bias is not None:
-        bias = _checks.array_arg(op, "bias", bias)
+        bias = checks.array_arg(op, "bias", bias)
         if bias.dtype != out_dt:
             raise TypeError(
                 f"{op}: bias must have dtype out_dtype ({out_dt}), got dtype {bias.dtype}"
@@ -228,7 +229,7 @@ def _cuda_2d(
         bias_arg,
         has_bias=np.int64(fuse_bias),
         fast_accum=np.int64(fast_accum),
-        a_scale_mode=np.int64(0),  # per-tensor scales (block scales: fp8jax.ops._block_gemm)
+        a_scale_mode=np.int64(0),  # per-tensor scales (block scales: fp8jax.ops.gemms.blockwise)
         b_scale_mode=np.int64(0),
         autotune=np.int64(autotune),
     )
@@ -354,8 +355,8 @@ def _batchable_gemm_reuse(
 
 
 def _validate_reuse(b: jax.Array, reuse: Any) -> tuple[jax.Array, jax.Array]:
-    w_t = _checks.fp8_array("gemm", "reuse[0]", reuse[0])
-    x_t = _checks.array_arg("gemm", "reuse[1]", reuse[1])
+    w_t = checks.fp8_array("gemm", "reuse[0]", reuse[0])
+    x_t = checks.array_arg("gemm", "reuse[1]", reuse[1])
     if w_t.shape != b.shape[::-1] or w_t.dtype != b.dtype:
         raise ValueError(
             f"gemm: reuse[0] must be b's transpose, {b.dtype}{list(b.shape[::-1])}, got "
@@ -384,13 +385,13 @@ def gemm_reusing(
     ``gemm(a, b, ...)`` in value. ``reuse = (w_t, x_t)``: the forward GEMM's ``b`` (``w_q``
     transposed) and ``a`` transposed (``[K, M]``). Under jit on a mesh where the forward GEMM
     gathered ``w_t`` (FSDP), the gathered copy is reused, transposed on each device, instead of
-    gathering ``w_q`` again (see :mod:`fp8jax.ops._gemm_partition`). Private to fp8jax's
+    gathering ``w_q`` again (see :mod:`fp8jax.ops.gemms._gemm_partition`). Private to fp8jax's
     layers."""
     a, b, a_scale_inv, b_scale_inv, out_dt, _ = _validate(
         "gemm", a, b, a_scale_inv, b_scale_inv, out_dtype, None, accumulate
     )
     w_t, x_t = _validate_reuse(b, reuse)
-    if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
+    if switch.choose("gemm", _FAMILY, implementation) == "xla":
         return _xla(a, b, a_scale_inv, b_scale_inv, None, out_dtype=out_dt)
     _ffi.ensure_registered()
     op = _batchable_gemm_reuse(out_dt, accumulate, None, get_gemm_options().autotune)
@@ -418,7 +419,7 @@ def gemm_codes(
     for name, v in (("a", a), ("b", b)) + ((("reuse[0]", reuse[0]),) if reuse else ()):
         if jnp.result_type(v) != jnp.uint8:
             raise TypeError(f"gemm_codes: {name} must hold uint8 codes, got {jnp.result_type(v)}")
-    a_dt, b_dt = (_checks.fp8_dtype_arg("gemm_codes", "dtypes", d) for d in dtypes)
+    a_dt, b_dt = (checks.fp8_dtype_arg("gemm_codes", "dtypes", d) for d in dtypes)
     a_view, b_view = lax.bitcast_convert_type(a, a_dt), lax.bitcast_convert_type(b, b_dt)
     _, _, a_scale_inv, b_scale_inv, out_dt, bias = _validate(
         "gemm", a_view, b_view, a_scale_inv, b_scale_inv, out_dtype, bias, accumulate
@@ -427,7 +428,7 @@ def gemm_codes(
         raise ValueError("gemm_codes: reuse (a dgrad GEMM) takes no bias")
     if reuse is not None:
         _validate_reuse(b_view, (lax.bitcast_convert_type(reuse[0], b_dt), reuse[1]))
-    if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
+    if switch.choose("gemm", _FAMILY, implementation) == "xla":
         return _xla(a_view, b_view, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
     _ffi.ensure_registered()
     codes = (np.dtype(a_dt), np.dtype(b_dt))
@@ -482,7 +483,7 @@ def gemm(
     a, b, a_scale_inv, b_scale_inv, out_dt, bias = _validate(
         "gemm", a, b, a_scale_inv, b_scale_inv, out_dtype, bias, accumulate
     )
-    if _implementation.choose("gemm", _FAMILY, implementation) == "xla":
+    if switch.choose("gemm", _FAMILY, implementation) == "xla":
         return _xla(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dt)
     _ffi.ensure_registered()
     op = _batchable_gemm(out_dt, accumulate, None, get_gemm_options().autotune)

@@ -31,15 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks, _opdef
-from fp8jax.ops.activation import (
-    activation_attrs,
-    activation_reference,
-    activations_arg,
-    dactivation_reference,
-    gradient_arg,
-)
-from fp8jax.ops.block_scaling import (
+from fp8jax.ops.base import checks, opdef
+from fp8jax.ops.block.block_scaling import (
     BLOCK_1D,
     MXFP8_BLOCK,
     SCALE_E8M0,
@@ -55,8 +48,15 @@ from fp8jax.ops.block_scaling import (
     run_cast,
     scale_dtype,
 )
-from fp8jax.ops.cast_transpose import dbias_workspace
-from fp8jax.ops.norm import (
+from fp8jax.ops.casts.cast_transpose import dbias_workspace
+from fp8jax.ops.fused.activation import (
+    activation_attrs,
+    activation_reference,
+    activations_arg,
+    dactivation_reference,
+    gradient_arg,
+)
+from fp8jax.ops.fused.norm import (
     NORM_CODES,
     epsilon_arg,
     norm_forward_reference,
@@ -137,21 +137,21 @@ def _act_outputs(x, *, fp8_dtype, block, scale_mode, activations, **_):
     lead, (m, n) = x.shape[:-3], (x.shape[-3], x.shape[-1])
     sdt = scale_dtype(scale_mode)
     return (
-        _opdef.like(x, fp8_dtype, dims=(-3, -1)),
-        _opdef.like(x, sdt, shape=grid_shape((*lead, m, n), block), dims=(-3, -1)),
-        _opdef.like(x, fp8_dtype, dims=(-1, -3)),
-        _opdef.like(x, sdt, shape=grid_shape((*lead, n, m), block), dims=(-1, -3)),
+        opdef.like(x, fp8_dtype, dims=(-3, -1)),
+        opdef.like(x, sdt, shape=grid_shape((*lead, m, n), block), dims=(-3, -1)),
+        opdef.like(x, fp8_dtype, dims=(-1, -3)),
+        opdef.like(x, sdt, shape=grid_shape((*lead, n, m), block), dims=(-1, -3)),
     )
 
 
-_BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+_BLOCK_CAST_TRANSPOSE_DBIAS = opdef.OpDef(
     name="block_cast_transpose_dbias",
     family="cast",
     target="fp8jax_block_cast_transpose_dbias",
     reference=block_cast_transpose_dbias_reference,
     outputs=lambda g, **kw: (
         *cast_transpose_outputs(g, **kw),
-        _opdef.like(g, jnp.float32, dims=(-1,), core=2),
+        opdef.like(g, jnp.float32, dims=(-1,), core=2),
     ),
     factors=lambda g_ndim: (
         cast_transpose_factors(g_ndim)[0],
@@ -170,15 +170,15 @@ def _dact_outputs(g, x, *, fp8_dtype, block, scale_mode, **_):
     sdt = scale_dtype(scale_mode)
     (mb, nb), (nt, mt) = grid_shape((m, n), block), grid_shape((n, m), block)
     return (
-        _opdef.like(x, fp8_dtype),
-        _opdef.like(x, sdt, shape=(*lead, mb, k, nb), dims=(-3, -2, -1)),
-        _opdef.like(x, fp8_dtype, dims=(-2, -1, -3)),
-        _opdef.like(x, sdt, shape=(*lead, k, nt, mt), dims=(-2, -1, -3)),
-        _opdef.like(x, jnp.float32, dims=(-2, -1), core=3),
+        opdef.like(x, fp8_dtype),
+        opdef.like(x, sdt, shape=(*lead, mb, k, nb), dims=(-3, -2, -1)),
+        opdef.like(x, fp8_dtype, dims=(-2, -1, -3)),
+        opdef.like(x, sdt, shape=(*lead, k, nt, mt), dims=(-2, -1, -3)),
+        opdef.like(x, jnp.float32, dims=(-2, -1), core=3),
     )
 
 
-_ACTIVATION_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
+_ACTIVATION_BLOCK_CAST_TRANSPOSE = opdef.OpDef(
     name="activation_block_cast_transpose",
     family="activation",
     target="fp8jax_activation_block_cast_transpose",
@@ -199,7 +199,7 @@ _ACTIVATION_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
 )
 
 
-_DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+_DACTIVATION_BLOCK_CAST_TRANSPOSE_DBIAS = opdef.OpDef(
     name="dactivation_block_cast_transpose_dbias",
     family="activation",
     target="fp8jax_dactivation_block_cast_transpose_dbias",
@@ -229,7 +229,7 @@ def _cast_kw(*, fp8_dtype, block, scale_mode, amax_epsilon, **_):
     return dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=amax_epsilon)
 
 
-_NORM_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
+_NORM_BLOCK_CAST_TRANSPOSE = opdef.OpDef(
     name="norm_block_cast_transpose",
     family="norm",
     target="fp8jax_norm_block_cast_transpose",
@@ -362,7 +362,7 @@ def _act_shape(owner: str, x: Any, acts: tuple[str, ...]) -> None:
 
 def _dact(owner, g, x, activations, fp8_dtype, block, mode, eps, implementation):
     acts = activations_arg(owner, activations)
-    x = _checks.wide_array(owner, "x", x)
+    x = checks.wide_array(owner, "x", x)
     block = _both(owner, block, 3, x)
     _act_shape(owner, x, acts)
     g = gradient_arg(owner, g, x)
@@ -419,7 +419,7 @@ def dactivation_mxfp8_cast_transpose_dbias(
 def _norm(owner, x, gamma, beta, fp8_dtype, block, mode, amax_epsilon, implementation, norm_type,
           epsilon, zero_centered_gamma):  # fmt: skip
     norm_type = norm_type_arg(owner, norm_type)
-    x = _checks.wide_array(owner, "x", x)
+    x = checks.wide_array(owner, "x", x)
     block = _both(owner, block, 2, x)
     gamma, beta = params_args(owner, norm_type, x, gamma, beta)
     if beta is None:  # rmsnorm: the kernel takes one signature and reads no beta

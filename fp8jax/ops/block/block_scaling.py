@@ -30,26 +30,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks, _opdef, _partition
-from fp8jax.ops.quantize import SPECIAL_CODES, to_fp8
+from fp8jax.ops.base import checks, opdef, partition
+from fp8jax.ops.casts.quantize import SPECIAL_CODES, to_fp8
 from fp8jax.recipe import fp8_max
 
 __all__ = [
-    "BLOCK_1D",
-    "BLOCK_2D",
-    "CUBLASLT_SCALE_MODES",
-    "MXFP8_BLOCK",
-    "block_amax",
     "block_cast_transpose",
     "block_cast_transpose_reference",
     "block_dequantize",
     "block_quantize",
     "block_quantize_reference",
-    "block_scale",
     "block_scaled_matmul",
-    "cublaslt_scales",
-    "e8m0_exponent",
-    "kernel_block",
     "mxfp8_cast_transpose",
     "mxfp8_quantize",
 ]
@@ -188,7 +179,7 @@ def _expand(grid: jax.Array, block: tuple[int, int], shape: tuple[int, int]) -> 
     (gr, gc), (br, bc) = grid.shape, block
     full = jnp.broadcast_to(grid[:, None, :, None], (gr, br, gc, bc))
     # under explicit sharding each merged dim keeps the grid dim's split (whole blocks a device)
-    spec = jax.typeof(grid).sharding.spec if _partition.explicit_mesh() else None
+    spec = jax.typeof(grid).sharding.spec if partition.explicit_mesh() else None
     full = jax.lax.reshape(full, (gr * br, gc * bc), out_sharding=spec)
     return full[: shape[0], : shape[1]]
 
@@ -276,8 +267,8 @@ def _quantize_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
     del amax_epsilon
     dims = (-1,) if x.ndim == 1 else (-2, -1)
     grid = grid_shape(x.shape, block)
-    return (_opdef.like(x, fp8_dtype),
-            _opdef.like(x, scale_dtype(scale_mode), shape=grid, dims=dims))  # fmt: skip
+    return (opdef.like(x, fp8_dtype),
+            opdef.like(x, scale_dtype(scale_mode), shape=grid, dims=dims))  # fmt: skip
 
 
 def cast_transpose_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
@@ -286,20 +277,20 @@ def cast_transpose_outputs(x, *, fp8_dtype, block, scale_mode, amax_epsilon):
     kw = dict(fp8_dtype=fp8_dtype, block=block, scale_mode=scale_mode, amax_epsilon=0.0)
     return (
         *_quantize_outputs(x, **kw),
-        _opdef.like(x, fp8_dtype, transpose=True),
-        _opdef.like(x, scale_dtype(scale_mode), shape=grid_t, dims=(-1, -2)),
+        opdef.like(x, fp8_dtype, transpose=True),
+        opdef.like(x, scale_dtype(scale_mode), shape=grid_t, dims=(-1, -2)),
     )
 
 
 def _quantize_factors(x_ndim: int) -> tuple[list[str], list[str]]:
     if x_ndim == 1:
         return ["k"], ["k", "kb"]
-    x = f"{_opdef.lead(x_ndim - 2)} m k"
-    return [x], [x, f"{_opdef.lead(x_ndim - 2)} mb kb"]
+    x = f"{opdef.lead(x_ndim - 2)} m k"
+    return [x], [x, f"{opdef.lead(x_ndim - 2)} mb kb"]
 
 
 def cast_transpose_factors(x_ndim: int) -> tuple[list[str], list[str]]:
-    lead = _opdef.lead(x_ndim - 2)
+    lead = opdef.lead(x_ndim - 2)
     x = f"{lead} m k"
     return [x], [x, f"{lead} mb kb", f"{lead} k m", f"{lead} kt mt"]
 
@@ -313,10 +304,10 @@ def cast_transpose_coarse(*, block, **_):
     return {**_quantize_coarse(block=block), "kt": ("k", block[0]), "mt": ("m", block[1])}
 
 
-# The block-scaled casts as ops (fp8jax.ops._opdef): their kernels, vmap, the kernel/XLA switch
+# The block-scaled casts as ops (fp8jax.ops.base.opdef): their kernels, vmap, the kernel/XLA switch
 # ("cast" family), and sharding: every dim may be split, a scale grid's dims like the dims whose
 # blocks they count, provided each device holds whole blocks (else a ValueError). No collective.
-_BLOCK_QUANTIZE = _opdef.OpDef(
+_BLOCK_QUANTIZE = opdef.OpDef(
     name="block_quantize",
     family="cast",
     target="fp8jax_block_quantize",
@@ -326,7 +317,7 @@ _BLOCK_QUANTIZE = _opdef.OpDef(
     attrs=block_attrs,
     coarse=_quantize_coarse,
 )
-_BLOCK_CAST_TRANSPOSE = _opdef.OpDef(
+_BLOCK_CAST_TRANSPOSE = opdef.OpDef(
     name="block_cast_transpose",
     family="cast",
     target="fp8jax_block_cast_transpose",
@@ -348,8 +339,8 @@ def run_cast(op, owner, x, fp8_dtype, block, scale_mode, amax_epsilon, implement
          extra_operands=(), **extra):  # fmt: skip
     """Checks the arguments of a block-scaled cast op and calls it on ``x`` and
     ``extra_operands`` (``extra``: the op's other static parameters)."""
-    x = _checks.wide_array(owner, arg, x)
-    dt = _checks.fp8_dtype_arg(owner, "fp8_dtype", fp8_dtype)
+    x = checks.wide_array(owner, arg, x)
+    dt = checks.fp8_dtype_arg(owner, "fp8_dtype", fp8_dtype)
     eps = float(amax_epsilon)
     if not (np.isfinite(eps) and eps >= 0):
         raise ValueError(f"{owner}: amax_epsilon must be a finite float >= 0, got {amax_epsilon!r}")
@@ -533,8 +524,8 @@ def block_scaled_matmul(
     a = block_dequantize(a_q, a_scale_inv, a_block)
     b = block_dequantize(b_q, b_scale_inv, b_block)
     # under explicit sharding, the output sharded as the GEMM's rule gives it (a split K summed)
-    spec = _partition.explicit_matmul_spec(a_q, b_q, b_rows_are_n=True) if (
-        _partition.explicit_mesh()) else None  # fmt: skip
+    spec = partition.explicit_matmul_spec(a_q, b_q, b_rows_are_n=True) if (
+        partition.explicit_mesh()) else None  # fmt: skip
     out = jnp.matmul(
         a, b.T, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32,
         out_sharding=spec,

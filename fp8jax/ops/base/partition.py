@@ -44,27 +44,7 @@ import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = [
-    "Plan",
-    "amax_axes",
-    "batch_only",
-    "batchable_call",
-    "dim_axes",
-    "entry_axes",
-    "explicit_matmul_spec",
-    "explicit_mesh",
-    "factors",
-    "named",
-    "partitioned",
-    "pmax_over",
-    "reduce_outputs",
-    "result",
-    "spec",
-    "splitting_axes",
-    "vary_like",
-    "varying",
-    "varying_axes",
-]
+__all__ = []  # internal to fp8jax.ops: none of its names is public API
 
 DimAxes = tuple[tuple[str, ...], ...]
 """Per array dimension, the mesh axes that split it (``()``: not split)."""

@@ -15,8 +15,8 @@ the 2-D kernel, which is therefore run exactly as on one device:
   copy ``[hidden, M]``, ``b`` the activation gradient's ``[g, inter, M]``);
 * :func:`gemm_k` ``out[M, N] = a[M, g, K] . b[N, g, K]^T``, contracting ``(g, K)``: the dgrad;
 
-Splits are decided as :mod:`fp8jax.ops._gemm_partition` decides them for the 2-D GEMM (M as the
-activations' rows, N column parallel, K split: float32 partial products summed with one psum,
+Splits are decided as :mod:`fp8jax.ops.gemms._gemm_partition` decides them for the 2-D GEMM (M as
+the activations' rows, N column parallel, K split: float32 partial products summed with one psum,
 then the bias), with ``g`` never split; the dgrad reuses the forward's gathered kernel under
 FSDP, as the 2-D dgrad does. Under explicit sharding (``AxisType.Explicit``) the results are
 typed with the plan's split (there the 2-D form's reshape is not even allowed). Under ``vmap``
@@ -34,12 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _partition
-from fp8jax.ops._gemm_partition import operand_dims, plan_mnk
-from fp8jax.ops.gemm import gemm_codes, local_gemm
-from fp8jax.ops.gemm_options import get_gemm_options
+from fp8jax.ops.base import partition
+from fp8jax.ops.gemms._gemm_partition import operand_dims, plan_mnk
+from fp8jax.ops.gemms.gemm import gemm_codes, local_gemm
+from fp8jax.ops.gemms.gemm_options import get_gemm_options
 
-__all__ = ["gemm_k", "gemm_n", "usable"]
+__all__ = []  # internal to fp8jax.ops: none of its names is public API
 
 
 def usable(implementation: str) -> bool:
@@ -49,16 +49,16 @@ def usable(implementation: str) -> bool:
 
 def _axes(x: jax.Array, dim: int) -> tuple[str, ...]:
     spec = (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)
-    return _partition.entry_axes(spec[dim])
+    return partition.entry_axes(spec[dim])
 
 
 def _typed(call, out_dims):
     """``call`` under explicit sharding (``AxisType.Explicit``), where the result's sharding is
     part of its type: run with automatic axes inside, the result typed ``out_dims`` (the
     split the plan gives it), as ``_gemm_partition`` does for the 2-D GEMM."""
-    if not _partition.explicit_mesh():
+    if not partition.explicit_mesh():
         return call
-    return jax.sharding.auto_axes(call, out_sharding=_partition.spec(out_dims))
+    return jax.sharding.auto_axes(call, out_sharding=partition.spec(out_dims))
 
 
 def _fake(shape, dtype) -> jax.ShapeDtypeStruct:
@@ -92,20 +92,18 @@ def _gemm_n(codes, out_dtype, accumulate, has_bias, sa_ndim, sb_ndim, autotune):
         _, bn, bk = operand_dims(b)
         m, n, k = plan_mnk(mesh, a, _fake(b.shape[1:], b.dtype), operand_dims(a), (bn, bk))
         ins = [
-            _partition.named(mesh, (m, k)),
-            _partition.named(mesh, ((), n, k)),
-            _partition.named(mesh, ((),) * sa_ndim),
-            _partition.named(mesh, ((),) * sb_ndim),
-        ] + ([_partition.named(mesh, ((), n))] if has_bias else [])
-        out = _partition.named(mesh, (m, (), n))
-        k_axes = _partition.splitting_axes(mesh, (k,))
+            partition.named(mesh, (m, k)),
+            partition.named(mesh, ((), n, k)),
+            partition.named(mesh, ((),) * sa_ndim),
+            partition.named(mesh, ((),) * sb_ndim),
+        ] + ([partition.named(mesh, ((), n))] if has_bias else [])
+        out = partition.named(mesh, (m, (), n))
+        k_axes = partition.splitting_axes(mesh, (k,))
         return ins, (out,), functools.partial(kernel, k_axes)
 
     operands = ["m k", "g n k", "sa" * sa_ndim, "sb" * sb_ndim] + (["g n"] if has_bias else [])
     rule = ", ".join(operands) + " -> m g n"
-    return _partition.partitioned(
-        functools.partial(kernel, ()), plan, rule, need_replication=("g",)
-    )
+    return partition.partitioned(functools.partial(kernel, ()), plan, rule, need_replication=("g",))
 
 
 def _reused(mesh, a, w_t, x_t):
@@ -149,21 +147,21 @@ def _gemm_k(codes, out_dtype, accumulate, sa_ndim, sb_ndim, autotune):
             )
             m, n, k = plan_mnk(mesh, a2, b2, (am, ak), (bn, bk))
         as_is = lambda v: v.sharding if isinstance(v.sharding, jax.sharding.NamedSharding) else (
-            _partition.named(mesh, ((),) * v.ndim))  # fmt: skip
+            partition.named(mesh, ((),) * v.ndim))  # fmt: skip
         ins = [
-            _partition.named(mesh, (m, (), k)),
-            as_is(b) if reused else _partition.named(mesh, (n, (), k)),
-            _partition.named(mesh, ((),) * sa_ndim),
-            _partition.named(mesh, ((),) * sb_ndim),
-            _partition.named(mesh, ((), k, n)) if reused else as_is(w_t),
+            partition.named(mesh, (m, (), k)),
+            as_is(b) if reused else partition.named(mesh, (n, (), k)),
+            partition.named(mesh, ((),) * sa_ndim),
+            partition.named(mesh, ((),) * sb_ndim),
+            partition.named(mesh, ((), k, n)) if reused else as_is(w_t),
             as_is(x_t),
         ]
-        out = _partition.named(mesh, (m, n))
-        k_axes = _partition.splitting_axes(mesh, (k,))
+        out = partition.named(mesh, (m, n))
+        k_axes = partition.splitting_axes(mesh, (k,))
         return ins, (out,), functools.partial(kernel, k_axes, reused is not None)
 
     rule = f"m g k, n g k, {'sa' * sa_ndim}, {'sb' * sb_ndim}, r0 r1 r2, r3 r4 -> m n"
-    return _partition.partitioned(
+    return partition.partitioned(
         functools.partial(kernel, (), False), plan, rule, need_replication=("g",)
     )
 
@@ -206,7 +204,7 @@ def gemm_n(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, bias=None, accumulate="fa
         return y.reshape(a.shape[0], g, n)
 
     call = _batchable(lambda *args: op(*args)[0], fallback)
-    if _partition.explicit_mesh():
+    if partition.explicit_mesh():
         m = _axes(a, 0)
         call = _typed(call, (m, (), tuple(x for x in _axes(b, 1) if x not in m)))
     return call(a, b, a_sinv, b_sinv, *(() if bias is None else (bias,)))
@@ -234,7 +232,7 @@ def gemm_k(a, b, a_sinv, b_sinv, *, dtypes, out_dtype, reuse, accumulate="split"
         )  # fmt: skip
 
     call = _batchable(lambda *args: op(*args)[0], fallback)
-    if _partition.explicit_mesh():
+    if partition.explicit_mesh():
         m = _axes(a, 0)
         call = _typed(call, (m, tuple(x for x in _axes(b, 0) if x not in m)))
     return call(a, b, a_sinv, b_sinv, *reuse)

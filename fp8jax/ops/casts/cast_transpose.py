@@ -18,8 +18,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp8jax.ops import _checks, _opdef
-from fp8jax.ops.quantize import quantize_reference
+from fp8jax.ops.base import checks, opdef
+from fp8jax.ops.casts.quantize import quantize_reference
 
 __all__ = [
     "cast_transpose",
@@ -39,21 +39,21 @@ def cast_transpose_reference(
 
 def _factors(x_ndim: int, scale_ndim: int) -> tuple[list[str], list[str]]:
     """x splits as it is, q_t with its last two dims' splits swapped, the scale replicated."""
-    lead, s = _opdef.lead(x_ndim - 2), "s" * scale_ndim
+    lead, s = opdef.lead(x_ndim - 2), "s" * scale_ndim
     return [f"{lead} m n", s], [f"{lead} m n", f"{lead} n m", s, s]
 
 
-# The op definition (fp8jax.ops._opdef): kernel call, sharding, vmap and the kernel/XLA switch.
-_CAST_TRANSPOSE = _opdef.OpDef(
+# The op definition (fp8jax.ops.base.opdef): kernel call, sharding, vmap and the kernel/XLA switch.
+_CAST_TRANSPOSE = opdef.OpDef(
     name="cast_transpose",
     family="cast",
     target="fp8jax_cast_transpose",
     reference=cast_transpose_reference,
     outputs=lambda x, scale, *, fp8_dtype: (
-        _opdef.like(x, fp8_dtype),
-        _opdef.like(x, fp8_dtype, transpose=True),
-        _opdef.like(scale, jnp.float32),
-        _opdef.like(scale, jnp.float32),
+        opdef.like(x, fp8_dtype),
+        opdef.like(x, fp8_dtype, transpose=True),
+        opdef.like(scale, jnp.float32),
+        opdef.like(scale, jnp.float32),
     ),
     factors=_factors,
     max_over={3: 0},  # amax: the max over all of x
@@ -61,18 +61,18 @@ _CAST_TRANSPOSE = _opdef.OpDef(
 _rule = _CAST_TRANSPOSE.rule  # e.g. "m n, s -> m n, n m, s, s"
 
 
-def _validated_call(opdef, arg, x, rank, scale, fp8_dtype, amax_reduction, implementation):
+def _validated_call(op_def, arg, x, rank, scale, fp8_dtype, amax_reduction, implementation):
     """Checks a cast op's arguments (``rank``: ``(predicate on x.ndim, what it needs)``) and
-    runs ``opdef``; ValueError/TypeError naming the argument."""
-    op = opdef.name
-    x = _checks.wide_array(op, arg, x)
+    runs ``op_def``; ValueError/TypeError naming the argument."""
+    op = op_def.name
+    x = checks.wide_array(op, arg, x)
     ok, need = rank
     if not ok(x.ndim):
         raise ValueError(f"{op}: {arg} must have {need}, got shape {x.shape}")
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
-    return opdef(x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation)
+    scale = checks.scalar_f32(op, "scale", scale)
+    dt = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = checks.amax_reduction_arg(op, amax_reduction)
+    return op_def(x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation)
 
 
 def cast_transpose(
@@ -127,17 +127,17 @@ def dbias_workspace(g: jax.Array, cols: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((*g.shape[:-2], -(-m // DBIAS_TILE_ROWS), cols), jnp.float32)
 
 
-_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+_CAST_TRANSPOSE_DBIAS = opdef.OpDef(
     name="cast_transpose_dbias",
     family="cast",
     target="fp8jax_cast_transpose_dbias",
     reference=cast_transpose_dbias_reference,
     outputs=lambda g, scale, *, fp8_dtype: (
-        _opdef.like(g, fp8_dtype),
-        _opdef.like(g, fp8_dtype, transpose=True),
-        _opdef.like(scale, jnp.float32),
-        _opdef.like(scale, jnp.float32),
-        _opdef.like(g, jnp.float32, dims=(-1,), core=2),
+        opdef.like(g, fp8_dtype),
+        opdef.like(g, fp8_dtype, transpose=True),
+        opdef.like(scale, jnp.float32),
+        opdef.like(scale, jnp.float32),
+        opdef.like(g, jnp.float32, dims=(-1,), core=2),
     ),
     factors=lambda g_ndim, scale_ndim: (
         ["m n", "s" * scale_ndim],
@@ -202,7 +202,7 @@ def _grouped_unview(operands, results, **_):
         *lead, k, n)  # fmt: skip
 
 
-_GROUPED_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+_GROUPED_CAST_TRANSPOSE_DBIAS = opdef.OpDef(
     name="grouped_cast_transpose_dbias",
     family="cast",
     target="fp8jax_cast_transpose_dbias",  # the 2-D kernel, on each device's [m, k * n] view

@@ -6,14 +6,14 @@ split over a device mesh. An :class:`OpDef` holds exactly that, and does the res
 * builds the ``jax.ffi.ffi_call`` (result types under explicit sharding included);
 * derives the Shardy rule and the partitioning plan from the op's *factors* (one name per
   operand and output dimension, as in a Shardy rule; the same name means the same split), wraps
-  the call in ``custom_partitioning`` (:func:`fp8jax.ops._partition.partitioned`) and makes each
+  the call in ``custom_partitioning`` (:func:`fp8jax.ops.base.partition.partitioned`) and makes each
   ``max_over`` output (an amax) global with one ``pmax`` over the mesh axes that split the
   operand it is the max of;
-* adds vmap (:func:`fp8jax.ops._partition.batchable_call`: a vmapped call gets one more
+* adds vmap (:func:`fp8jax.ops.base.partition.batchable_call`: a vmapped call gets one more
   leading batch dimension, shared by every operand and output, factors ``g0 g1 ...``);
 * jits the whole under the op's name, the op's static parameters marked static;
 * runs the kernel or, when the family's implementation is ``"xla"``
-  (:mod:`fp8jax.ops._implementation`), the jitted reference instead, which XLA fuses, batches
+  (:mod:`fp8jax.ops.base.switch`), the jitted reference instead, which XLA fuses, batches
   and partitions itself.
 
 Example, a complete op (``cast_transpose``; validation lives in the public function)::
@@ -51,9 +51,9 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import _ffi
-from fp8jax.ops import _implementation, _partition
+from fp8jax.ops.base import partition, switch
 
-__all__ = ["OpDef", "lead", "like"]
+__all__ = []  # internal to fp8jax.ops: none of its names is public API
 
 Factors = str | Sequence[str]
 """One array's factors: a space-separated string (``"m n"``) or a sequence of names."""
@@ -70,7 +70,7 @@ def like(
 ) -> jax.ShapeDtypeStruct:
     """The type of an output laid out like ``operand``: its shape (last two dims swapped when
     ``transpose``; or ``shape``) with ``dtype``; under explicit sharding it carries
-    ``operand``'s sharding, swapped likewise (see :func:`fp8jax.ops._partition.result`).
+    ``operand``'s sharding, swapped likewise (see :func:`fp8jax.ops.base.partition.result`).
 
     ``dims``: the output is made of some of ``operand``'s dims: its trailing dims are
     ``operand``'s dims ``dims`` (negative indices, e.g. ``(-3, -1)`` for ``[m, k, n] ->
@@ -85,12 +85,12 @@ def like(
         shape = operand.shape
         if transpose:
             shape = (*shape[:-2], shape[-1], shape[-2])
-    return _partition.result(tuple(shape), dtype, operand, transpose=transpose, dims=dims)
+    return partition.result(tuple(shape), dtype, operand, transpose=transpose, dims=dims)
 
 
 def lead(ndim: int, prefix: str = "d") -> str:
     """Distinct factors ``d0 d1 ...`` for ``ndim`` dims (``""`` for none)."""
-    return " ".join(_partition.factors(prefix, ndim))
+    return " ".join(partition.factors(prefix, ndim))
 
 
 def _names(spec: Factors) -> tuple[str, ...]:
@@ -115,7 +115,7 @@ class OpDef:
     Attributes:
       name: the public name, used in error messages and as the jitted function's name.
       family: the implementation switch family (``"cast"``, ``"scaling"``, ...); registered
-        with :mod:`fp8jax.ops._implementation` on construction.
+        with :mod:`fp8jax.ops.base.switch` on construction.
       target: the FFI target the C++ and CUDA handlers are registered under.
       reference: ``(*operands, **params) -> output or tuple of outputs`` in ``jnp``: the
         definition of the op's numerics and its ``"xla"`` implementation.
@@ -167,7 +167,7 @@ class OpDef:
     unview: Callable[..., tuple[jax.Array, ...]] | None = None
 
     def __post_init__(self) -> None:
-        _implementation.register_family(self.family, self.name)
+        switch.register_family(self.family, self.name)
         _OPS[self.name] = self
 
         def run(params, reduction, impl, *operands):
@@ -175,7 +175,7 @@ class OpDef:
                 outs = self.reference(*operands, **dict(params))
                 return tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
             make = functools.partial(_batched, self, params, reduction)
-            return _partition.batchable_call(make, *operands)
+            return partition.batchable_call(make, *operands)
 
         run.__name__ = run.__qualname__ = self.name
         object.__setattr__(self, "_jitted", jax.jit(run, static_argnums=(0, 1, 2)))
@@ -198,7 +198,7 @@ class OpDef:
         ``implementation`` is the caller's ``implementation=`` argument (``None``: the
         enclosing :func:`fp8jax.ops.implementation` choice for this op's family).
         """
-        impl = _implementation.choose(self.name, self.family, implementation)
+        impl = switch.choose(self.name, self.family, implementation)
         if impl == "kernel":
             _ffi.ensure_registered()
         else:
@@ -211,7 +211,7 @@ class OpDef:
     ) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
         """Each operand's and output's factors, vmap's batch factors in front."""
         ins, outs = self.factors(*(n - n_batch for n in ndims))
-        batch = tuple(_partition.factors("g", n_batch))
+        batch = tuple(partition.factors("g", n_batch))
         ins = [batch + _names(s) for s in ins]
         outs = [batch + _names(s) for s in outs]
         for i, (spec, n) in enumerate(zip(ins, ndims, strict=True)):
@@ -259,41 +259,41 @@ def _partitioned(
     """The kernel wrapped in ``custom_partitioning`` with the plan its factors imply. Cached, so
     a jit cache sees one partitioned function per configuration."""
     ins, outs = op._specs(n_batch, tuple(len(s) for s in shapes))
-    batch = set(_partition.factors("g", n_batch))
+    batch = set(partition.factors("g", n_batch))
     kernel = _kernel(op, params)
 
     def plan(mesh, arg_shapes):
         first = arg_shapes[0]
-        dims = _partition.dim_axes(first.sharding, first.shape)
+        dims = partition.dim_axes(first.sharding, first.shape)
         axes = {f: a for f, a in zip(ins[0], dims, strict=True) if f not in op.need_replication}
         axes.update(_block_axes(op, params, ins[0], mesh, first.shape, axes))
 
         def split(spec):
-            return _partition.named(mesh, tuple(axes.get(f, ()) for f in spec))
+            return partition.named(mesh, tuple(axes.get(f, ()) for f in spec))
 
         pmax = [()] * len(outs)
         for o, i in op.max_over.items():
             tensor = tuple(axes.get(f, ()) for f in ins[i] if f not in batch)
-            pmax[o] = _partition.amax_axes(mesh, tensor, reduction)
+            pmax[o] = partition.amax_axes(mesh, tensor, reduction)
         psum = [()] * len(outs)
         for o, i in op.sum_over.items():
             summed = tuple(axes.get(f, ()) for f in ins[i] if f not in outs[o])
-            psum[o] = _partition.splitting_axes(mesh, summed)
+            psum[o] = partition.splitting_axes(mesh, summed)
         local = kernel
         if op.max_over or op.sum_over:
-            local = _partition.reduce_outputs(kernel, pmax, psum)
+            local = partition.reduce_outputs(kernel, pmax, psum)
         return [split(s) for s in ins], [split(s) for s in outs], local
 
     if op.coarse is None:
         rule = op.rule(n_batch, *(len(s) for s in shapes))
-        return _partition.partitioned(kernel, plan, rule, need_replication=op.need_replication)
+        return partition.partitioned(kernel, plan, rule, need_replication=op.need_replication)
     coarse = op.coarse(**dict(params))
 
     def mesh_rule(mesh):
         devices = mesh.size if not mesh.empty else jax.device_count()
         return _coarse_rule(ins, outs, shapes[0], coarse, devices)
 
-    return _partition.partitioned(kernel, plan, mesh_rule, need_replication=op.need_replication)
+    return partition.partitioned(kernel, plan, mesh_rule, need_replication=op.need_replication)
 
 
 def _coarse_rule(ins, outs, shape, coarse, devices: int):
@@ -348,14 +348,14 @@ def _check_blocks_at_trace(op: OpDef, params, n_batch: int, operands: Sequence[j
     its type, so a split that is not whole blocks is refused here, at trace time, with the
     ValueError the partitioner would raise (which reaches the user inside XLA's compile error,
     a ``JaxRuntimeError``)."""
-    if op.coarse is None or not _partition.explicit_mesh():
+    if op.coarse is None or not partition.explicit_mesh():
         return
     x = operands[0]
     sharding = jax.typeof(x).sharding
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return
     factors = op._specs(n_batch, tuple(jnp.ndim(v) for v in operands))[0][0]
-    dims = _partition.dim_axes(sharding, x.shape)
+    dims = partition.dim_axes(sharding, x.shape)
     _block_axes(op, params, factors, sharding.mesh, x.shape, dict(zip(factors, dims, strict=True)))
 
 
@@ -363,7 +363,7 @@ def _whole_blocks(op: OpDef, mesh, d: int, size: int, axes: tuple[str, ...], blo
     """``axes``, the mesh axes splitting dim ``d`` (of ``size``) of the first operand, when each
     device's part holds whole ``block``-sized blocks; else a ValueError naming the op, the dim,
     the sizes and the fix."""
-    if not _partition.whole_blocks(mesh, axes, size, block):
+    if not partition.whole_blocks(mesh, axes, size, block):
         shards = math.prod(mesh.shape[a] for a in axes)
         raise ValueError(
             f"{op.name}: dim {d} of x (size {size}) is split {shards} ways (mesh axes {axes}), "

@@ -27,7 +27,7 @@ Scales, applied as the FP8 GEMM applies them:
   one would straddle two groups' rows) with the grid ``[M, ceil(K / bk)]``; ``b``'s are per
   group, grid ``[G, ceil(N / br), ceil(K / bk)]``. ``"contracting"``: both operands have ``(1,
   w)`` blocks along the ragged dim that restart at each group's first column (segment blocks,
-  :mod:`fp8jax.ops.grouped_scaling`), grids ``[K, nb]`` and ``[N, nb]`` with ``nb =
+  :mod:`fp8jax.ops.block.grouped_scaling`), grids ``[K, nb]`` and ``[N, nb]`` with ``nb =
   segment_grid_size(M, G, w)``, so no block mixes two experts' tokens.
 
 The reference (:func:`grouped_gemm_reference`, the definition and the ``"xla"``
@@ -59,9 +59,9 @@ import numpy as np
 from jax import lax
 
 from fp8jax import _ffi
-from fp8jax.ops import _checks, _implementation, _partition
-from fp8jax.ops.block_scaling import block_dequantize, check_block
-from fp8jax.ops.grouped_scaling import (
+from fp8jax.ops.base import checks, partition, switch
+from fp8jax.ops.block.block_scaling import block_dequantize, check_block
+from fp8jax.ops.block.grouped_scaling import (
     check_group_sizes,
     check_sum,
     clamped,
@@ -71,20 +71,20 @@ from fp8jax.ops.grouped_scaling import (
     segment_grid_size,
 )
 
-__all__ = ["RAGGED_FORMS", "grouped_gemm", "grouped_gemm_reference"]
+__all__ = ["grouped_gemm", "grouped_gemm_reference"]
 
 #: The two forms of :func:`grouped_gemm` (see the module docstring).
 RAGGED_FORMS = ("rows", "contracting")
 ACCUMULATE_MODES = ("fast", "split")
 
-_FAMILY = _implementation.register_family("gemm", "grouped_gemm")
+_FAMILY = switch.register_family("gemm", "grouped_gemm")
 _E5M2 = jnp.dtype(jnp.float8_e5m2)
 _ROWS = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), [0], [0])
 _CONTRACTING = lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), [1], [])
 
 
 def _check_scale(op: str, name: str, s: Any, groups: int) -> jax.Array:
-    s = _checks.array_arg(op, name, s)
+    s = checks.array_arg(op, name, s)
     if s.dtype != jnp.float32 or s.shape not in ((), (1,), (groups,)):
         raise ValueError(
             f"{op}: {name} must be float32 of shape (), (1,) or [G] = ({groups},) (one inverse "
@@ -94,7 +94,7 @@ def _check_scale(op: str, name: str, s: Any, groups: int) -> jax.Array:
 
 
 def _check_grid(op: str, name: str, s: Any, want: tuple[int, ...], block: tuple[int, int]):
-    s = _checks.array_arg(op, name, s)
+    s = checks.array_arg(op, name, s)
     allowed = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float8_e8m0fnu))
     if tuple(s.shape) != want or s.dtype not in allowed:
         raise ValueError(
@@ -111,8 +111,8 @@ def _validate(
     values and the static config."""
     if not isinstance(ragged, str) or ragged not in RAGGED_FORMS:
         raise ValueError(f"{op}: ragged must be 'rows' or 'contracting', got {ragged!r}")
-    a = _checks.fp8_array(op, "a", a)
-    b = _checks.fp8_array(op, "b", b)
+    a = checks.fp8_array(op, "a", a)
+    b = checks.fp8_array(op, "b", b)
     if a.dtype == _E5M2 and b.dtype == _E5M2:
         raise TypeError(f"{op}: a and b cannot both be float8_e5m2 (no E5M2 x E5M2 GEMM)")
     rows = ragged == "rows"
@@ -158,7 +158,7 @@ def _validate(
             nb = segment_grid_size(m, groups, a_block[1])
             a_scale_inv = _check_grid(op, "a_scale_inv", a_scale_inv, (a.shape[0], nb), a_block)
             b_scale_inv = _check_grid(op, "b_scale_inv", b_scale_inv, (b.shape[0], nb), b_block)
-    out_dt = _checks.wide_dtype_arg(op, "out_dtype", out_dtype)
+    out_dt = checks.wide_dtype_arg(op, "out_dtype", out_dtype)
     if not isinstance(accumulate, str) or accumulate not in ACCUMULATE_MODES:
         raise ValueError(f"{op}: accumulate must be 'fast' or 'split', got {accumulate!r}")
     return a, b, group_sizes, a_scale_inv, b_scale_inv, (ragged, a_block, b_block, out_dt)
@@ -283,7 +283,7 @@ def _kernel_call(config, like, a, b, group_sizes, a_scale_inv, b_scale_inv):
     operands, attrs = ffi_operands(config, a, b, group_sizes, a_scale_inv, b_scale_inv)
     result = jax.ShapeDtypeStruct(out_shape(config, a, b, group_sizes), config[3])
     out = jax.ffi.ffi_call("fp8jax_grouped_gemm", result)(*operands, **attrs)
-    return _partition.vary_like(out, *like)
+    return partition.vary_like(out, *like)
 
 
 @functools.cache
@@ -315,12 +315,12 @@ def _local(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
 
 def _dims(x) -> tuple[tuple[str, ...], ...]:
     if isinstance(x.sharding, jax.sharding.NamedSharding):
-        return _partition.dim_axes(x.sharding, x.shape)
+        return partition.dim_axes(x.sharding, x.shape)
     return ((),) * x.ndim
 
 
 def _whole(mesh, axes, size, block) -> tuple[str, ...]:
-    return axes if _partition.whole_blocks(mesh, axes, size, block) else ()
+    return axes if partition.whole_blocks(mesh, axes, size, block) else ()
 
 
 def _plan_splits(mesh, config, a, b):
@@ -350,18 +350,18 @@ def _partitioned(config, a_scale_ndim, b_scale_ndim):
     def plan(mesh, args):
         a, b = args[0], args[1]
         first, n = _plan_splits(mesh, config, a, b)
-        rep = lambda nd: _partition.named(mesh, ((),) * nd)
+        rep = lambda nd: partition.named(mesh, ((),) * nd)
         if rows:
-            ins = [_partition.named(mesh, (first, ())), _partition.named(mesh, ((), n, ())), rep(1)]
-            sa = _partition.named(mesh, (first, ())) if blocks else rep(a_scale_ndim)
-            sb = _partition.named(mesh, ((), n, ())) if blocks else rep(b_scale_ndim)
-            out = _partition.named(mesh, (first, n))
+            ins = [partition.named(mesh, (first, ())), partition.named(mesh, ((), n, ())), rep(1)]
+            sa = partition.named(mesh, (first, ())) if blocks else rep(a_scale_ndim)
+            sb = partition.named(mesh, ((), n, ())) if blocks else rep(b_scale_ndim)
+            out = partition.named(mesh, (first, n))
         else:
-            ins = [_partition.named(mesh, (first, ())), _partition.named(mesh, (n, ())), rep(1)]
-            sa = _partition.named(mesh, (first, ())) if blocks else rep(a_scale_ndim)
-            sb = _partition.named(mesh, (n, ())) if blocks else rep(b_scale_ndim)
-            out = _partition.named(mesh, ((), first, n))
-        m_axes = _partition.splitting_axes(mesh, (first,)) if rows else ()
+            ins = [partition.named(mesh, (first, ())), partition.named(mesh, (n, ())), rep(1)]
+            sa = partition.named(mesh, (first, ())) if blocks else rep(a_scale_ndim)
+            sb = partition.named(mesh, (n, ())) if blocks else rep(b_scale_ndim)
+            out = partition.named(mesh, ((), first, n))
+        m_axes = partition.splitting_axes(mesh, (first,)) if rows else ()
         return [*ins, sa, sb], [out], functools.partial(kernel, m_axes)
 
     if rows:
@@ -374,7 +374,7 @@ def _partitioned(config, a_scale_ndim, b_scale_ndim):
         sb = "n sb1" if blocks else "sb" * b_scale_ndim
         rule = f"k m, n m, g, {sa}, {sb} -> g k n"
         need = ("m", "g")
-    op = _partition.partitioned(functools.partial(kernel, ()), plan, rule, need_replication=need)
+    op = partition.partitioned(functools.partial(kernel, ()), plan, rule, need_replication=need)
     return lambda *args: op(*args)[0]
 
 
@@ -383,12 +383,12 @@ def _explicit_spec(config, a, b):
 
     def axes(x, dim):
         spec = (*jax.typeof(x).sharding.spec, None, None, None)
-        return _partition.entry_axes(spec[dim])
+        return partition.entry_axes(spec[dim])
 
     rows = config[0] == "rows"
     first = axes(a, 0)
     n = tuple(x for x in axes(b, 1 if rows else 0) if x not in first)
-    return _partition.spec((first, n) if rows else ((), first, n))
+    return partition.spec((first, n) if rows else ((), first, n))
 
 
 def _one_call_per_element(fn):
@@ -414,7 +414,7 @@ def _one_call_per_element(fn):
 def _batchable(config, a_scale_ndim, b_scale_ndim):
     def call(a, b, group_sizes, sa, sb):
         op = _partitioned(config, a_scale_ndim, b_scale_ndim)
-        if not _partition.explicit_mesh():
+        if not partition.explicit_mesh():
             return op(a, b, group_sizes, sa, sb)
         spec = _explicit_spec(config, a, b)
         return jax.sharding.auto_axes(op, out_sharding=spec)(a, b, group_sizes, sa, sb)
@@ -489,7 +489,7 @@ def grouped_gemm(
         out_dtype,
         accumulate,
     )
-    if _implementation.choose("grouped_gemm", _FAMILY, implementation) == "xla":
+    if switch.choose("grouped_gemm", _FAMILY, implementation) == "xla":
         return _xla_batchable(config)(a, b, gs, sa, sb)
     _ffi.ensure_registered()
     return _batchable(config, jnp.ndim(sa), jnp.ndim(sb))(a, b, gs, sa, sb)

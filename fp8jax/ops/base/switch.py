@@ -30,15 +30,7 @@ from typing import Any
 
 import jax
 
-__all__ = [
-    "DEFAULTS",
-    "FAMILIES",
-    "IMPLEMENTATIONS",
-    "choose",
-    "get_implementation",
-    "implementation",
-    "register_family",
-]
+__all__ = ["get_implementation", "implementation"]
 
 IMPLEMENTATIONS: tuple[str, ...] = ("kernel", "xla")
 """The values an implementation choice can take."""
@@ -63,7 +55,7 @@ that decides it (docs/gpu-tuning.md, "Defaults")."""
 
 def register_family(name: str, op: str) -> str:
     """Declares that ``op`` belongs to family ``name`` (a new family on first use); returns
-    ``name``. Called by :class:`fp8jax.ops._opdef.OpDef` and by ``gemm``."""
+    ``name``. Called by :class:`fp8jax.ops.base.opdef.OpDef` and by ``gemm``."""
     if not name.isidentifier():
         raise ValueError(f"register_family: name must be an identifier, got {name!r}")
     ops = FAMILIES.setdefault(name, [])

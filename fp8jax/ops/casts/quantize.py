@@ -11,7 +11,7 @@ The kernels are bit-identical to the references on CPU and GPU. Under :func:`jax
 batch element is its own tensor with its own scale and amax; the kernels take a leading group
 dimension natively, so a vmapped call is still one launch.
 
-Sharding (see :mod:`fp8jax.ops._partition`): under :func:`jax.jit` on a mesh, ``quantize`` and
+Sharding (see :mod:`fp8jax.ops.base.partition`): under :func:`jax.jit` on a mesh, ``quantize`` and
 ``dequantize`` run where ``x`` lives: ``q`` keeps the sharding of ``x`` (of ``q`` for
 ``dequantize``), nothing is gathered, and ``quantize``'s ``amax`` is the max over the *whole*
 tensor, made so by one all-reduce (``pmax``) over exactly the mesh axes that split ``x``; every
@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp8jax.ops import _checks, _opdef
+from fp8jax.ops.base import checks, opdef
 from fp8jax.recipe import fp8_max
 
 __all__ = [
@@ -99,25 +99,25 @@ def quantize_reference(
     return q, (1.0 / scale).astype(jnp.float32), _amax(x, scale.shape)
 
 
-# The op definitions (fp8jax.ops._opdef): the kernel call, its sharding, vmap and the
+# The op definitions (fp8jax.ops.base.opdef): the kernel call, its sharding, vmap and the
 # kernel/XLA switch all follow from them. x and q keep their split, the scale is replicated, and
 # quantize's amax is the max over all of x, made global over the mesh.
 
 
 def _quantize_factors(x_ndim: int, scale_ndim: int) -> tuple[list[str], list[str]]:
-    x, s = _opdef.lead(x_ndim), "s" * scale_ndim
+    x, s = opdef.lead(x_ndim), "s" * scale_ndim
     return [x, s], [x, s, s]
 
 
-_QUANTIZE = _opdef.OpDef(
+_QUANTIZE = opdef.OpDef(
     name="quantize",
     family="cast",
     target="fp8jax_quantize",
     reference=quantize_reference,
     outputs=lambda x, scale, *, fp8_dtype: (
-        _opdef.like(x, fp8_dtype),
-        _opdef.like(scale, jnp.float32),
-        _opdef.like(scale, jnp.float32),
+        opdef.like(x, fp8_dtype),
+        opdef.like(scale, jnp.float32),
+        opdef.like(scale, jnp.float32),
     ),
     factors=_quantize_factors,
     max_over={2: 0},  # amax: the max over all of x
@@ -157,10 +157,10 @@ def quantize(
     ([1.0, -448.0], 500.0)
     """
     op = "quantize"
-    x = _checks.wide_array(op, "x", x)
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    x = checks.wide_array(op, "x", x)
+    scale = checks.scalar_f32(op, "scale", scale)
+    dt = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = checks.amax_reduction_arg(op, amax_reduction)
     q, scale_inv, amax = _QUANTIZE(
         x, scale, fp8_dtype=dt, amax_reduction=reduction, implementation=implementation
     )
@@ -193,15 +193,15 @@ def dequantize_reference(q: jax.Array, scale_inv: jax.Array, out_dtype: Any) -> 
 
 
 def _dequantize_factors(q_ndim: int, scale_ndim: int) -> tuple[list[str], list[str]]:
-    return [_opdef.lead(q_ndim), "s" * scale_ndim], [_opdef.lead(q_ndim)]
+    return [opdef.lead(q_ndim), "s" * scale_ndim], [opdef.lead(q_ndim)]
 
 
-_DEQUANTIZE = _opdef.OpDef(
+_DEQUANTIZE = opdef.OpDef(
     name="dequantize",
     family="cast",
     target="fp8jax_dequantize",
     reference=dequantize_reference,
-    outputs=lambda q, scale_inv, *, out_dtype: (_opdef.like(q, out_dtype),),
+    outputs=lambda q, scale_inv, *, out_dtype: (opdef.like(q, out_dtype),),
     factors=_dequantize_factors,
 )
 _dequantize_rule = _DEQUANTIZE.rule  # e.g. "d0 d1, s -> d0 d1"
@@ -223,9 +223,9 @@ def dequantize(
       implementation: ``"kernel"`` or ``"xla"``, as for :func:`quantize`.
     """
     op = "dequantize"
-    q = _checks.fp8_array(op, "q", q)
-    scale_inv = _checks.scalar_f32(op, "scale_inv", scale_inv)
-    dt = _checks.wide_dtype_arg(op, "out_dtype", out_dtype)
+    q = checks.fp8_array(op, "q", q)
+    scale_inv = checks.scalar_f32(op, "scale_inv", scale_inv)
+    dt = checks.wide_dtype_arg(op, "out_dtype", out_dtype)
     return _DEQUANTIZE(q, scale_inv, out_dtype=dt, implementation=implementation)[0]
 
 
@@ -244,7 +244,7 @@ def cast_to_representable(x: jax.Array, fp8_dtype: Any, scale: Any = 1.0) -> jax
     >>> fp8jax.cast_to_representable(jnp.array([0.3, 1000.0]), jnp.float8_e4m3fn).tolist()
     [0.3125, 448.0]
     """
-    x = _checks.wide_array("cast_to_representable", "x", x)
+    x = checks.wide_array("cast_to_representable", "x", x)
     scale = jnp.asarray(scale, jnp.float32)
     q, scale_inv, _ = quantize(x, scale, fp8_dtype)
     return dequantize(q, scale_inv, x.dtype)

@@ -1,8 +1,8 @@
 """``block_gemm``: the block-scaled FP8 GEMM, cuBLASLt on a GPU that has the scale modes, beside
-its XLA reference (:func:`~fp8jax.ops.block_scaling.block_scaled_matmul`).
+its XLA reference (:func:`~fp8jax.ops.block.block_scaling.block_scaled_matmul`).
 
 ``a_q`` [M, K] and ``b_q`` [N, K] are K-major FP8 codes, each with its compact scale grid (as
-:func:`~fp8jax.ops.block_scaling.block_quantize` and ``mxfp8_quantize`` return it) and its
+:func:`~fp8jax.ops.block.block_scaling.block_quantize` and ``mxfp8_quantize`` return it) and its
 block; ``out[M, N]`` is every element dequantized with its block's scale, products summed in
 float32 (docs/numerics.md, "Block scaling").
 
@@ -14,7 +14,7 @@ Per platform (:func:`jax.lax.platform_dependent`):
   ``BLK128x128_32F`` for 128 x 128, ``VEC32_UE8M0`` for MXFP8) and split accumulation; K, M and N
   are zero-padded to multiples of 16 (zero codes add exact zeros; a 1-row-block operand's scale
   grid gets rows of 1 for its padded rows), the scales are laid out as cuBLASLt reads them
-  (:func:`~fp8jax.ops.block_scaling.cublaslt_scales`) and the result is sliced back. A GPU
+  (:func:`~fp8jax.ops.block.block_scaling.cublaslt_scales`) and the result is sliced back. A GPU
   without a mode (1 x 128 or 128 x 128 blocks need sm_90; MXFP8 needs sm_100 or later) runs the
   reference instead, decided when the function is traced from the first GPU's compute
   capability; the handler checks the device again and fails with kUnimplemented, never a wrong
@@ -39,19 +39,19 @@ import numpy as np
 from jax import lax
 
 from fp8jax import _ffi, _support
-from fp8jax.ops import _implementation, _partition
-from fp8jax.ops.block_scaling import (
+from fp8jax.ops.base import partition, switch
+from fp8jax.ops.block.block_scaling import (
     CUBLASLT_SCALE_MODES,
     block_scaled_matmul,
     check_block,
     cublaslt_scales,
 )
-from fp8jax.ops.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, round_up
-from fp8jax.ops.gemm_options import get_gemm_options
+from fp8jax.ops.gemms.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, round_up
+from fp8jax.ops.gemms.gemm_options import get_gemm_options
 
-__all__ = ["block_gemm", "scale_mode_unsupported"]
+__all__ = ["block_gemm"]
 
-_implementation.register_family("gemm", "block_gemm")
+switch.register_family("gemm", "block_gemm")
 
 
 def scale_mode_unsupported(mode: int, cc_major: int) -> str:
@@ -130,21 +130,21 @@ def _partitioned_cuda(a_block, b_block, out_dtype, autotune=True):
         a, b = arg_shapes[0], arg_shapes[2]
 
         def axes(x, dim, size, block, taken=()):
-            found = _partition.dim_axes(x.sharding, x.shape)[dim]
+            found = partition.dim_axes(x.sharding, x.shape)[dim]
             found = tuple(v for v in found if v not in taken)
             # a device would hold part of a block: gather the dim
-            return found if _partition.whole_blocks(mesh, found, size, block) else ()
+            return found if partition.whole_blocks(mesh, found, size, block) else ()
 
         m_axes = axes(a, 0, a.shape[0], a_block[0])
         n_axes = axes(b, 0, b.shape[0], b_block[0], m_axes)
         k_axes = axes(a, 1, a.shape[1], a_block[1], m_axes + n_axes)
-        a_sh, b_sh = (_partition.named(mesh, (d, k_axes)) for d in (m_axes, n_axes))
-        out = _partition.named(mesh, (m_axes, n_axes))
+        a_sh, b_sh = (partition.named(mesh, (d, k_axes)) for d in (m_axes, n_axes))
+        out = partition.named(mesh, (m_axes, n_axes))
         fn = functools.partial(k_split, k_axes) if k_axes else local
         return [a_sh, a_sh, b_sh, b_sh], [out], fn
 
     rule = "m k, ma ka, n k, nb kb -> m n"
-    call = _partition.partitioned(local, plan, rule)
+    call = partition.partitioned(local, plan, rule)
     return lambda *args: call(*args)[0]
 
 
@@ -160,13 +160,13 @@ def block_gemm(
     implementation: str | None = None,
 ) -> jax.Array:
     """``a @ b.T`` of block-scaled K-major FP8 codes (see the module docstring): the arguments
-    and the result of :func:`~fp8jax.ops.block_scaling.block_scaled_matmul`, on cuBLASLt where
+    and the result of :func:`~fp8jax.ops.block.block_scaling.block_scaled_matmul`, on cuBLASLt where
     the GPU has the scale modes. ``implementation``: ``"kernel"`` or ``"xla"`` (the reference on
     every platform); default: the enclosing :func:`fp8jax.ops.implementation` choice for
     ``"gemm"``."""
     a_block = check_block("block_gemm", a_block)
     b_block = check_block("block_gemm", b_block)
-    impl = _implementation.choose("block_gemm", "gemm", implementation)
+    impl = switch.choose("block_gemm", "gemm", implementation)
     modes = (CUBLASLT_SCALE_MODES.get(a_block), CUBLASLT_SCALE_MODES.get(b_block))
     supported = None not in modes and a_block[1] == b_block[1]
     if impl == "xla" or not supported or not _gpu_runs(modes):
@@ -184,9 +184,9 @@ def block_gemm(
         return lax.platform_dependent(*args, cuda=cuda, default=reference)
 
     args = (a_q, a_scale_inv, b_q, b_scale_inv)
-    if not _partition.explicit_mesh():
+    if not partition.explicit_mesh():
         return by_platform(*args)
     # Explicit sharding: both branches typed with the sharding the GEMM's rule gives the result
     # (custom partitioning wants the mesh axes automatic inside).
-    out_spec = _partition.explicit_matmul_spec(a_q, b_q, b_rows_are_n=True)
+    out_spec = partition.explicit_matmul_spec(a_q, b_q, b_rows_are_n=True)
     return jax.sharding.auto_axes(by_platform, out_sharding=out_spec)(*args)

@@ -47,11 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks, _opdef
-from fp8jax.ops.quantize import quantize_reference
+from fp8jax.ops.base import checks, opdef
+from fp8jax.ops.casts.quantize import quantize_reference
 
 __all__ = [
-    "NORM_TYPES",
     "norm_backward",
     "norm_backward_reference",
     "norm_forward",
@@ -182,12 +181,12 @@ def per_row(x: jax.Array) -> jax.ShapeDtypeStruct:
 
 
 def _forward_outputs(x, gamma, *rest, **_):
-    return _opdef.like(x, x.dtype), per_row(x), per_row(x)
+    return opdef.like(x, x.dtype), per_row(x), per_row(x)
 
 
 def _row_factors(ndim: int) -> str:
     """``x``'s dims of rows, one factor each: ``"r0 r1"`` for ``[batch, seq, h]``."""
-    return _opdef.lead(ndim - 1, "r")
+    return opdef.lead(ndim - 1, "r")
 
 
 def _transposed(q: jax.Array) -> jax.Array:
@@ -200,11 +199,11 @@ def _fp8_outputs(x, gamma, *rest, fp8_dtype, **_):
     scale = rest[-1]
     n_rows = x.ndim - gamma.ndim  # x: [*vmap, *rows, h], gamma: [*vmap, h]
     return (
-        _opdef.like(x, fp8_dtype),
+        opdef.like(x, fp8_dtype),
         # [*vmap, h, *rows]: per vmap element, the [h, prod(rows)] matrix the kernels write
-        _opdef.like(x, fp8_dtype, dims=(-1, *range(-n_rows - 1, -1)), core=n_rows + 1),
-        _opdef.like(scale, jnp.float32),
-        _opdef.like(scale, jnp.float32),
+        opdef.like(x, fp8_dtype, dims=(-1, *range(-n_rows - 1, -1)), core=n_rows + 1),
+        opdef.like(scale, jnp.float32),
+        opdef.like(scale, jnp.float32),
         per_row(x),
         per_row(x),
     )
@@ -216,7 +215,7 @@ def _forward_factors(params: list[str], ndim: int) -> tuple[list[str], list[str]
     return ins, [f"{r} h", r, r]
 
 
-def _make_forward(norm_type: str) -> _opdef.OpDef:
+def _make_forward(norm_type: str) -> opdef.OpDef:
     with_beta = norm_type == "layernorm"
     params = ["m h", "h", "h"] if with_beta else ["m h", "h"]
 
@@ -230,7 +229,7 @@ def _make_forward(norm_type: str) -> _opdef.OpDef:
             zero_centered_gamma=zero_centered_gamma,
         )
 
-    return _opdef.OpDef(
+    return opdef.OpDef(
         name=f"{norm_type}_forward",
         family="norm",
         target=f"fp8jax_{norm_type}_forward",
@@ -242,7 +241,7 @@ def _make_forward(norm_type: str) -> _opdef.OpDef:
     )
 
 
-def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
+def _make_forward_fp8(norm_type: str) -> opdef.OpDef:
     with_beta = norm_type == "layernorm"
     params = ["m h", "h", "h"] if with_beta else ["m h", "h"]
 
@@ -265,7 +264,7 @@ def _make_forward_fp8(norm_type: str) -> _opdef.OpDef:
         ins = [p.replace("m", r) for p in params]
         return [*ins, s], [f"{r} h", f"h {r}", s, s, r, r]
 
-    return _opdef.OpDef(
+    return opdef.OpDef(
         name=f"{norm_type}_forward_fp8",
         family="norm",
         target=f"fp8jax_{norm_type}_forward_fp8",
@@ -308,7 +307,7 @@ def norm_workspace_slots(rows: int, h: int) -> int:
 
 
 def _workspace(gamma: Any, slots: int) -> jax.ShapeDtypeStruct:
-    return _opdef.like(gamma, jnp.float32, shape=(*gamma.shape[:-1], slots, 2, gamma.shape[-1]))
+    return opdef.like(gamma, jnp.float32, shape=(*gamma.shape[:-1], slots, 2, gamma.shape[-1]))
 
 
 def _backward_reference(
@@ -330,15 +329,15 @@ def _backward_factors(r: str) -> tuple[list[str], list[str]]:
 
 _FORWARD = {t: _make_forward(t) for t in NORM_TYPES}
 _FORWARD_FP8 = {t: _make_forward_fp8(t) for t in NORM_TYPES}
-_BACKWARD = _opdef.OpDef(
+_BACKWARD = opdef.OpDef(
     name="norm_backward",
     family="norm",
     target="fp8jax_norm_backward",
     reference=_backward_reference,
     outputs=lambda dy, x, mu, rsigma, gamma, *, workspace_slots, **_: (
-        _opdef.like(dy, dy.dtype),
-        _opdef.like(gamma, jnp.float32),
-        _opdef.like(gamma, jnp.float32),
+        opdef.like(dy, dy.dtype),
+        opdef.like(gamma, jnp.float32),
+        opdef.like(gamma, jnp.float32),
         _workspace(gamma, workspace_slots),
     ),
     # The workspace's slot and pair dims are factors of their own (never split).
@@ -371,7 +370,7 @@ def epsilon_arg(op: str, epsilon: Any) -> float:
 
 
 def matrix_arg(op: str, name: str, x: Any) -> jax.Array:
-    x = _checks.wide_array(op, name, x)
+    x = checks.wide_array(op, name, x)
     if x.ndim < 2:
         raise ValueError(f"{op}: {name} must have rank >= 2 ([rows, hidden]), got {x.shape}")
     if x.shape[-1] < 1:
@@ -380,7 +379,7 @@ def matrix_arg(op: str, name: str, x: Any) -> jax.Array:
 
 
 def _vector_arg(op: str, name: str, v: Any, h: int) -> jax.Array:
-    v = _checks.wide_array(op, name, v)
+    v = checks.wide_array(op, name, v)
     if v.shape != (h,):
         raise ValueError(f"{op}: {name} must have shape ({h},) (x's last dim), got {v.shape}")
     return v
@@ -484,9 +483,9 @@ def norm_forward_fp8(
     x = matrix_arg(op, "x", x)
     gamma, beta = params_args(op, norm_type, x, gamma, beta)
     eps = epsilon_arg(op, epsilon)
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    scale = checks.scalar_f32(op, "scale", scale)
+    dt = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = checks.amax_reduction_arg(op, amax_reduction)
     params = (gamma,) if beta is None else (gamma, beta)
     q, q_t, scale_inv, amax, mu, rs = _FORWARD_FP8[norm_type](
         x,
@@ -534,7 +533,7 @@ def norm_backward(
         raise ValueError(f"{op}: dy must have x's shape {x.shape}, got {dy.shape}")
     lead = x.shape[:-1]
     for name, v in (("mu", mu), ("rsigma", rsigma)):
-        v = _checks.array_arg(op, name, v)
+        v = checks.array_arg(op, name, v)
         if v.dtype != jnp.float32 or v.shape != lead:
             raise ValueError(
                 f"{op}: {name} must be float32 of shape {lead}, got {v.dtype}{list(v.shape)}"

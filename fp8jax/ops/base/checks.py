@@ -10,6 +10,8 @@ import numpy as np
 
 from fp8jax.recipe import FP8_DTYPES
 
+__all__ = []  # internal to fp8jax.ops: none of its names is public API
+
 WIDE_DTYPES: tuple[np.dtype, ...] = (
     jnp.dtype(jnp.float32),
     jnp.dtype(jnp.bfloat16),
@@ -83,7 +85,7 @@ AMAX_REDUCTIONS = ("split", "mesh")
 
 
 def amax_reduction_arg(op: str, value: Any) -> str:
-    """``"split"`` or ``"mesh"`` (see :func:`fp8jax.ops._partition.amax_axes`)."""
+    """``"split"`` or ``"mesh"`` (see :func:`fp8jax.ops.base.partition.amax_axes`)."""
     if not isinstance(value, str) or value not in AMAX_REDUCTIONS:
         raise ValueError(f"{op}: amax_reduction must be 'split' or 'mesh', got {value!r}")
     return value

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks, _implementation, _opdef
+from fp8jax.ops.base import checks, opdef, switch
 from fp8jax.recipe import DelayedScaling
 
 __all__ = ["update_fp8_state", "update_fp8_states", "update_fp8_states_reference"]
@@ -108,17 +108,17 @@ def _kernel_attrs(*, recipe: DelayedScaling) -> dict[str, np.int64]:
     }
 
 
-# The op definition (fp8jax.ops._opdef) for the string algorithms. Operands: histories [n, L],
+# The op definition (fp8jax.ops.base.opdef) for the string algorithms. Operands: histories [n, L],
 # scales, amaxes, fp8_maxes [n]. The rows are independent: each device updates its own, and the
 # history dim ``l`` is never split. No collective.
-_UPDATE = _opdef.OpDef(
+_UPDATE = opdef.OpDef(
     name="update_fp8_states",
     family="scaling",
     target="fp8jax_update_fp8_state",
     reference=update_fp8_states_reference,
     outputs=lambda hist, scales, amaxes, fp8_maxes, *, recipe: (
-        _opdef.like(hist, jnp.float32),
-        _opdef.like(scales, jnp.float32),
+        opdef.like(hist, jnp.float32),
+        opdef.like(scales, jnp.float32),
     ),
     factors=lambda *ndims: (["n l", "n", "n", "n"], ["n l", "n"]),
     attrs=_kernel_attrs,
@@ -186,9 +186,9 @@ def update_fp8_states(
     """
     op = "update_fp8_states"
     recipe = _check_recipe(op, recipe)
-    hist = _checks.array_arg(op, "amax_histories", amax_histories)
-    scales = _checks.array_arg(op, "scales", scales)
-    amaxes = _checks.array_arg(op, "amaxes", amaxes)
+    hist = checks.array_arg(op, "amax_histories", amax_histories)
+    scales = checks.array_arg(op, "scales", scales)
+    amaxes = checks.array_arg(op, "amaxes", amaxes)
     for name, v in (("amax_histories", hist), ("scales", scales), ("amaxes", amaxes)):
         if v.dtype != jnp.float32:
             raise TypeError(f"{op}: {name} must be float32, got dtype {v.dtype}")
@@ -205,7 +205,7 @@ def update_fp8_states(
             f"{op}: amaxes must have the shape of scales {scales.shape}, got {amaxes.shape}"
         )
     fp8_maxes = _fp8_maxes(op, recipe, backward, n)
-    impl = _implementation.choose(op, _UPDATE.family, implementation)
+    impl = switch.choose(op, _UPDATE.family, implementation)
     flat_scales = jnp.reshape(scales, (n,))
     flat_amaxes = jnp.reshape(amaxes, (n,))
     if not _uses_kernel(recipe):
@@ -248,7 +248,7 @@ def update_fp8_state(
     """
     op = "update_fp8_state"
     recipe = _check_recipe(op, recipe)
-    hist = _checks.array_arg(op, "amax_history", amax_history)
+    hist = checks.array_arg(op, "amax_history", amax_history)
     if hist.dtype != jnp.float32:
         raise TypeError(f"{op}: amax_history must be float32, got dtype {hist.dtype}")
     if hist.shape != (recipe.amax_history_len,):
@@ -256,11 +256,11 @@ def update_fp8_state(
             f"{op}: amax_history must have shape ({recipe.amax_history_len},) "
             f"(recipe.amax_history_len), got {hist.shape}"
         )
-    scale = _checks.scalar_f32(op, "scale", scale)
-    amax = _checks.scalar_f32(op, "amax", amax)
+    scale = checks.scalar_f32(op, "scale", scale)
+    amax = checks.scalar_f32(op, "amax", amax)
     if not isinstance(backward, (bool, np.bool_)):
         raise TypeError(f"{op}: backward must be a bool, got {backward!r}")
-    impl = _implementation.choose(op, _UPDATE.family, implementation)
+    impl = switch.choose(op, _UPDATE.family, implementation)
     new_hist, new_scale = update_fp8_states(
         hist[None, :],
         jnp.reshape(scale, (1,)),

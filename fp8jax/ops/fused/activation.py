@@ -34,12 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks, _opdef
-from fp8jax.ops.cast_transpose import cast_transpose_reference, dbias_workspace
-from fp8jax.ops.quantize import quantize_reference
+from fp8jax.ops.base import checks, opdef
+from fp8jax.ops.casts.cast_transpose import cast_transpose_reference, dbias_workspace
+from fp8jax.ops.casts.quantize import quantize_reference
 
 __all__ = [
-    "ACTIVATIONS",
     "activation",
     "activation_cast_transpose",
     "activation_cast_transpose_reference",
@@ -178,14 +177,14 @@ def activation_attrs(*, activations: tuple[str, ...], **_: Any) -> dict[str, Any
 
 def _x_out(x: jax.Array, dtype: Any) -> jax.ShapeDtypeStruct:
     """``[m, n]`` of ``x[m, k, n]``."""
-    return _opdef.like(x, dtype, dims=(-3, -1))
+    return opdef.like(x, dtype, dims=(-3, -1))
 
 
 def _scalars(scale: jax.Array) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    return _opdef.like(scale, jnp.float32), _opdef.like(scale, jnp.float32)
+    return opdef.like(scale, jnp.float32), opdef.like(scale, jnp.float32)
 
 
-_ACTIVATION = _opdef.OpDef(
+_ACTIVATION = opdef.OpDef(
     name="activation",
     family="activation",
     target="fp8jax_activation",
@@ -196,25 +195,25 @@ _ACTIVATION = _opdef.OpDef(
     need_replication=("a",),
 )
 
-_DACTIVATION = _opdef.OpDef(
+_DACTIVATION = opdef.OpDef(
     name="dactivation",
     family="activation",
     target="fp8jax_dactivation",
     reference=dactivation_reference,
-    outputs=lambda g, x, *, activations: (_opdef.like(x, g.dtype),),
+    outputs=lambda g, x, *, activations: (opdef.like(x, g.dtype),),
     factors=lambda g_ndim, x_ndim: (["m n", "m a n"], ["m a n"]),
     attrs=activation_attrs,
     need_replication=("a",),
 )
 
-_ACTIVATION_CAST_TRANSPOSE = _opdef.OpDef(
+_ACTIVATION_CAST_TRANSPOSE = opdef.OpDef(
     name="activation_cast_transpose",
     family="activation",
     target="fp8jax_activation_cast_transpose",
     reference=activation_cast_transpose_reference,
     outputs=lambda x, scale, *, fp8_dtype, activations: (
         _x_out(x, fp8_dtype),
-        _opdef.like(x, fp8_dtype, dims=(-1, -3)),
+        opdef.like(x, fp8_dtype, dims=(-1, -3)),
         *_scalars(scale),
     ),
     factors=lambda x_ndim, s_ndim: (
@@ -226,16 +225,16 @@ _ACTIVATION_CAST_TRANSPOSE = _opdef.OpDef(
     need_replication=("a",),
 )
 
-_DACTIVATION_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
+_DACTIVATION_CAST_TRANSPOSE_DBIAS = opdef.OpDef(
     name="dactivation_cast_transpose_dbias",
     family="activation",
     target="fp8jax_dactivation_cast_transpose_dbias",
     reference=dactivation_cast_transpose_dbias_reference,
     outputs=lambda g, x, scale, *, fp8_dtype, activations: (
-        _opdef.like(x, fp8_dtype),
-        _opdef.like(x, fp8_dtype, dims=(-2, -1, -3)),
+        opdef.like(x, fp8_dtype),
+        opdef.like(x, fp8_dtype, dims=(-2, -1, -3)),
         *_scalars(scale),
-        _opdef.like(x, jnp.float32, dims=(-2, -1), core=3),
+        opdef.like(x, jnp.float32, dims=(-2, -1), core=3),
     ),
     factors=lambda g_ndim, x_ndim, s_ndim: (
         ["m n", "m a n", "s" * s_ndim],
@@ -255,7 +254,7 @@ _DACTIVATION_CAST_TRANSPOSE_DBIAS = _opdef.OpDef(
 
 
 def _x_arg(op: str, x: Any, acts: tuple[str, ...]) -> jax.Array:
-    x = _checks.wide_array(op, "x", x)
+    x = checks.wide_array(op, "x", x)
     if x.ndim != 3 or x.shape[1] != len(acts):
         raise ValueError(
             f"{op}: x must have shape [m, k, n] with k = len(activations) = {len(acts)}, "
@@ -265,7 +264,7 @@ def _x_arg(op: str, x: Any, acts: tuple[str, ...]) -> jax.Array:
 
 
 def gradient_arg(op: str, g: Any, x: jax.Array) -> jax.Array:
-    g = _checks.wide_array(op, "g", g)
+    g = checks.wide_array(op, "g", g)
     want = (x.shape[0], x.shape[2])
     if g.shape != want:
         raise ValueError(f"{op}: g must have shape [m, n] = {want} (from x), got {g.shape}")
@@ -362,9 +361,9 @@ def activation_cast_transpose(
     op = "activation_cast_transpose"
     acts = activations_arg(op, activations)
     x = _x_arg(op, x, acts)
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    scale = checks.scalar_f32(op, "scale", scale)
+    dt = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = checks.amax_reduction_arg(op, amax_reduction)
     q, q_t, scale_inv, amax = _ACTIVATION_CAST_TRANSPOSE(
         x,
         scale,
@@ -408,9 +407,9 @@ def dactivation_cast_transpose_dbias(
     acts = activations_arg(op, activations)
     x = _x_arg(op, x, acts)
     g = gradient_arg(op, g, x)
-    scale = _checks.scalar_f32(op, "scale", scale)
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
-    reduction = _checks.amax_reduction_arg(op, amax_reduction)
+    scale = checks.scalar_f32(op, "scale", scale)
+    dt = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    reduction = checks.amax_reduction_arg(op, amax_reduction)
     q, q_t, scale_inv, amax, dbias = _DACTIVATION_CAST_TRANSPOSE_DBIAS(
         g,
         x,

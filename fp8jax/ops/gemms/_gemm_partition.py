@@ -17,7 +17,7 @@ dot, with no gather that a BF16 dot would not do:
   ``a``'s K split wins over ``b``'s, and a mesh axis that splits ``a``'s M is taken off ``b``'s
   N and K (FSDP: the weight is gathered, as XLA does for its own dot).
 
-Dims that their axes do not divide evenly are not split (see :mod:`fp8jax.ops._partition`).
+Dims that their axes do not divide evenly are not split (see :mod:`fp8jax.ops.base.partition`).
 
 FSDP and the backward pass. A layer needs its FP8 weight in both layouts: ``w_t`` [N, K] as the
 forward GEMM's ``b`` and ``w_q`` [K, N] as the dgrad GEMM's ``b``. Under FSDP each GEMM would
@@ -46,9 +46,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from fp8jax.ops import _partition
+from fp8jax.ops.base import partition
 
-__all__ = ["gemm_sharding_rule", "partitioned_gemm"]
+__all__ = []  # internal to fp8jax.ops: none of its names is public API
 
 
 def gemm_sharding_rule(
@@ -76,7 +76,7 @@ def divisible_axes(mesh, axes: tuple[str, ...], size: int) -> tuple[str, ...]:
 
 def operand_dims(arg) -> tuple[tuple[str, ...], ...]:
     if isinstance(arg.sharding, NamedSharding):
-        return _partition.dim_axes(arg.sharding, arg.shape)
+        return partition.dim_axes(arg.sharding, arg.shape)
     return ((),) * arg.ndim  # not known yet (GSPMD): take it as replicated
 
 
@@ -84,7 +84,7 @@ def _as_is(mesh, arg) -> NamedSharding:
     """An operand's own sharding (for operands the kernel does not read: never resharded)."""
     if isinstance(arg.sharding, NamedSharding):
         return arg.sharding
-    return _partition.named(mesh, ((),) * arg.ndim)
+    return partition.named(mesh, ((),) * arg.ndim)
 
 
 def plan_mnk(mesh, a, b, a_dims, b_dims):
@@ -156,35 +156,35 @@ def partitioned_gemm(
         reused = reused_plan(mesh, a, *arg_shapes[-2:]) if has_reuse else None
         m, n, k = reused or plan_mnk(mesh, a, b, operand_dims(a), operand_dims(b))
         ins = [
-            _partition.named(mesh, (m, k)),
-            _as_is(mesh, b) if reused else _partition.named(mesh, (n, k)),
-            _partition.named(mesh, ((),) * a_scale_ndim),
-            _partition.named(mesh, ((),) * b_scale_ndim),
-        ] + ([_partition.named(mesh, (n,))] if has_bias else [])
+            partition.named(mesh, (m, k)),
+            _as_is(mesh, b) if reused else partition.named(mesh, (n, k)),
+            partition.named(mesh, ((),) * a_scale_ndim),
+            partition.named(mesh, ((),) * b_scale_ndim),
+        ] + ([partition.named(mesh, (n,))] if has_bias else [])
         if has_reuse:
             w_t, x_t = arg_shapes[-2:]
             # w_t: the very sharding the forward GEMM gave it (one all-gather, shared).
-            ins += [_partition.named(mesh, (k, n)) if reused else _as_is(mesh, w_t)]
+            ins += [partition.named(mesh, (k, n)) if reused else _as_is(mesh, w_t)]
             ins += [_as_is(mesh, x_t)]
-        out = _partition.named(mesh, (m, n))
-        k_axes = _partition.splitting_axes(mesh, (k,))
+        out = partition.named(mesh, (m, n))
+        k_axes = partition.splitting_axes(mesh, (k,))
         from_reuse = reused is not None
         if k_axes:
             return ins, (out,), functools.partial(k_split, k_axes, from_reuse)
         return ins, (out,), functools.partial(kernel, from_reuse)
 
     rule = gemm_sharding_rule(a_scale_ndim, b_scale_ndim, has_bias, has_reuse)
-    op = _partition.partitioned(functools.partial(kernel, False), plan, rule)
+    op = partition.partitioned(functools.partial(kernel, False), plan, rule)
 
     def call(a, b, a_scale_inv, b_scale_inv, bias=None, reuse=None):
         args = (a, b, a_scale_inv, b_scale_inv) + ((bias,) if has_bias else ())
         args += tuple(reuse) if has_reuse else ()
-        if not _partition.explicit_mesh():
+        if not partition.explicit_mesh():
             return op(*args)[0]
         # Explicit sharding: the sharding of the result is part of its type, and the rule above
         # is the one to give it. Inside, the mesh axes are automatic, as custom_partitioning
         # wants them; the result is typed with the sharding the rule gives it.
-        out_spec = _partition.explicit_matmul_spec(a, b, b_rows_are_n=True)
+        out_spec = partition.explicit_matmul_spec(a, b, b_rows_are_n=True)
         return jax.sharding.auto_axes(lambda *xs: op(*xs)[0], out_sharding=out_spec)(*args)
 
     return call

@@ -17,7 +17,7 @@ is traced again under another). No environment variable.
   ``LayerNormMLP``) runs its first GEMM with cuBLASLt's GELU epilogue writing the FP8
   activation, its amax and the float16 GELU input, and its second GEMM's dgrad with the DGELU
   epilogue writing the FP8 activation gradient, its amax and the bias gradient
-  (:mod:`fp8jax.ops.gemm_epilogue`), where that is the same computation: a ``"gelu"``
+  (:mod:`fp8jax.ops.gemms.gemm_epilogue`), where that is the same computation: a ``"gelu"``
   activation, delayed scaling, bfloat16/float16 compute, no dropout, the ``"kernel"``
   implementation of the ``gemm`` family. ``False``: the separate activation kernels.
 * ``min_fp8_flops`` (default ``0``: off): a layer call (``dense``, ``layernorm_dense``,
@@ -48,7 +48,7 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["GemmOptions", "below_fp8_flops", "gemm_options", "get_gemm_options"]
+__all__ = ["GemmOptions", "gemm_options", "get_gemm_options"]
 
 
 @dataclasses.dataclass(frozen=True)

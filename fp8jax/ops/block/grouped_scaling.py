@@ -33,20 +33,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops import _checks
-from fp8jax.ops.block_scaling import block_dequantize, block_quantize, mxfp8_quantize
-from fp8jax.ops.quantize import to_fp8
+from fp8jax.ops.base import checks
+from fp8jax.ops.block.block_scaling import block_dequantize, block_quantize, mxfp8_quantize
+from fp8jax.ops.casts.quantize import to_fp8
 
 __all__ = [
-    "check_group_sizes",
-    "group_ids",
     "grouped_quantize",
     "grouped_quantize_reference",
-    "local_group_sizes",
     "segment_block_dequantize",
     "segment_block_quantize",
-    "segment_grid_size",
-    "segment_layout",
 ]
 
 
@@ -54,7 +49,7 @@ def check_group_sizes(op: str, group_sizes: Any, groups: int | None = None) -> j
     """``group_sizes`` as an int32 ``[G]`` array (``G == groups`` when given), else a
     TypeError/ValueError naming it. Concrete sizes are also checked for negative values (their
     sum is checked by the caller, which knows the rows)."""
-    group_sizes = _checks.array_arg(op, "group_sizes", group_sizes)
+    group_sizes = checks.array_arg(op, "group_sizes", group_sizes)
     if group_sizes.dtype != jnp.int32:
         raise TypeError(f"{op}: group_sizes must be int32, got dtype {group_sizes.dtype}")
     if group_sizes.ndim != 1 or group_sizes.shape[0] < 1:
@@ -159,18 +154,18 @@ def grouped_quantize(
     ([1.0, 4.0, 0.0], [1.0, 2.0])
     """
     op = "grouped_quantize"
-    x = _checks.wide_array(op, "x", x)
+    x = checks.wide_array(op, "x", x)
     if x.ndim < 1:
         raise ValueError(f"{op}: x must have a row dim, got a scalar")
     group_sizes = check_group_sizes(op, group_sizes)
     check_sum(op, group_sizes, x.shape[0], "rows of x")
-    scale = _checks.array_arg(op, "scale", scale)
+    scale = checks.array_arg(op, "scale", scale)
     if scale.dtype != jnp.float32 or scale.shape != group_sizes.shape:
         raise ValueError(
             f"{op}: scale must be float32 {list(group_sizes.shape)} (one per group), got "
             f"{scale.dtype}{list(scale.shape)}"
         )
-    dt = _checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
+    dt = checks.fp8_dtype_arg(op, "fp8_dtype", fp8_dtype)
     return _grouped_quantize(x, group_sizes, scale, fp8_dtype=dt)
 
 
@@ -244,7 +239,7 @@ def segment_block_quantize(
     """
     op = "segment_block_quantize"
     width, m = _check_segment(op, x, group_sizes, block)
-    x = _checks.wide_array(op, "x", x)
+    x = checks.wide_array(op, "x", x)
     pos, nb = segment_layout(group_sizes, m, width)
     padded = _scatter(x, pos, width, nb)
     if mxfp8:
