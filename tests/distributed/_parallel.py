@@ -1,7 +1,7 @@
 """Shared pieces of the parallel-training tests (test_parallel_train.py, test_mlp_parallel.py,
-test_transformer_parallel.py): the train step, the ``("data", "model")`` mesh, the train
-state's shardings from the params' logical axis names, the comparison with a one-device run,
-and reading the compiled HLO's collectives."""
+test_transformer_parallel.py): the train step, the train state's shardings from the params'
+logical axis names, the comparison with a one-device run, and reading the compiled HLO's
+collectives (their meshes are ``_shared.make_mesh``'s)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
 
 N_DEVICES = 8
-
-
-def mesh(shape, explicit=False) -> Mesh:
-    """A ``("data", "model")`` mesh; ``explicit``: the axis types ``jax.make_mesh`` gives by
-    default (``AxisType.Explicit``: shardings are part of the types), else automatic axes."""
-    if explicit:
-        return jax.make_mesh(shape, ("data", "model"), devices=jax.devices()[:N_DEVICES])
-    return Mesh(np.array(jax.devices()[:N_DEVICES]).reshape(shape), ("data", "model"))
 
 
 def state_shardings(state, boxed, mesh, rules):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
-from _shared import make_mesh
+from _shared import make_mesh, normal
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -75,9 +75,8 @@ def _expected_all_reduces(mesh, rows, cols) -> list[int]:
 
 
 def _data(shape, dtype, seed):
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 4
-    x.reshape(-1)[-1] = -30.0  # the largest magnitude, in the last device's block
-    return jnp.asarray(x, dtype)
+    # the largest magnitude, in the last device's block
+    return normal(seed, shape, dtype, 4.0).at[(-1,) * len(shape)].set(-30.0)
 
 
 @pytest.mark.parametrize("split", SPLITS, ids=str)
@@ -165,10 +164,7 @@ def test_dactivation_cast_transpose_dbias_sharded(split, implementation):
 def test_explicit_sharding_mode():
     """Under explicit axes (shardings are part of the types) every output of a shape other
     than an operand's (y, q_t of [k, n, m], dbias) gets its sharding from the right dims."""
-    axis_type = getattr(jax.sharding, "AxisType", None)
-    if axis_type is None or not hasattr(jax, "set_mesh"):
-        pytest.skip("this JAX has no explicit sharding mode")
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type.Explicit,) * 2)
+    mesh = make_mesh(explicit=True)  # skips on a JAX without explicit sharding
     acts = ("gelu", "linear")
     x = _data((32, 2, 64), jnp.float32, 5)
     g = _data((32, 64), jnp.float32, 6)

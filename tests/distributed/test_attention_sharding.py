@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
@@ -112,7 +112,7 @@ def _run(model, mesh=None, rules=None):
 def test_sharded_training_matches_one_device(rules, gqa):
     model = _model(num_gqa_groups=gqa)
     ref_state, ref_losses = _run(model)
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     state, losses = _run(model, mesh, rules)
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import count
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
 from jax.errors import JaxRuntimeError
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
@@ -51,7 +51,7 @@ def _args(rows=ROWS):
 
 
 def _sharded(recipe, layout, rows=ROWS):
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     xs, w1s, w2s = LAYOUTS[layout]
     shard = [NamedSharding(mesh, s) for s in (xs, P(), w1s, w2s)]
     fn = jax.jit(_loss(recipe), in_shardings=shard)
@@ -128,7 +128,7 @@ def test_block_casts_split_where_each_device_holds_whole_blocks(cast, spec):
     of 128), dims of 8 blocks (a multiple of the device count, so the Shardy rule carries the
     grids): each device casts its part, with no collective, and the result equals one device's
     bit for bit."""
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     x = rand((1024, 1024), seed=7) * 3
     want = jax.jit(_CASTS[cast])(x)
     xs = jax.device_put(x, NamedSharding(mesh, spec))
@@ -144,7 +144,7 @@ def test_block_casts_split_where_each_device_holds_whole_blocks(cast, spec):
 def test_a_ragged_dim_left_whole_beside_a_split_one(cast):
     """Columns 300 (ragged for every block) unsplit, rows split into whole blocks: no straddle
     error (an unsplit dim keeps its ragged last block on each device), the one-device bits."""
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     x = rand((256, 300), seed=3) * 3
     want = jax.jit(_CASTS[cast])(x)
     got = jax.jit(_CASTS[cast])(jax.device_put(x, NamedSharding(mesh, P("data", None))))
@@ -155,6 +155,7 @@ def test_a_ragged_dim_left_whole_beside_a_split_one(cast):
 def test_the_whole_blocks_predicate():
     from fp8jax.ops.base import partition
 
+    # an abstract 2 x 4 mesh: the predicate reads only the axis sizes, never a device
     mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
     assert partition.whole_blocks(mesh, (), 300, 128)  # unsplit: ragged is fine
     assert partition.whole_blocks(mesh, ("data",), 256, 128)
@@ -173,7 +174,7 @@ def test_the_whole_blocks_predicate():
     ],
 )
 def test_a_block_straddling_two_devices_is_a_clear_error(cast, shape, spec, dim):
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     xs = jax.device_put(rand(shape), NamedSharding(mesh, spec))
     with pytest.raises(JaxRuntimeError, match=f"block_cast_transpose: {dim} ways .* straddle"):
         jax.jit(_CASTS[cast])(xs)
@@ -185,7 +186,7 @@ def test_a_split_finer_than_the_blocks_is_a_clear_error(cast):
     the block count in the Shardy rule, Shardy cut the mesh axis into sub-axes that JAX's custom
     partitioning cannot express, and JAX failed first with an internal KeyError; a dim of fewer
     blocks than a multiple of the device count now keeps its grid out of the rule.)"""
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     xs = jax.device_put(rand((256, 512)), NamedSharding(mesh, P("model", None)))
     match = r"dim -2 of x \(size 256\) is split 4 ways .* straddle"
     with pytest.raises(JaxRuntimeError, match=match):
@@ -199,7 +200,7 @@ def test_dims_of_fewer_blocks_than_devices_split_whole(cast, spec):
     each): dims of fewer blocks than devices, whose grids the plan splits. The one-device bits;
     the codes stay split, and at most a float32 scale grid is gathered (to the sharding
     propagation chose for it)."""
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     x = rand((256, 512), seed=5) * 3
     xs = jax.device_put(x, NamedSharding(mesh, spec))
     fn = jax.jit(_CASTS[cast])
@@ -236,7 +237,7 @@ def test_block_gemm_cuda_plan_keeps_whole_block_splits(combo, a_spec, b_spec, ou
 
     from fp8jax.ops.gemms import blockwise as bg
 
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mesh = make_mesh()
     aq, a_s, a_block, bq, b_s, b_block = _operands(combo, m=2048, n=1024, k=512, seed=3)
     want = bs.block_scaled_matmul(aq, a_s, a_block, bq, b_s, b_block, jnp.bfloat16)
     monkeypatch.setattr(jax.ffi, "ffi_call", lambda t, r: _emulated_block_kernel(t, r, traced=True))

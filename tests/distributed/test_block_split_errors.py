@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
@@ -31,11 +31,9 @@ MXFP8 = fp8jax.MXFP8BlockScaling()
 
 
 def _mesh(kind: str, explicit: bool = False):
-    shape, names = ((8,), ("d",)) if kind == "1d" else ((2, 4), ("data", "model"))
-    if explicit:
-        types = (jax.sharding.AxisType.Explicit,) * len(shape)
-        return jax.make_mesh(shape, names, axis_types=types), names
-    return Mesh(np.array(jax.devices()[:8]).reshape(shape), names), names
+    """The mesh (``"1d"``: 8 devices on "data"; ``"2d"``: 2 x 4) and its axis names."""
+    mesh = make_mesh("8" if kind == "1d" else "2x4", explicit=explicit)
+    return mesh, tuple(mesh.axis_names)
 
 
 # dim: (x shape, w shape, which operand is split and how, the op's dim in the message, block)
@@ -104,8 +102,8 @@ def test_a_two_dim_mesh_names_both_axes(dim):
 def test_mxfp8_k_split_into_part_blocks():
     """K = 128 over 8 devices: 16 a device, half an MXFP8 block of 32."""
     mesh, _ = _mesh("1d")
-    x = jax.device_put(rand((64, 128), 1), NamedSharding(mesh, P(None, "d")))
-    w = jax.device_put(rand((128, 128), 2) * 0.05, NamedSharding(mesh, P("d", None)))
+    x = jax.device_put(rand((64, 128), 1), NamedSharding(mesh, P(None, "data")))
+    w = jax.device_put(rand((128, 128), 2) * 0.05, NamedSharding(mesh, P("data", None)))
     match = r"dim -1 of x \(size 128\) is split 8 ways .*not a multiple of the block \(32\)"
     with pytest.raises(jax.errors.JaxRuntimeError, match=match):
         jax.jit(_fn("forward", MXFP8))(x, w)
@@ -116,7 +114,7 @@ def test_a_sharding_constraint_inside_the_function():
     mesh, names = _mesh("1d")
 
     def fn(x, w):
-        x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, "d")))
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, "data")))
         return fp8jax.dense(x, w, recipe=BLOCK, enabled=True)
 
     with pytest.raises(jax.errors.JaxRuntimeError, match=_message("K", names)):

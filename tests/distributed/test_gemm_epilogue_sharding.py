@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
-from _shared import make_mesh
+from _shared import make_mesh, normal
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -89,7 +89,7 @@ def test_gemm_dgelu_split(layout):
     mesh = make_mesh()
     rng = np.random.default_rng(1)
     a, b = _ints(rng, (M, K), E5M2), _ints(rng, (N, K), E4M3)
-    aux = jnp.asarray(rng.standard_normal((M, N)).astype(np.float16))
+    aux = normal(rng, (M, N), jnp.float16)
     s, scale = jnp.float32(0.5), jnp.float32(4.0)
 
     def f(a, b, aux):
@@ -127,11 +127,11 @@ def test_layernorm_mlp_fused_path_on_a_mesh():
     mesh = make_mesh()
     rng = np.random.default_rng(2)
     h, inter = 32, 64
-    x = jnp.asarray(rng.standard_normal((8, 4, h)), jnp.bfloat16)
+    x = normal(rng, (8, 4, h), jnp.bfloat16)
     gamma, beta = jnp.ones((h,)), jnp.zeros((h,))
-    w1 = jnp.asarray(rng.standard_normal((h, 1, inter)) * h**-0.5, jnp.bfloat16)
-    w2 = jnp.asarray(rng.standard_normal((inter, h)) * inter**-0.5, jnp.bfloat16)
-    b1 = jnp.asarray(rng.standard_normal((1, inter)) * 0.1, jnp.bfloat16)
+    w1 = normal(rng, (h, 1, inter), jnp.bfloat16, h**-0.5)
+    w2 = normal(rng, (inter, h), jnp.bfloat16, inter**-0.5)
+    b1 = normal(rng, (1, inter), jnp.bfloat16, 0.1)
     recipe = fp8jax.DelayedScaling(amax_history_len=4)
     meta = fp8jax.init_fp8_meta(recipe, n_roles=6)._replace(
         scale=jnp.array([16.0, 256.0, 2.0**14, 64.0, 256.0, 2.0**14])

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
-from _shared import make_mesh
+from _shared import make_mesh, normal
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -45,9 +45,7 @@ LAYOUTS = {
 
 def _operands(seed=0):
     rng = np.random.default_rng(seed)
-    a = jnp.asarray(rng.standard_normal((M, K)) * 8, jnp.float8_e4m3fn)
-    b = jnp.asarray(rng.standard_normal((N, K)) * 8, jnp.float8_e5m2)
-    return a, b
+    return normal(rng, (M, K), jnp.float8_e4m3fn, 8.0), normal(rng, (N, K), jnp.float8_e5m2, 8.0)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -139,9 +137,9 @@ def test_dgrad_reuses_the_forward_gather(layout):
     x_spec, w_spec, g_spec, y_spec, dx_spec, gathers, gathers_plain, groups = DGRAD_LAYOUTS[layout]
     mesh = make_mesh()
     rng = np.random.default_rng(3)
-    x = jnp.asarray(rng.standard_normal((M, K)) * 8, jnp.float8_e4m3fn)
-    w_q = jnp.asarray(rng.standard_normal((K, N)) * 8, jnp.float8_e4m3fn)
-    g = jnp.asarray(rng.standard_normal((M, N)) * 8, jnp.float8_e5m2)
+    x = normal(rng, (M, K), jnp.float8_e4m3fn, 8.0)
+    w_q = normal(rng, (K, N), jnp.float8_e4m3fn, 8.0)
+    g = normal(rng, (M, N), jnp.float8_e5m2, 8.0)
     s = jnp.float32(0.5)
 
     def step(x, w_q, g, reuse):
@@ -190,7 +188,7 @@ def test_sharding_rule_with_reuse():
 def test_explicit_sharding_mode(a_spec, b_spec, out_spec):
     """On a mesh with explicit axes (``jax.make_mesh``'s default) the GEMM's result type
     carries the sharding its rule gives: M as ``a``'s rows, N as ``b``'s rows not used by M."""
-    mesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:N_DEVICES])
+    mesh = make_mesh(explicit=True)
     a, b = _operands(7)
     sa, sb = jnp.float32(0.5), jnp.float32(0.25)
     want = gemm_mod.gemm(a, b, sa, sb, out_dtype=jnp.float32)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -100,7 +100,7 @@ def test_explicit_sharding_gradients_have_their_primals_shardings(name, layout, 
         return g
 
     want = jax.jit(grads)(x, params)
-    mesh = jax.make_mesh((2, 4), ("data", "model"), devices=jax.devices()[:N_DEVICES])
+    mesh = make_mesh(explicit=True)
     x_spec, p_specs = _specs(name, layout)
     with jax.set_mesh(mesh):
         put = lambda v, s: jax.device_put(v, NamedSharding(mesh, s))

@@ -37,12 +37,11 @@ from _parallel import (
     assert_like_reference,
     gathered_shapes,
     is_scalar_reduce,
-    mesh,
     mse_step,
     state_shardings,
     train,
 )
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -175,7 +174,7 @@ def _reference(kind):
 def _sharded_setup(kind, mode, enabled=True, explicit=False):
     """(jitted step, sharded state, sharded batches, mesh) for ``kind`` in ``mode``."""
     shape, rules = MODES[mode]
-    m = mesh(shape, explicit)
+    m = make_mesh(shape, explicit=explicit)
     model = _model(kind)
     batches = _batches(_out_features(kind))
     state, boxed = _init_state(model, batches[0][0])

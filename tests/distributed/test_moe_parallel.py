@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
@@ -64,10 +64,6 @@ def _loss_and_grads(config, recipe, x, params, c):
     return r, grads
 
 
-def _mesh(shape, names):
-    return Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
-
-
 SPLITS = {
     "data2-expert4": ((2, 4), ("data", "expert"), ("data",)),
     "expert8": ((8,), ("expert",), ()),
@@ -93,7 +89,7 @@ def test_expert_parallel_equals_one_device(name, split, capacity):
     one, one_grads = jax.jit(lambda *a: _loss_and_grads(MoEConfig(**base), recipe, *a))(
         x, params, c
     )
-    mesh = _mesh(shape, names)
+    mesh = make_mesh(shape, names=names)
     ep = MoEConfig(**base, expert_axis="expert", data_parallelism_axes=data_axes)
     with jax.set_mesh(mesh):
         tokens = NamedSharding(mesh, P((*data_axes, "expert")))
@@ -112,7 +108,7 @@ def test_expert_parallel_equals_one_device(name, split, capacity):
 def test_fp8_codes_cross_the_all_to_all():
     """In the forward pass the tokens travel as uint8 FP8 codes; the experts' outputs come back
     in the compute dtype."""
-    mesh = _mesh((8,), ("expert",))
+    mesh = make_mesh("8", names=("expert",))
     ep = MoEConfig(num_experts=E, num_experts_per_tok=K, expert_axis="expert")
     x, params = rand((T, H), 9), _params()
     with jax.set_mesh(mesh):

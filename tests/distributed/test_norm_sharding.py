@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
-from _shared import make_mesh
+from _shared import make_mesh, normal
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -53,12 +53,9 @@ def _row_group(mesh, spec) -> int:
 
 def _data(m=32, h=64, dtype=jnp.bfloat16):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((m, h)).astype(np.float32) * 3
-    x[-1, -1] = 60.0  # the largest |y| sits in the last device's rows
-    g = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
-    b = (0.1 * rng.standard_normal(h)).astype(np.float32)
-    dy = rng.standard_normal((m, h)).astype(np.float32)
-    return jnp.asarray(x, dtype), jnp.asarray(g), jnp.asarray(b), jnp.asarray(dy, dtype)
+    x = normal(rng, (m, h), dtype, 3.0).at[-1, -1].set(60.0)  # the largest |y|: last device's
+    g, b = normal(rng, h, scale=0.1, shift=1.0), normal(rng, h, scale=0.1)
+    return x, g, b, normal(rng, (m, h), dtype)
 
 
 def _one(x):

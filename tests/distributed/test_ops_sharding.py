@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
-from _shared import make_mesh
+from _shared import make_mesh, normal
 from conftest import needs_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -61,10 +61,7 @@ def _data(shape, dtype=jnp.float32, seed=0):
     """Random values whose largest magnitude sits in the last element (the last device's
     block under any sharding), so a device that skipped the reduction would see a smaller
     amax."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape).astype(np.float32) * 40
-    x.reshape(-1)[-1] = -1000.0
-    return jnp.asarray(x, dtype)
+    return normal(seed, shape, dtype, 40.0).at[(-1,) * len(shape)].set(-1000.0)
 
 
 def _split_axes(mesh: Mesh, spec: P) -> tuple[str, ...]:
@@ -470,6 +467,7 @@ def test_inside_partly_manual_shard_map():
 
 def test_single_device_lowering_is_the_bare_kernel():
     x = _data((16, 32))
+    # a one-device mesh (not a standard one): what this test is about
     for arg in (x, jax.device_put(x, NamedSharding(Mesh(jax.devices()[:1], ("data",)), P()))):
         f = jax.jit(lambda x: ops.quantize(x, jnp.float32(1.0), E4M3))
         text = f.lower(arg).as_text()
@@ -510,10 +508,7 @@ def test_gspmd_partitioner(gspmd, spec):
 
 
 def test_explicit_sharding_mode():
-    axis_type = getattr(jax.sharding, "AxisType", None)
-    if axis_type is None or not hasattr(jax, "set_mesh"):
-        pytest.skip("this JAX has no explicit sharding mode")
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type.Explicit,) * 2)
+    mesh = make_mesh(explicit=True)  # skips on a JAX without explicit sharding
     x = _data((16, 32))
     want = ops.cast_transpose(_one_device(x), jnp.float32(1.0), E4M3)
     with jax.set_mesh(mesh):

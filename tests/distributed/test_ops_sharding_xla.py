@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _hlo import all_reduce_group_sizes, count
-from _shared import make_mesh
+from _shared import make_mesh, normal
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -36,9 +36,7 @@ def _one_device(x):
 
 def _data(shape, dtype=jnp.float32, seed=0):
     """Random values whose largest magnitude is the last element (the last device's block)."""
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 40
-    x.reshape(-1)[-1] = -1000.0
-    return jnp.asarray(x, dtype)
+    return normal(seed, shape, dtype, 40.0).at[(-1,) * len(shape)].set(-1000.0)
 
 
 def _same(got, want) -> None:
@@ -141,8 +139,7 @@ def test_update_fp8_states_rows_stay_local():
 def test_gemm_is_xlas_own_dot(a_spec, b_spec, out_spec, devices):
     mesh = make_mesh()
     rng = np.random.default_rng(1)
-    a = jnp.asarray(rng.standard_normal((32, 64)) * 8, E4M3)
-    b = jnp.asarray(rng.standard_normal((48, 64)) * 8, jnp.float8_e5m2)
+    a, b = normal(rng, (32, 64), E4M3, 8.0), normal(rng, (48, 64), jnp.float8_e5m2, 8.0)
     f = lambda a, b: ops.gemm(a, b, jnp.float32(0.37), jnp.float32(0.011), out_dtype=jnp.float32)
     want = f(_one_device(a), _one_device(b))
     args = (
@@ -171,10 +168,7 @@ def test_vmap_of_a_sharded_quantize():
 
 
 def test_explicit_sharding_mode():
-    axis_type = getattr(jax.sharding, "AxisType", None)
-    if axis_type is None or not hasattr(jax, "set_mesh"):
-        pytest.skip("this JAX has no explicit sharding mode")
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type.Explicit,) * 2)
+    mesh = make_mesh(explicit=True)  # skips on a JAX without explicit sharding
     x = _data((16, 32))
     f = lambda x: ops.cast_transpose(x, jnp.float32(1.0), E4M3)
     want = f(_one_device(x))

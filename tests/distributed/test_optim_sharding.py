@@ -15,21 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fp8jax.optim import adamw
 
 pytestmark = needs_devices(8)
-
-
-def _mesh(explicit: bool = False) -> Mesh:
-    if explicit:
-        types = (jax.sharding.AxisType.Explicit,) * 2
-        return jax.make_mesh((2, 4), ("data", "model"), axis_types=types)
-    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
 
 
 #: FSDP on the first dim (a ragged last block), tensor parallel on the last (4 x 128: whole
@@ -72,7 +65,7 @@ def test_sharded_state_follows_the_params_and_equals_one_device(dtype):
     tx = adamw(1e-2, weight_decay=0.1)
     ref_params, ref_state = _steps(tx, _params(dtype), tx.init(_params(dtype)))
 
-    mesh = _mesh()
+    mesh = make_mesh()
     shardings = {k: NamedSharding(mesh, SPECS[k]) for k in SHAPES}
     params = jax.device_put(_params(dtype), shardings)
     state = tx.init(params)
@@ -100,7 +93,7 @@ def _assert_like(a, b):
 
 
 def test_a_block_straddling_two_devices_is_refused_by_name():
-    mesh = _mesh()
+    mesh = make_mesh()
     tx = adamw(1e-3)
     # 256 split 4 ways: 64 per device, half a block
     bad = {"w": jax.device_put(jnp.ones((4, 256)), NamedSharding(mesh, P(None, "model")))}
@@ -114,7 +107,7 @@ def test_a_block_straddling_two_devices_is_refused_by_name():
 
 
 def test_under_explicit_sharding_the_refusal_comes_at_trace_time():
-    mesh = _mesh(explicit=True)
+    mesh = make_mesh(explicit=True)
     tx = adamw(1e-3)
     with jax.set_mesh(mesh):
         good = jax.device_put(jnp.ones((4, 512)), P(None, "model"))

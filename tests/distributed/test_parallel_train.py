@@ -40,9 +40,8 @@ from _parallel import assert_like_reference as _assert_like_reference
 from _parallel import gather_key as _gather_key
 from _parallel import gathered_shapes as _gathered_shapes
 from _parallel import is_scalar_reduce as _is_scalar_reduce
-from _parallel import mesh as _mesh
 from _parallel import train as _train
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -149,7 +148,7 @@ def _reference():
 def _sharded_setup(mode, enabled=True, model=None, explicit=False):
     """(jitted step, sharded state, sharded batches, mesh) for ``mode``."""
     shape, rules = MODES[mode]
-    mesh = _mesh(shape, explicit)
+    mesh = make_mesh(shape, explicit=explicit)
     model = model or MlpBlock(sequence_parallel=mode == "sp")
     batches = _batches()
     state, boxed = _init_state(model, batches[0][0])

@@ -34,12 +34,11 @@ from _parallel import (
     assert_like_reference,
     gathered_shapes,
     is_scalar_reduce,
-    mesh,
     mse_step,
     state_shardings,
     train,
 )
-from _shared import rand
+from _shared import make_mesh, rand
 from conftest import needs_devices
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -123,7 +122,7 @@ def _compiled(mode, enabled=True):
     key = (mode, enabled)
     if key not in _CACHE:
         shape, rules = MODES[mode]
-        m = mesh(shape)
+        m = make_mesh(shape)
         batches = _batches()
         state, boxed = _init_state(batches[0][0])
         shardings = state_shardings(state, boxed, m, rules)

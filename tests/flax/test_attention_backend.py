@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import normal
 
 from fp8jax.layers import attention_backend as ab
 from fp8jax.layers.attention_core import attention_core
@@ -82,7 +83,7 @@ def test_attention_core_passes_the_choice_on(fake_gpu):
 
 def test_the_default_is_the_same_numbers_as_xla_on_cpu():
     rng = np.random.default_rng(0)
-    q, k, v = (jnp.asarray(rng.standard_normal((2, 16, 4, 32)), BF16) for _ in range(3))
+    q, k, v = (normal(rng, (2, 16, 4, 32), BF16) for _ in range(3))
     kw = dict(head_dim=32, num_attention_heads=4, attn_mask_type="causal")
     np.testing.assert_array_equal(
         np.asarray(attention_core(q, k, v, **kw)),

@@ -192,6 +192,7 @@ def test_score_mod_call_arguments_only_none(name):
 def test_dense_input_axes_constrain_the_input():
     model = DenseGeneral(features=8, input_axes=("batch", None, "embed"))
     variables = model.init(jax.random.key(0), _X)
+    # one device, automatic axes: the constraint must appear without a multi-device run
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     with jax.set_mesh(mesh), nn.logical_axis_rules([("batch", "data"), ("embed", None)]):
         jaxpr = str(jax.make_jaxpr(model.apply)(variables, _X))

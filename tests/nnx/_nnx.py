@@ -1,10 +1,9 @@
-"""Shared by the fp8jax.nnx tests: the recipe, a small TransformerLayer config, inputs and a
-bitwise tree comparison."""
+"""Shared by the fp8jax.nnx tests: the recipe, a small TransformerLayer config and a bitwise
+tree comparison (inputs: ``_shared.rand``)."""
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -15,10 +14,6 @@ TRANSFORMER = dict(
     hidden_size=16, mlp_hidden_size=32, num_attention_heads=2, hidden_dropout=0.0,
     attention_dropout=0.0, intermediate_dropout=0.0,
 )  # fmt: skip
-
-
-def rand(shape, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, jnp.float32)
 
 
 def assert_trees_equal(a, b):

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _nnx import RECIPE, TRANSFORMER, assert_trees_equal, float32_matmuls, rand  # noqa: F401
+from _nnx import RECIPE, TRANSFORMER, assert_trees_equal, float32_matmuls  # noqa: F401
+from _shared import rand
 from flax import nnx
 
 import fp8jax

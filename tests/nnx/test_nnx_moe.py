@@ -7,7 +7,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
-from _nnx import RECIPE, TRANSFORMER, assert_trees_equal, rand
+from _nnx import RECIPE, TRANSFORMER, assert_trees_equal
+from _shared import rand
 from flax import nnx
 
 import fp8jax

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _implementations import DIV_ULPS
+from _shared import normal
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
@@ -99,11 +100,6 @@ Builder = Callable[[int], dict[str, Sample]]
 """A sample builder: ``(key) -> {variant: Sample}``."""
 
 
-def normal(rng, shape, dtype, scale=1.0, shift=0.0):
-    """Normal values (times ``scale``, plus ``shift``) drawn in float32, cast to ``dtype``."""
-    return jnp.asarray((rng.standard_normal(shape) * scale + shift).astype(np.float32), dtype)
-
-
 def dyadic(rng, shape, dtype):
     """Multiples of 1/8 in [-8, 8): their float32 sums are exact in any order (dbias)."""
     return jnp.asarray(rng.integers(-64, 64, shape).astype(np.float32) / 8, dtype)
@@ -116,7 +112,7 @@ def scale_of(value, shape=()):
 
 def fp8_codes(rng, shape, dtype):
     """FP8 codes of ``dtype``: normal values times 8, rounded to the format."""
-    return jnp.asarray((rng.standard_normal(shape) * 8).astype(np.float32), dtype)
+    return normal(rng, shape, dtype, 8.0)
 
 
 NOT_OPDEFS = {

@@ -25,7 +25,8 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
-from _samples import ACT_CLOSE, BF16, F16, F32, M, N, Sample, dyadic, normal, scale_of
+from _samples import ACT_CLOSE, BF16, F16, F32, M, N, Sample, dyadic, scale_of
+from _shared import normal
 from _values import assert_matches
 from conftest import on_cpu
 from scipy import special
@@ -56,9 +57,7 @@ def _shape(acts, wide):
 
 def _inputs(m, n, k, dtype, seed=0):
     rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((m, k, n)) * 3).astype(np.float32)
-    g = rng.standard_normal((m, n)).astype(np.float32)
-    return jnp.asarray(x, dtype), jnp.asarray(g, dtype)
+    return normal(rng, (m, k, n), dtype, 3.0), normal(rng, (m, n), dtype)
 
 
 # ------------------------------------------------------------------ float64 oracle

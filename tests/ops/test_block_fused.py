@@ -13,17 +13,8 @@ import numpy as np
 import pytest
 from _dbias import assert_dbias_close, strip_order_sum
 from _implementations import reference_bits_promised
-from _samples import (
-    ACT_CLOSE,
-    BF16,
-    F16,
-    F32,
-    F32_SCALE_GPU_CLOSE,
-    NORM_CLOSE,
-    Sample,
-    dyadic,
-    normal,
-)
+from _samples import ACT_CLOSE, BF16, F16, F32, F32_SCALE_GPU_CLOSE, NORM_CLOSE, Sample, dyadic
+from _shared import normal
 
 from fp8jax import ops
 
@@ -38,6 +29,8 @@ KINDS = {
 
 
 def _heavy(r, shape, dtype, spread=2.0):
+    """Normal values times a log-normal spread of magnitudes; ``r``: a Generator or a seed."""
+    r = np.random.default_rng(r)
     x = r.standard_normal(shape) * np.exp(r.standard_normal(shape) * spread)
     return jnp.asarray(x.astype(np.float32), dtype)
 
@@ -63,7 +56,7 @@ def _assert_same(got, want):
 @pytest.mark.parametrize("shape", [(300, 260), (1, 40), (128, 128), (2200, 24)], ids=str)
 def test_dbias_form_equals_the_cast_and_the_kernels_column_sums(kind, dtype, shape):
     block, fused, cast = KINDS[kind]
-    g = _heavy(np.random.default_rng(sum(shape)), shape, dtype)
+    g = _heavy(sum(shape), shape, dtype)
     for impl in EXACT_IMPLS:
         *casts, dbias = fused(g, E4M3, block, implementation=impl)
         _assert_same(casts, cast(g, E4M3, block, implementation=impl))
@@ -76,7 +69,7 @@ def test_dbias_form_equals_the_cast_and_the_kernels_column_sums(kind, dtype, sha
 
 
 def test_dbias_form_options_and_empty_inputs():
-    g = _heavy(np.random.default_rng(1), (256, 200), jnp.float32)
+    g = _heavy(1, (256, 200), jnp.float32)
     kw = dict(power_2_scale=False, amax_epsilon=1e-3, implementation="kernel")
     *casts, _ = ops.block_cast_transpose_dbias(g, E5M2, **kw)
     _assert_same(casts, ops.block_cast_transpose(g, E5M2, **kw))
@@ -92,7 +85,7 @@ ACTS = [("gelu",), ("relu",), ("silu", "linear"), ("gelu_exact", "linear")]
 @pytest.mark.parametrize("dtype", WIDE, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("mx", [False, True], ids=["block", "mxfp8"])
 def test_activation_form_equals_the_activation_then_the_cast(acts, dtype, mx):
-    x = _heavy(np.random.default_rng(len(acts)), (300, len(acts), 200), dtype, spread=1.0)
+    x = _heavy(len(acts), (300, len(acts), 200), dtype, spread=1.0)
     fused = ops.activation_mxfp8_cast_transpose if mx else ops.activation_block_cast_transpose
     cast = ops.mxfp8_cast_transpose if mx else ops.block_cast_transpose
     for impl in EXACT_IMPLS:
@@ -101,7 +94,7 @@ def test_activation_form_equals_the_activation_then_the_cast(acts, dtype, mx):
 
 
 def test_activation_form_square_blocks_and_options():
-    x = _heavy(np.random.default_rng(2), (130, 1, 140), jnp.float32)
+    x = _heavy(2, (130, 1, 140), jnp.float32)
     a = ops.activation(x, "relu")
     _assert_same(
         ops.activation_block_cast_transpose(x, "relu", E5M2, (128, 128), power_2_scale=False),
@@ -208,8 +201,8 @@ def test_norm_form_equals_the_norm_then_the_cast(norm, dtype, kind):
     norm_type, zc = norm.split("-")[0], NORMS[norm]
     r = np.random.default_rng(len(norm))
     x = _heavy(r, (300, 260), dtype, 1.0)
-    gamma = jnp.asarray(r.standard_normal(260) * 0.2 + 1, jnp.bfloat16)
-    beta = jnp.asarray(r.standard_normal(260), jnp.float32) if norm_type == "layernorm" else None
+    gamma = normal(r, 260, jnp.bfloat16, 0.2, 1.0)
+    beta = normal(r, 260) if norm_type == "layernorm" else None
     kw = dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=zc)
     fused = ops.norm_mxfp8_cast_transpose if kind == "mxfp8" else ops.norm_block_cast_transpose
     cast = KINDS[kind][2]

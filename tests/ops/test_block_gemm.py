@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _samples import GEMM_GPU_CLOSE
+from _shared import normal
 from _values import assert_matches
 from conftest import load_testing_extension
 
@@ -33,8 +34,7 @@ COMBOS = {
 def _operands(combo, m=100, n=70, k=300, seed=0):
     a_block, b_block, mx = COMBOS[combo]
     r = np.random.default_rng(seed)
-    x = jnp.asarray(r.standard_normal((m, k)), jnp.float32)
-    w = jnp.asarray(r.standard_normal((n, k)) * 0.1, jnp.float32)
+    x, w = normal(r, (m, k)), normal(r, (n, k), scale=0.1)
 
     def q(v, block):
         return bs.mxfp8_quantize(v, E4M3, block) if mx else bs.block_quantize(v, E4M3, block)

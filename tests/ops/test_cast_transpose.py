@@ -11,7 +11,8 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
-from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, normal, scale_of
+from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, scale_of
+from _shared import normal
 from _values import (
     FP8_TYPES,
     all_16bit,
@@ -50,8 +51,7 @@ def test_cast_transpose_shapes(shape, wide, implementation):
     # Every tile path and dtype; the FP8 format alternates (test_cast_transpose_special_values
     # covers both exhaustively, test_conformance.py both on plain inputs).
     fp8 = FP8_TYPES[(SHAPES.index(shape) + WIDE.index(wide)) % 2]
-    rng = np.random.default_rng(sum(shape))
-    x = (rng.standard_normal(shape) * 300).astype(wide)
+    x = normal(sum(shape), shape, wide, 300.0)
     _check(np.asarray(x), 0.9, fp8, implementation)
 
 
@@ -78,7 +78,7 @@ def test_cast_transpose_bad_input():
 
 
 def test_amax_reduction_mesh_on_one_device_is_the_same():
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 16)), jnp.bfloat16)
+    x = normal(0, (8, 16), jnp.bfloat16)
     s = jnp.float32(3.0)
     for op in (ops.cast_transpose, ops.quantize):
         for got, want in zip(

@@ -15,6 +15,7 @@ import pytest
 from _dbias import assert_dbias_close, strip_order_sum
 from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
 from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, dyadic, scale_of
+from _shared import normal
 from _values import FP8_TYPES, assert_fp8_equal
 
 from fp8jax import ops
@@ -28,8 +29,7 @@ SHAPES += [(3, 4097), (2200, 24)]
 
 
 def _g(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    return jnp.asarray((rng.standard_normal(shape) * 30).astype(np.float32), dtype)
+    return normal(seed, shape, dtype, 30.0)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _shared import normal
 from _values import assert_fp8_equal
 
 import fp8jax
@@ -46,10 +47,10 @@ def _step(x, g, gamma, beta, hist, scale):
 def test_every_kernel_in_a_scan_body_equals_the_op_alone():
     rng = np.random.default_rng(0)
     n, rows, h = 3, 64, 128
-    xs = jnp.asarray(rng.standard_normal((n, rows, h)), jnp.bfloat16)
-    gs = jnp.asarray(rng.standard_normal((n, rows, h)), jnp.bfloat16)
+    xs = normal(rng, (n, rows, h), jnp.bfloat16)
+    gs = normal(rng, (n, rows, h), jnp.bfloat16)
     gamma = jnp.asarray(rng.uniform(0.5, 1.5, h), jnp.float32)
-    beta = jnp.asarray(rng.standard_normal(h), jnp.float32)
+    beta = normal(rng, h)
     hist = jnp.asarray(rng.uniform(0.1, 4.0, (2, RECIPE.amax_history_len)), jnp.float32)
     scale = jnp.float32(2.0)
 

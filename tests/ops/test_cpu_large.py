@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import normal
 from _values import (
     FP8_TYPES,
     assert_fp8_equal,
@@ -46,8 +47,7 @@ def _input(shape: tuple[int, ...], fp8, wide, seed: int) -> np.ndarray:
 
 def _no_special(shape: tuple[int, ...], wide, seed: int) -> np.ndarray:
     """Only finite normal values: every block takes the vectorised path."""
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 3.0
-    return np.asarray(jnp.asarray(x).astype(wide))
+    return np.asarray(normal(seed, shape, wide, 3.0))
 
 
 @pytest.mark.parametrize("fp8", FP8_TYPES, ids=lambda t: t.__name__)

@@ -34,7 +34,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _implementations import implementation_fixture, only, pytest_generate_tests  # noqa: F401
-from _samples import F32, GEMM_GPU_CLOSE, M, N, Sample, fp8_codes, normal, scale_of
+from _samples import F32, GEMM_GPU_CLOSE, M, N, Sample, fp8_codes, scale_of
+from _shared import normal
 from conftest import on_cpu, requires_cuda
 
 from fp8jax import ops
@@ -87,7 +88,7 @@ def _operands(seed, m, n, k, a_dt=E4M3, b_dt=E4M3, out=jnp.bfloat16, bias=False)
     b = _fp8(rng, (n, k), b_dt)
     sa = np.float32(0.37)
     sb = np.float32(1.9)
-    bias_v = (rng.standard_normal(n) * 8).astype(out) if bias else None
+    bias_v = np.asarray(normal(rng, n, out, 8.0)) if bias else None
     return a, b, sa, sb, bias_v
 
 
@@ -299,7 +300,7 @@ def test_vmap_batched_a_folds_into_m(implementation):
     rng = np.random.default_rng(11)
     a = jnp.asarray(_fp8(rng, (4, 7, 33), E4M3))
     b = jnp.asarray(_fp8(rng, (17, 33), E4M3))
-    bias = jnp.asarray(rng.standard_normal(17).astype(np.float32)).astype(jnp.bfloat16)
+    bias = normal(rng, 17, jnp.bfloat16)
     sa, sb = jnp.float32(0.5), jnp.full((1,), 3.0, jnp.float32)
     f = jax.vmap(lambda x: ops.gemm(x, b, sa, sb, bias=bias))
     got = f(a)
@@ -331,8 +332,7 @@ def test_vmap_other_batching_maps_over_the_batch(axes, implementation):
     b = jnp.asarray(_fp8(rng, (size, 17, 33) if axes[1] else (17, 33), E5M2))
     sa = jnp.asarray(rng.uniform(0.1, 2, size if axes[2] else ()).astype(np.float32))
     sb = jnp.asarray(rng.uniform(0.1, 2, (size, 1) if axes[3] else (1,)).astype(np.float32))
-    bias = jnp.asarray(rng.standard_normal((size, 17) if axes[4] else 17).astype(np.float32))
-    bias = bias.astype(jnp.bfloat16)
+    bias = normal(rng, (size, 17) if axes[4] else 17, jnp.bfloat16)
     in_axes = tuple(0 if ax else None for ax in axes)
     f = jax.vmap(lambda x, y, s, t, c: ops.gemm(x, y, s, t, bias=c), in_axes=in_axes)
     got = f(a, b, sa, sb, bias)

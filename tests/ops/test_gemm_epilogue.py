@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _implementations import implementation_fixture, only, pytest_generate_tests  # noqa: F401
+from _shared import normal
 
 from fp8jax.ops.gemms import gemm_epilogue as ge
 from fp8jax.ops.gemms.gemm import WORKSPACE_BYTES
@@ -79,7 +80,7 @@ def test_gelu_reference_against_numpy(with_bias, implementation):
 @pytest.mark.parametrize("dbias_dtype", [jnp.bfloat16, jnp.float16])
 def test_dgelu_reference_against_numpy(with_dbias, dbias_dtype, implementation):
     a, b, rng = _operands(a_dt=E5M2)
-    aux = jnp.asarray(rng.standard_normal((24, 40)).astype(np.float16))
+    aux = normal(rng, (24, 40), jnp.float16)
     sa, sb, scale = jnp.float32(0.5), jnp.float32(0.25), jnp.float32(4.0)
     q, scale_inv, amax, dbias = ge.gemm_dgelu(
         a, b, sa, sb, aux, scale, fp8_dtype=E5M2, dbias_dtype=dbias_dtype,
@@ -180,7 +181,7 @@ def test_cuda_branch_with_an_emulated_handler(monkeypatch, m, n, k):
         q, aux, _, amax = ge.gemm_gelu_reference(a, b, s, s, scale, fp8_dtype=E4M3, bias=bias_)
         for x, y in zip(got, (q, aux, amax), strict=True):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    aux = jnp.asarray(rng.standard_normal((m, n)).astype(np.float16))
+    aux = normal(rng, (m, n), jnp.float16)
     for with_dbias in (False, True):
         cfg = (np.dtype(E4M3), jnp.dtype(jnp.float16), with_dbias, False)
         got = ge._dgelu_cuda(a, b, s, s, aux, scale, cfg=cfg)

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
-from _samples import BF16, E4M3, E5M2, F32, GEMM_GPU_CLOSE, Sample, fp8_codes, normal
+from _samples import BF16, E4M3, E5M2, F32, GEMM_GPU_CLOSE, Sample, fp8_codes
+from _shared import normal
 from _values import assert_matches
 
 from fp8jax import ops
@@ -123,7 +124,7 @@ def test_rows_block_scaled_against_the_oracle(combo, sizes):
     r = np.random.default_rng(2)
     g = len(SIZES[sizes])
     x = jnp.asarray(r.standard_normal((M, K)) * np.exp(r.standard_normal((M, 1))), F32)
-    w = jnp.asarray(r.standard_normal((g, N, K)) * 0.1, F32)
+    w = normal(r, (g, N, K), F32, 0.1)
     a, sa = _block_cast(x, a_block, mx)
     qs = [_block_cast(w[i], b_block, mx) for i in range(g)]
     b, sb = jnp.stack([q for q, _ in qs]), jnp.stack([s for _, s in qs])
@@ -144,8 +145,7 @@ def test_contracting_segment_blocks_against_the_oracle(width, sizes):
     r = np.random.default_rng(3)
     g = len(SIZES[sizes])
     gs = _sizes(sizes)
-    xt = jnp.asarray(r.standard_normal((K, M)), F32)
-    gt = jnp.asarray(r.standard_normal((N, M)) * 1e-3, F32)
+    xt, gt = normal(r, (K, M)), normal(r, (N, M), F32, 1e-3)
     kw = dict(mxfp8=mx, power_2_scale=True)
     a, sa = ops.segment_block_quantize(xt, gs, E4M3, (1, width), **kw)
     b, sb = ops.segment_block_quantize(gt, gs, E5M2, (1, width), **kw)

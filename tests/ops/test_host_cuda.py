@@ -22,17 +22,8 @@ import numpy as np
 import pytest
 from _dbias import strip_order_sum
 from _host_cuda import EXT, NEEDS_EXT, on_host_cuda, on_the_cpu, to_cpu  # noqa: F401
-from _samples import (
-    ACT_CLOSE,
-    KERNEL_PENDING,
-    NORM_CLOSE,
-    Sample,
-    cases,
-    dyadic,
-    normal,
-    sample,
-    scale_of,
-)
+from _samples import ACT_CLOSE, KERNEL_PENDING, NORM_CLOSE, Sample, cases, dyadic, sample, scale_of
+from _shared import normal
 from _values import assert_matches
 
 from fp8jax import ops
@@ -169,7 +160,7 @@ def test_vmapped_calls_run_the_grouped_kernels(case, monkeypatch):
 def test_dbias_over_more_row_tiles_than_lanes_has_the_documented_bits(shape, dtype, monkeypatch):
     """18 and 17 row tiles (guarded and fast tiles): pass 2 adds them in 16 interleaved lanes;
     the CUDA kernels give the bits of the documented order, as the CPU kernel does."""
-    g = normal(np.random.default_rng(5), shape, dtype, 30.0)
+    g = normal(5, shape, dtype, 30.0)
     want = strip_order_sum(np.asarray(g, np.float32))
     cpu = ops.cast_transpose_dbias(g, jnp.float32(0.5), jnp.float8_e4m3fn, implementation="kernel")
     np.testing.assert_array_equal(np.asarray(cpu[4]), want)
@@ -216,9 +207,9 @@ def test_the_norm_block_cast_computes_the_norm_kernels_y(norm_type, mx, monkeypa
     those of the CUDA norm forward then the CUDA block cast, bit for bit (x bfloat16, gamma
     float32, beta float16; a row length no vector access takes)."""
     r = np.random.default_rng(7)
-    x = jnp.asarray(r.standard_normal((200, 136)) * 3 + 1, jnp.bfloat16)
-    gamma = jnp.asarray(r.standard_normal(136) * 0.2 + 1, jnp.float32)
-    beta = jnp.asarray(r.standard_normal(136), jnp.float16) if norm_type == "layernorm" else None
+    x = normal(r, (200, 136), jnp.bfloat16, 3.0, 1.0)
+    gamma = normal(r, 136, jnp.float32, 0.2, 1.0)
+    beta = normal(r, 136, jnp.float16) if norm_type == "layernorm" else None
     kw = dict(norm_type=norm_type, epsilon=1e-5, zero_centered_gamma=mx)
     fused = ops.norm_mxfp8_cast_transpose if mx else ops.norm_block_cast_transpose
     cast = ops.mxfp8_cast_transpose if mx else ops.block_cast_transpose
@@ -297,7 +288,7 @@ def test_cast_transpose_tiles_are_bank_conflict_free(op, shape, monkeypatch):
     the guarded sub-tile (plan::GuardedTileIndex's and GuardedValsIndex's swizzles; they were
     3.56 and 2.15 times the fewest: a 4-way conflict in the byte gather, 2-way in dbias's
     staging)."""
-    g = normal(np.random.default_rng(1), shape, jnp.bfloat16)
+    g = normal(1, shape, jnp.bfloat16)
     EXT.reset_stats()
     with on_host_cuda(monkeypatch, banks=True):
         jax.block_until_ready(getattr(ops, op)(g, jnp.float32(2), jnp.float8_e4m3fn))

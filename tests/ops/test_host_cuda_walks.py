@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _host_cuda import EXT, NEEDS_EXT, on_host_cuda, on_the_cpu  # noqa: F401
-from _samples import normal
+from _shared import normal
 
 from fp8jax import ops
 
@@ -70,7 +70,7 @@ def _scales(groups: int) -> jax.Array:
 def test_quantize_walk_gives_the_reference(groups, per_group, dtype, device, monkeypatch):
     """Every element once (the runtime fails a second store), every scale_inv and amax written,
     also for empty groups, whatever grid the device's occupancy gives."""
-    x = normal(np.random.default_rng(groups * 31 + per_group), (groups, per_group), dtype, 3.0)
+    x = normal(groups * 31 + per_group, (groups, per_group), dtype, 3.0)
     _kernel_equals_reference(monkeypatch, _grouped_quantize, x, _scales(groups), device=device)
 
 
@@ -79,7 +79,7 @@ def test_quantize_vector_body_with_scalar_head_and_tail(dtype, monkeypatch):
     """Groups of 1,003: each starts where the last ended, so most start mid-vector: a scalar
     head, a vector body and a scalar tail per group (the plan's split, test_launch_plan.py)."""
     groups, n = 6, 1003
-    x = normal(np.random.default_rng(2), (groups, n), dtype, 3.0)
+    x = normal(2, (groups, n), dtype, 3.0)
     _kernel_equals_reference(monkeypatch, _grouped_quantize, x, _scales(groups))
 
 
@@ -89,7 +89,7 @@ def test_quantize_walk_over_many_groups(monkeypatch):
     arithmetic there is test_launch_plan.py's. 5,000 groups took 135 s of CI's host run with
     coverage and tested nothing 600 do not.)"""
     groups = 600
-    x = normal(np.random.default_rng(4), (groups, 3), jnp.bfloat16, 3.0)
+    x = normal(4, (groups, 3), jnp.bfloat16, 3.0)
     stats = _kernel_equals_reference(
         monkeypatch, _grouped_quantize, x, _scales(groups), device="3-blocks"
     )
@@ -128,7 +128,7 @@ def _stacked_cast_transpose(x, scales, implementation):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_cast_transpose_walk_gives_the_reference(matrices, rows, cols, device, dtype, monkeypatch):
     """q and q_t of every element once each, through the shared-memory tile."""
-    x = normal(np.random.default_rng(rows * 7 + cols), (matrices, rows, cols), dtype, 3.0)
+    x = normal(rows * 7 + cols, (matrices, rows, cols), dtype, 3.0)
     _kernel_equals_reference(
         monkeypatch, _stacked_cast_transpose, x, _scales(matrices), device=device
     )
@@ -138,5 +138,5 @@ def test_cast_transpose_walk_gives_the_reference(matrices, rows, cols, device, d
 def test_several_matrices_per_scale(rows, cols, monkeypatch):
     """Six matrices under one scale (an unbatched scale in vmap): one scale_inv and one amax for
     the six, written also when the matrices are empty."""
-    x = normal(np.random.default_rng(9), (6, rows, cols), jnp.bfloat16, 3.0)
+    x = normal(9, (6, rows, cols), jnp.bfloat16, 3.0)
     _kernel_equals_reference(monkeypatch, _stacked_cast_transpose, x, jnp.float32(0.5))

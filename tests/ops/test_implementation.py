@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _implementations import reference_bits_promised
+from _shared import normal
 from _values import assert_matches
 
 import fp8jax
@@ -142,10 +143,7 @@ def test_switching_retraces_and_the_same_choice_hits_the_cache():
 
 def test_dense_layer_follows_the_switch_forward_and_backward():
     rng = np.random.default_rng(0)
-    x, w, ct = (
-        jnp.asarray(rng.standard_normal(shape), jnp.float32)
-        for shape in ((8, 32), (32, 16), (8, 16))
-    )
+    x, w, ct = (normal(rng, shape) for shape in ((8, 32), (32, 16), (8, 16)))
     meta = fp8jax.init_fp8_meta(RECIPE)
 
     @jax.jit
@@ -181,10 +179,7 @@ def test_dense_backward_runs_what_the_forward_chose():
     """The layer reads the switch when it is called: a backward traced later, outside the
     block (jax.vjp's function called elsewhere), still runs the same implementation."""
     rng = np.random.default_rng(1)
-    x, w, ct = (
-        jnp.asarray(rng.standard_normal(shape), jnp.float32)
-        for shape in ((8, 32), (32, 16), (8, 16))
-    )
+    x, w, ct = (normal(rng, shape) for shape in ((8, 32), (32, 16), (8, 16)))
     meta = fp8jax.init_fp8_meta(RECIPE)
     with ops.implementation("xla"):
         _, vjp = jax.vjp(

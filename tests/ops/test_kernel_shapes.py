@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _shared import normal
 from _values import assert_fp8_equal
 from conftest import on_cpu
 
@@ -22,8 +23,7 @@ E4M3 = jnp.float8_e4m3fn
 
 
 def _x(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    return jnp.asarray((rng.standard_normal(shape) * 3).astype(np.float32)).astype(dtype)
+    return normal(seed, shape, dtype, 3.0)
 
 
 @pytest.mark.parametrize("shape", [(4, 0), (0, 16), (3, 4, 0), (2, 0, 16)])

@@ -23,7 +23,8 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
-from _samples import BF16, E4M3, E5M2, F32, NORM_CLOSE, M, N, Sample, normal, scale_of
+from _samples import BF16, E4M3, E5M2, F32, NORM_CLOSE, M, N, Sample, scale_of
+from _shared import normal
 from _values import assert_matches, assert_wide_equal
 from jax.test_util import check_grads
 
@@ -39,10 +40,8 @@ _TOL_F32 = 64 * float(np.finfo(np.float32).eps)
 
 def _inputs(m, h, dtype, norm_type, seed=0):
     rng = np.random.default_rng(seed + 7 * m + h)
-    x = (rng.standard_normal((m, h)) * 3 + 0.5).astype(np.float32)
-    gamma = (1 + 0.2 * rng.standard_normal(h)).astype(np.float32)
-    beta = (0.2 * rng.standard_normal(h)).astype(np.float32) if norm_type == "layernorm" else None
-    return jnp.asarray(x, dtype), jnp.asarray(gamma), None if beta is None else jnp.asarray(beta)
+    x, gamma = normal(rng, (m, h), dtype, 3.0, 0.5), normal(rng, h, F32, 0.2, 1.0)
+    return x, gamma, normal(rng, h, F32, 0.2) if norm_type == "layernorm" else None
 
 
 def _tolerance(want, dtype=None) -> dict[str, float]:
@@ -133,7 +132,7 @@ def test_norm_backward_vs_vjp_of_reference(norm_type, zero_centered_gamma, dtype
     kw = dict(norm_type=norm_type, zero_centered_gamma=zero_centered_gamma)
     for m in ROWS:
         x, gamma, beta = _inputs(m, h, dtype, norm_type, seed=2)
-        dy = jnp.asarray(np.random.default_rng(m).standard_normal((m, h)), dtype)
+        dy = normal(m, (m, h), dtype)
         _, mu, rs = ops.norm_forward(x, gamma, beta, epsilon=EPS, **kw)
         dx, dgamma, dbeta = ops.norm_backward(dy, x, mu, rs, gamma, **kw)
 
@@ -155,7 +154,7 @@ def test_norm_backward_vs_vjp_of_reference(norm_type, zero_centered_gamma, dtype
 @pytest.mark.parametrize("h", [768, 1000, 4097])
 def test_norm_backward_vs_its_reference(h):
     x, gamma, beta = _inputs(37, h, jnp.float32, "layernorm", seed=3)
-    dy = jnp.asarray(np.random.default_rng(3).standard_normal(x.shape), jnp.float32)
+    dy = normal(3, x.shape)
     for norm_type in ("layernorm", "rmsnorm"):
         b = beta if norm_type == "layernorm" else None
         _, mu, rs = ops.norm_forward(x, gamma, b, norm_type=norm_type, epsilon=EPS)
@@ -174,7 +173,7 @@ def test_norm_backward_vs_its_reference(h):
 )
 def test_norm_backward_mixed_dtypes(dy_dtype, x_dtype):
     x, gamma, beta = _inputs(5, 40, x_dtype, "layernorm", seed=9)
-    dy = jnp.asarray(np.random.default_rng(9).standard_normal(x.shape), dy_dtype)
+    dy = normal(9, x.shape, dy_dtype)
     _, mu, rs = ops.norm_forward(x, gamma, beta, norm_type="layernorm", epsilon=EPS)
     dx, dgamma, dbeta = ops.norm_backward(dy, x, mu, rs, gamma, norm_type="layernorm")
     want = jax.jit(ops.norm_backward_reference, static_argnames="norm_type")(
@@ -188,7 +187,7 @@ def test_norm_backward_mixed_dtypes(dy_dtype, x_dtype):
 
 def test_dgamma_is_deterministic():
     x, gamma, beta = _inputs(4099, 1000, jnp.bfloat16, "layernorm", seed=4)
-    dy = jnp.asarray(np.random.default_rng(4).standard_normal(x.shape), jnp.bfloat16)
+    dy = normal(4, x.shape, jnp.bfloat16)
     _, mu, rs = ops.norm_forward(x, gamma, beta, norm_type="layernorm", epsilon=EPS)
     first = ops.norm_backward(dy, x, mu, rs, gamma, norm_type="layernorm")
     for _ in range(3):
@@ -240,8 +239,7 @@ def test_rank3_flattens_rows(implementation):
 
 def test_grad_of_vmap_and_vmap_of_grad():
     rng = np.random.default_rng(9)
-    xs = jnp.asarray(rng.standard_normal((2, 4, 16)), jnp.float32)
-    g = jnp.asarray(1 + 0.1 * rng.standard_normal(16), jnp.float32)
+    xs, g = normal(rng, (2, 4, 16)), normal(rng, 16, F32, 0.1, 1.0)
 
     def loss(x, g):
         return jnp.sum(ops.rmsnorm(x, g, epsilon=EPS) ** 3)

@@ -13,7 +13,8 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
-from _samples import BF16, E4M3, E5M2, F16, F32, M, N, Sample, fp8_codes, normal, scale_of
+from _samples import BF16, E4M3, E5M2, F16, F32, M, N, Sample, fp8_codes, scale_of
+from _shared import normal
 from _values import (
     CODES,
     FP8_TYPES,
@@ -188,8 +189,7 @@ SHAPES = [(1,), (7,), (1023,), (4097,), (3, 5), (2, 3, 7), (2, 3, 4, 5), (0,), (
 @pytest.mark.parametrize("wide", WIDE, ids=["f32", "bf16", "f16"])
 def test_quantize_shapes_dtypes(shape, wide):
     scale_shape = ((), (1,))[(SHAPES.index(shape) + WIDE.index(wide)) % 2]  # both, alternating
-    rng = np.random.default_rng(1)
-    x = (rng.standard_normal(shape) * 50).astype(wide)
+    x = normal(1, shape, wide, 50.0)
     q, s_inv, amax = ops.quantize(
         jnp.asarray(x), jnp.full(scale_shape, 2.0, jnp.float32), jnp.float8_e4m3fn
     )
@@ -249,8 +249,7 @@ def test_roundtrip_exact_for_representable_values():
 
 
 def test_vmap_unbatched_scale_nested_and_in_axes():
-    rng = np.random.default_rng(3)
-    xs = jnp.asarray(rng.standard_normal((4, 2, 6, 9)).astype(np.float32) * 10)
+    xs = normal(3, (4, 2, 6, 9), scale=10.0)
     s = jnp.ones((1,), jnp.float32) * 3.0
     f = lambda x: ops.quantize(x, s, jnp.float8_e5m2)
     q, _, amax = jax.jit(jax.vmap(jax.vmap(f)))(xs)

@@ -121,6 +121,7 @@ def test_nnx_bfloat16_params_train_with_stochastic_rounding():
 def test_nnx_optimizer_gives_codes_and_scales_the_params_sharding():
     """nnx.Optimizer copies a param's metadata to its optimizer state: the codes and the scale
     grid (of the param's rank) take its sharding names, as optax's moments do."""
+    # a 1 x 1 mesh: the test reads the sharding names, which need no second device
     mesh = jax.make_mesh((1, 1), ("a", "b"))
     with jax.set_mesh(mesh):
         model = nnx.Linear(128, 256, use_bias=False, rngs=nnx.Rngs(0))
