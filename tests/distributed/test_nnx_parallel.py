@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _parallel import N_DEVICES, assert_like_reference, mesh
-from _shared import rand
+from _parallel import N_DEVICES, assert_like_reference
+from _shared import make_mesh, rand
 from conftest import needs_devices
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -143,7 +143,7 @@ def test_matches_single_device(case):
               if "scale" in jax.tree_util.keystr(k)]  # fmt: skip
     assert scales and all(np.all(np.asarray(v) != 1.0) for v in scales)  # delayed scaling ran
 
-    m = mesh(shape)
+    m = make_mesh(shape)
     model, optimizer = _build(case)
     with nn.logical_axis_rules(DEFAULT_RULES):
         specs = nnx.get_partition_spec(nnx.state(model))
@@ -174,7 +174,7 @@ def test_matches_single_device(case):
 
 def test_built_under_the_mesh_is_sharded_on_creation():
     """Inside ``jax.set_mesh`` and the rules, NNX shards the annotated params as they are made."""
-    m = mesh((2, 4))
+    m = make_mesh((2, 4))
     with jax.set_mesh(m), nn.logical_axis_rules(DEFAULT_RULES):
         with fp8jax.autocast(enabled=True, recipe=RECIPE):
             layer = _transformer(nnx.Rngs(SEED))
