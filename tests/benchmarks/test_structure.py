@@ -1,6 +1,8 @@
 """benchmarks/structure.py: the structural targets hold (GEMM and cast launches per layer, FP8
-transposes and casts done by XLA, one state update per step, residual bytes vs BF16), and the
-StableHLO counter counts every call site of an outlined function."""
+transposes and casts done by XLA, one state update per step, residual bytes vs BF16, the cost
+model's predicted ratios), and the StableHLO counter counts every call site of an outlined
+function. These hold every target ``structure.py --check`` does on one device, so CI runs them
+here rather than the script again."""
 
 from __future__ import annotations
 
@@ -94,6 +96,22 @@ def test_a_block_recipe_regression_fails():
              "custom_calls": {"fp8jax_activation": 1, "fp8jax_layernorm_forward": 1}}  # fmt: skip
     bad = {"block": {"layers": {"dense": layer}, "residual_ratio": 0.7}}
     assert len(structure.block_failures({"block_recipes": bad})) == 6
+
+
+def test_per_tensor_residual_bytes_meet_their_targets():
+    """LayerNormMLP and the TransformerLayer at structure.py's sizes keep under 0.6 and 0.7 of
+    BF16's residual bytes per token (tests/benchmarks/test_*_memory.py: the same at small sizes)."""
+    r = {"layers": {}, "amax_all_reduces": None, "residual_ratio": structure.residual_ratios()}
+    assert structure.failures(r) == [], r["residual_ratio"]
+    assert set(r["residual_ratio"]) == {"layernorm_mlp", "transformer_layer"}
+
+
+def test_predicted_ratios_hold_their_known_values():
+    """The cost model's predicted FP8 speed-ups of the GPU-sized steps stay at their recorded
+    values (``KNOWN_PREDICTED``, less the tolerance), as ``structure.py --check`` holds them."""
+    predicted = {name: structure.predict_steps(name) for name in structure.PREDICTED_WORKLOADS}
+    assert structure.prediction_failures({"predicted": predicted}) == []
+    assert {name for name, _ in structure.KNOWN_PREDICTED} <= set(predicted)
 
 
 def test_a_predicted_ratio_below_its_known_value_fails():

@@ -200,3 +200,17 @@ def test_test_implementations_env_narrows_and_validates(monkeypatch):
     monkeypatch.setenv("FP8JAX_TEST_IMPLEMENTATIONS", "kernal")
     with pytest.raises(ValueError, match=r"FP8JAX_TEST_IMPLEMENTATIONS.*kernal"):
         _implementations._selected()
+
+
+def test_test_variants_env_keeps_each_ops_first_variant_and_validates(monkeypatch):
+    import _samples
+
+    monkeypatch.delenv("FP8JAX_TEST_VARIANTS", raising=False)
+    every = _samples.cases()
+    monkeypatch.setenv("FP8JAX_TEST_VARIANTS", "first")
+    first = _samples.cases()
+    assert [op for op, _ in first] == list(dict.fromkeys(op for op, _ in every))
+    assert set(first) <= set(every) and len(first) < len(every)
+    monkeypatch.setenv("FP8JAX_TEST_VARIANTS", "some")
+    with pytest.raises(ValueError, match=r"FP8JAX_TEST_VARIANTS.*'some'"):
+        _samples.cases()
