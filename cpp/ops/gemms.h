@@ -77,9 +77,10 @@ struct GroupedGemm {
   ffi::Error Compute(CudaStream stream);  // cuda/cuda_grouped_gemm.cu
 
   // Calls fn.template operator()<W, FA, FB>() for the output dtype and the two FP8 formats (after
-  // Check: E5M2 x E5M2 is not among them).
+  // Check: E5M2 x E5M2 is not among them). Not const: the oldest supported JAX's ffi::Result has
+  // no const operator-> (its headers refuse out-> here in a const member).
   template <typename Fn>
-  ffi::Error Dispatch(Fn&& fn) const {
+  ffi::Error Dispatch(Fn&& fn) {
     const bool a4 = Fp8KindOf(a.element_type()) == Fp8Kind::kE4M3;
     const bool b4 = Fp8KindOf(b.element_type()) == Fp8Kind::kE4M3;
     return DispatchWide(kName, WideKindOf(out->element_type()), [&]<WideKind W>() {
