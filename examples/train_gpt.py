@@ -259,12 +259,21 @@ class NnxGPT(nnx.Module):
         self.norm = nnx.LayerNorm(cfg.hidden, dtype=jnp.float32, rngs=rngs)
 
     def __call__(self, tokens):
-        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
-        def blocks(x, layer):
-            return layer(x, deterministic=True)
+        return self.forward_with_aux(tokens)[0]
 
-        x = blocks(self.embed(tokens).astype(jnp.bfloat16), self.layers)
-        return self.embed.attend(self.norm(x).astype(jnp.float32))
+    def forward_with_aux(self, tokens):
+        """The logits and the MoE layers' load-balancing losses, summed (0 for a dense model):
+        each layer's losses, sown by its ``MoEBlock`` as ``nnx.Intermediate``, are collected
+        by ``nnx.capture`` inside the scan and leave it as a scan output (the Linen model's
+        ``intermediates``, scanned along the layers)."""
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        def blocks(x, layer):
+            x, sown = nnx.capture(layer, nnx.Intermediate)(x, deterministic=True)
+            return x, sum((jnp.sum(v) for v in jax.tree.leaves(sown)), jnp.zeros(()))
+
+        x, aux = blocks(self.embed(tokens).astype(jnp.bfloat16), self.layers)
+        return self.embed.attend(self.norm(x).astype(jnp.float32)), jnp.sum(aux)
 
 
 def loss_of(logits, targets):
@@ -376,7 +385,8 @@ def nnx_steps(recipe):
     @nnx.jit
     def train(model, optimizer, tokens, targets):
         def f(model):
-            return loss_of(model(tokens), targets)
+            logits, aux = model.forward_with_aux(tokens)
+            return loss_of(logits, targets) + aux
 
         with fp8():  # params and probes (a model without FP8 state has none: params only)
             loss, grads = nnx.value_and_grad(f, argnums=fp8jax.nnx.diff_state())(model)
@@ -618,8 +628,6 @@ def main(argv: list[str] | None = None) -> dict:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train, val, desc = load_text(args.data, args.max_bytes)
-    if cfg.experts and args.api != "linen":
-        p.error("--preset cpu-moe: the mixture-of-experts demo runs with --api linen")
     print(f"data: {desc}\nmodel: {cfg}\ndevice: {jax.devices()[0].device_kind}")
     if args.api != "linen":
         print(f"api: {args.api}")

@@ -39,6 +39,11 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
          "tests/test_mlp_fused.py"),
     ),
     "grouped_gemm": (("fp8jax/ops/gemms/fixed_groups.py",), ("tests/test_gated_pair_gemm.py",)),
+    "ragged_gemm": (
+        ("cpp/cuda/cuda_grouped_gemm.cu", "cpp/common/grouped_gemm.h", "cpp/ops/gemms.h",
+         "fp8jax/ops/gemms/grouped_gemm.py"),
+        ("tests/ops/test_grouped_gemm.py", "tests/test_grouped_dense.py", "tests/test_moe.py"),
+    ),
     "block": (
         ("cpp/cuda/cuda_block_scaling.cu", "cpp/common/block_*", "cpp/ops/block_casts.h",
          "fp8jax/ops/block/block_*.py", "fp8jax/ops/fused/block_*.py",

@@ -7,12 +7,13 @@
 // (cpu/module_cpu.cc) and Fp8jax<Stem>Cuda (cuda/module_cuda.cc, which also registers them
 // command-buffer compatible), and registers them under the target name; the host run of the
 // CUDA kernels defines Fp8jax<Stem>HostCuda (testing/module_host_cuda.cc). Nothing else lists an
-// op. The GEMM (CUDA only, two execution stages) is declared in cuda/gemm_cublaslt.cc.
+// op. The cuBLASLt GEMM (CUDA only, two execution stages) is declared in cuda/gemm_cublaslt.cc.
 #pragma once
 
 #include "ops/activations.h"
 #include "ops/block_casts.h"
 #include "ops/casts.h"
+#include "ops/gemms.h"
 #include "ops/norms.h"
 #include "ops/scaling.h"
 
@@ -22,5 +23,6 @@
   FP8JAX_ACTIVATION_OPS(X)  \
   FP8JAX_SCALING_OPS(X)     \
   FP8JAX_NORM_OPS(X)        \
-  FP8JAX_BLOCK_CAST_OPS(X)
+  FP8JAX_BLOCK_CAST_OPS(X)  \
+  FP8JAX_GEMM_OPS(X)
 // clang-format on

@@ -2,7 +2,7 @@
 // names, the platforms' contexts and Run, the one body of every handler.
 //
 // An op is a struct in its family's header (casts.h, activations.h, scaling.h, norms.h,
-// block_casts.h). Its static Handle<Ctx>(ctx, arguments, attributes, results) is the op's
+// block_casts.h, gemms.h). Its static Handle<Ctx>(ctx, arguments, attributes, results) is the op's
 // signature: XLA derives the FFI binding from its parameters (ffi::Ffi::BindTo: a buffer is an
 // argument, an ffi::Result a result, an attr:: type a named attribute). Handle gathers them into
 // the struct, the op's call, and returns Run(ctx, call): the op's argument check, Check(), then
@@ -41,6 +41,11 @@ inline constexpr char kNormEpsilon[] = "norm_epsilon";
 inline constexpr char kBlockRows[] = "block_rows";
 inline constexpr char kBlockCols[] = "block_cols";
 inline constexpr char kScaleMode[] = "scale_mode";
+inline constexpr char kRagged[] = "ragged";
+inline constexpr char kABlockRows[] = "a_block_rows";
+inline constexpr char kABlockCols[] = "a_block_cols";
+inline constexpr char kBBlockRows[] = "b_block_rows";
+inline constexpr char kBBlockCols[] = "b_block_cols";
 
 using Act = ffi::Attr<int64_t, kAct>;        // the activation's code (common/activations.h)
 using Gated = ffi::Attr<int64_t, kGated>;    // 1: x's k dim holds (a, b), the output a(a) * b
@@ -54,6 +59,11 @@ using NormEpsilon = ffi::Attr<float, kNormEpsilon>;  // a fused norm's epsilon
 using BlockRows = ffi::Attr<int64_t, kBlockRows>;    // a block cast's block shape
 using BlockCols = ffi::Attr<int64_t, kBlockCols>;
 using ScaleMode = ffi::Attr<int64_t, kScaleMode>;  // a block scale's form (common/block_scale.h)
+using Ragged = ffi::Attr<int64_t, kRagged>;        // the grouped GEMM's form: 0 rows, 1 contracting
+using ABlockRows = ffi::Attr<int64_t, kABlockRows>;  // the grouped GEMM's blocks (0: per group)
+using ABlockCols = ffi::Attr<int64_t, kABlockCols>;
+using BBlockRows = ffi::Attr<int64_t, kBBlockRows>;
+using BBlockCols = ffi::Attr<int64_t, kBBlockCols>;
 }  // namespace attr
 
 // The platforms' contexts, each handler's first parameter: XLA's intra-op thread pool on the CPU

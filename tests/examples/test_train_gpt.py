@@ -2,7 +2,9 @@
 data, same initial params) writes every report, both runs learn, and FP8 ends within 3% of BF16
 (the full default run is within 1%; see docs/convergence.md). ``--api nnx``: the FP8 run of the
 Flax NNX model learns, checkpoints and resumes (its FP8-vs-BF16 comparison is the Linen run's:
-the NNX train step equals the Linen one bit for bit, tests/nnx/test_nnx_train.py)."""
+the NNX train step equals the Linen one bit for bit, tests/nnx/test_nnx_train.py).
+``--preset cpu-moe``: a few FP8 steps of the mixture of experts in either API; the NNX train loss
+includes the MoE layers' load-balancing losses, as the Linen one does."""
 
 from __future__ import annotations
 
@@ -93,8 +95,39 @@ def test_moe_preset_trains_a_few_fp8_steps(train_gpt, tmp_path):
     state = train_gpt.APIS["linen"].init(cfg, train_gpt.RECIPES["fp8"])
     scale = state.fp8_meta["blocks"]["layer"]["mlp"]["scale"]
     assert scale.shape == (cfg.layers, 6 * cfg.experts)  # scanned layers x (2 GEMMs x 3 E)
-    with pytest.raises(SystemExit):
-        train_gpt.main(["--preset", "cpu-moe", "--api", "nnx", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow  # compiles the NNX MoE train step and two forwards (about a minute on 2 cores)
+def test_nnx_moe_preset_adds_the_load_balancing_loss(train_gpt, tmp_path):
+    """--api nnx --preset cpu-moe: two FP8 steps run, and the first step's train loss is the
+    cross-entropy plus every layer's load-balancing loss (sown by its MoEBlock inside the
+    ``nnx.scan``), as Linen's train step adds its ``intermediates``."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    out, data = tmp_path / "runs", ["--max-bytes", "300000", "--recipes", "fp8"]
+    summary = train_gpt.main(["--api", "nnx", "--preset", "cpu-moe", "--steps", "2",
+                              "--out", str(out), *data])  # fmt: skip
+    assert 0 < summary["runs"]["fp8"]["final_val_loss"] < 5.6, summary["runs"]
+    first = float(next(csv.DictReader(open(out / "metrics.csv")))["train_loss"])
+    # the same initial model and first batch, forward only: cross-entropy and the sown losses
+    cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu-moe"], "steps": 2})
+    recipe = train_gpt.RECIPES["fp8"]
+    state = train_gpt.APIS["nnx"].init(cfg, recipe)
+    tokens, targets = train_gpt.batch_at(train_gpt.load_text(None, 300000)[0], cfg, 0)
+
+    @nnx.jit
+    def forward(model, tokens):
+        with train_gpt.fp8jax.autocast(enabled=True, recipe=recipe):
+            return model.forward_with_aux(tokens)
+
+    logits, aux = forward(state.model, tokens)
+    aux = float(aux)
+    # TE's loss is the coefficient times about 1 per layer when the router is balanced
+    assert 0.9 < aux / (cfg.layers * train_gpt.AUX_LOSS_COEFF) < 2, aux
+    ce = float(train_gpt.loss_of(logits, targets))
+    assert abs(first - (ce + aux)) < 0.05 * aux, (first, ce, aux)
+    assert jnp.shape(state.model.layers.mlp.fp8_meta.scale) == (cfg.layers, 6 * cfg.experts)
 
 
 def test_bad_arguments(train_gpt, tmp_path):

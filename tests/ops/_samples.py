@@ -123,13 +123,13 @@ NOT_OPDEFS = {
 """Ops outside the OpDef registry (their split is decided from several operands): (family, FFI
 target)."""
 
-CUDA_ONLY = {"gemm", "grouped_gemm"}
+CUDA_ONLY = {"gemm"}
 """Ops whose FFI target is CUDA only (on CPU their kernel path is XLA's compilation of the
 reference)."""
 
-KERNEL_PENDING = {"grouped_gemm"}
-"""Ops with no kernel on any platform yet: their kernel path runs the reference everywhere
-(fp8jax.ops.gemms.grouped_gemm.has_cuda_kernel() is False), so no program calls their target."""
+KERNEL_PENDING: set[str] = set()
+"""Ops with no kernel on any platform yet: their kernel path runs the reference everywhere, so
+no program calls their target (none today; the ragged grouped GEMM was, until its kernels)."""
 
 
 def family_and_target(op: str) -> tuple[str, str]:

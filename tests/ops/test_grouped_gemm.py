@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
+from _implementations import implementation_fixture, only, pytest_generate_tests  # noqa: F401
 from _samples import BF16, E4M3, E5M2, F32, GEMM_GPU_CLOSE, Sample, fp8_codes
 from _shared import normal
 from _values import assert_matches
@@ -190,16 +190,18 @@ def test_scalar_scales_apply_to_every_group():
     np.testing.assert_array_equal(one, per)
 
 
-def test_traced_sizes_past_the_rows_are_clamped_by_the_reference():
-    """The reference's answer for sizes summing past the rows (the kernels refuse them): the
-    running sum stops at the last row."""
+def test_traced_sizes_past_the_rows_are_clamped():
+    """Sizes summing past the rows, and negative ones, known only on the device: the running sum
+    stops at the last row and a negative size counts as 0, in the kernels as in the reference."""
     r = np.random.default_rng(6)
-    a, b = fp8_codes(r, (8, 16), E4M3), fp8_codes(r, (2, 4, 16), E4M3)
+    a, b = exact_codes(r, (8, 16), E4M3), exact_codes(r, (2, 4, 16), E4M3)
     one = jnp.ones((2,), F32)
-    f = jax.jit(lambda gs: ops.grouped_gemm_reference(a, b, gs, one, one, out_dtype=F32))
-    np.testing.assert_array_equal(
-        f(jnp.asarray([5, 9], jnp.int32)), f(jnp.asarray([5, 3], jnp.int32))
-    )
+    f = jax.jit(lambda gs: ops.grouped_gemm(a, b, gs, one, one, out_dtype=F32))
+    sizes = lambda *v: jnp.asarray(v, jnp.int32)
+    np.testing.assert_array_equal(f(sizes(5, 9)), f(sizes(5, 3)))
+    np.testing.assert_array_equal(f(sizes(-2, 4)), f(sizes(0, 4)))
+    ct = jax.jit(lambda gs: ops.grouped_gemm(a, b[0], gs, one, one, ragged="contracting"))
+    np.testing.assert_array_equal(ct(sizes(3, 20)), ct(sizes(3, 13)))
 
 
 # ------------------------------------------------------------------ refusals
@@ -237,13 +239,106 @@ def test_bad_arguments_are_named(change, error, match):
 
 
 def test_traced_sizes_are_checked_by_no_one_at_trace_time():
-    """Traced sizes cannot be checked while tracing: the call traces (the kernel checks them
-    on the device)."""
+    """Traced sizes cannot be checked while tracing: the call traces (the kernels clamp them on
+    the device, as the reference does)."""
     a, b, _, sa, sb = _args()
     jax.jit(lambda gs: ops.grouped_gemm(a, b, gs, sa, sb)).lower(jnp.asarray([5, 9], jnp.int32))
 
 
+# ------------------------------------------------------------- the CUDA kernel, run on the host
+
+HOST_CASES = {  # (form, sizes, scales, M, N)
+    "rows-uneven-group": ("rows", SIZES["uneven"], "group", M, N),
+    "rows-ragged-1x128": ("rows", SIZES["ragged"], "1x128", M, N),
+    "rows-one-holds-all-mxfp8": ("rows", SIZES["one-holds-all"], "mxfp8", M, N),
+    "rows-all-empty-group": ("rows", SIZES["all-empty"], "group", M, N),
+    "contracting-uneven-1x128": ("contracting", SIZES["uneven"], "1x128", M, N),
+    "contracting-ragged-group": ("contracting", SIZES["ragged"], "group", M, N),
+    "contracting-one-holds-all-mxfp8": ("contracting", SIZES["one-holds-all"], "mxfp8", M, N),
+    "contracting-all-empty-mxfp8": ("contracting", SIZES["all-empty"], "mxfp8", M, N),
+    # several tiles a group (64 rows), two column tiles, rows past the sum
+    "rows-tiles-group": ("rows", [7, 0, 110, 0], "group", 150, 80),
+    "contracting-tiles-1x128": ("contracting", [7, 0, 110, 0], "1x128", 150, 80),
+}
+
+
+def _host_case(form, sizes, scales, m, n):
+    """Arguments and keywords of one grouped GEMM: random codes (their sums are not exact)."""
+    r = np.random.default_rng(11)
+    g, gs = len(sizes), jnp.asarray(sizes, jnp.int32)
+    kw = dict(ragged=form, out_dtype=BF16 if scales == "group" else F32)
+    if form == "rows":
+        if scales == "group":
+            a, b = fp8_codes(r, (m, K), E4M3), fp8_codes(r, (g, n, K), E5M2)
+            sa, sb = (jnp.asarray(r.uniform(0.5, 2.0, g), F32) for _ in range(2))
+            return (a, b, gs, sa, sb), kw
+        x, w = normal(r, (m, K), F32, 3.0), normal(r, (g, n, K), F32)
+        a_block, b_block, mx = BLOCKS["1x128-128x128" if scales == "1x128" else "mxfp8"]
+        a, sa = _block_cast(x, a_block, mx)
+        b, sb = jax.vmap(lambda v: _block_cast(v, b_block, mx))(w)
+        return (a, b, gs, sa, sb), dict(kw, a_block=a_block, b_block=b_block)
+    if scales == "group":
+        a, b = fp8_codes(r, (K, m), E4M3), fp8_codes(r, (n, m), E5M2)
+        sa, sb = (jnp.asarray(r.uniform(0.5, 2.0, g), F32) for _ in range(2))
+        return (a, b, gs, sa, sb), kw
+    xt, gt = normal(r, (K, m), F32), normal(r, (n, m), F32, 1e-2)
+    width, mx = (128, False) if scales == "1x128" else (32, True)
+    a, sa = ops.segment_block_quantize(xt, gs, E4M3, (1, width), mxfp8=mx)
+    b, sb = ops.segment_block_quantize(gt, gs, E5M2, (1, width), mxfp8=mx)
+    return (a, b, gs, sa, sb), dict(kw, a_block=(1, width), b_block=(1, width))
+
+
+@only("kernel")
+@pytest.mark.parametrize("case", list(HOST_CASES))
+def test_cuda_kernel_on_the_host_gives_the_cpu_kernels_bits(case, monkeypatch):
+    """The CUDA kernel's body, run on the host (tests/ops/_host_cuda.py), against the CPU kernel:
+    the same bits on random codes (the same products summed in the same order), with no shared
+    memory bank conflict; threads in lane order and in reverse order. (_host_cuda is imported
+    here, not at the top: tests/ops/_samples.py imports this file for its sample, also in builds
+    without the test-only extensions, such as CI's oldest-JAX leg.)"""
+    import _host_cuda
+
+    if _host_cuda.EXT is None:
+        pytest.skip("no CUDA toolkit headers to build fp8jax._fp8jax_host_cuda with")
+    ext = _host_cuda.EXT
+    with jax.default_device(_host_cuda.CPU):
+        args, kw = _host_case(*HOST_CASES[case])
+        args = _host_cuda.to_cpu(args)
+        cpu = ops.grouped_gemm(*args, **kw, implementation="kernel")
+        for reverse in (False, True):
+            ext.reset_stats()
+            with _host_cuda.on_host_cuda(monkeypatch, reverse=reverse, banks=not reverse):
+                host = ops.grouped_gemm(*args, **kw, implementation="kernel")
+                host = jax.block_until_ready(host)
+            stats = ext.stats()
+            assert stats["launches"] == 1
+            assert stats["shared_wavefronts"] == stats["shared_ideal"], stats
+            assert_matches(host, cpu, True)
+
+
 # ------------------------------------------------------------------ the conformance sample
+
+# Kernel vs reference (XLA's ragged_dot) on random codes: both sum float32 products, in other
+# orders (each kernel t ascending, XLA its dot's blocking), so a float32 output may differ by the
+# rounding of a few adds, and a bfloat16 one by one step where a sum lies near a rounding
+# boundary. The samples' sums are at most about 2**14 (64 products of codes up to 2**4 x 8, times
+# scales up to 4); the float32 accumulation bound (K + 2) 2**-24 sum |a b| is then below 2**-4.
+GROUPED_CLOSE = {"ulps": 1, "atol": 2.0**-4}
+
+
+def exact_codes(rng, shape, dtype):
+    """Integer codes in [-8, 8] (exact in E4M3 and E5M2): their products' float32 sums over at
+    most 2**11 terms are exact in any order, so the kernels give the reference's bits."""
+    return jnp.asarray(rng.integers(-8, 9, shape).astype(np.float32), dtype)
+
+
+def pow2_grid(rng, shape, e8m0=False):
+    """A scale grid of powers of two in [1/4, 4] (float32, or E8M0): products of dequantized
+    integer codes stay multiples of 2**-4 below 2**10, so their sums stay exact too."""
+    e = rng.integers(-2, 3, shape)
+    if e8m0:
+        return jax.lax.bitcast_convert_type(jnp.asarray(e + 127, jnp.uint8), jnp.float8_e8m0fnu)
+    return jnp.asarray(2.0**e, F32)
 
 
 def _sample(key):
@@ -251,35 +346,56 @@ def _sample(key):
     m, k, n, g = 16, 64, 24, 3
     gs = jnp.asarray([5, 0, 9], jnp.int32)  # an empty group, rows past the sum
     a, b = fp8_codes(r, (m, k), E4M3), fp8_codes(r, (g, n, k), E4M3)
-    b5 = fp8_codes(r, (g, n, k), E5M2)
     sa, sb = (jnp.asarray(r.uniform(0.5, 2.0, g), F32) for _ in range(2))
-    x = normal(r, (m, 160), F32)
-    xq, xs = ops.block_quantize(x, E4M3, (1, 128))
-    wq, ws = jax.vmap(lambda v: ops.block_quantize(v, E4M3, (128, 128)))(
-        normal(r, (g, n, 160), F32)
-    )
-    mq, ms = ops.mxfp8_quantize(x, E4M3)
-    mwq, mws = ops.mxfp8_quantize(normal(r, (g, n, 160), F32), E4M3)
     ct_a, ct_b = fp8_codes(r, (m, 40), E4M3), fp8_codes(r, (n, 40), E5M2)
-    gs_c = jnp.asarray([13, 0, 20], jnp.int32)
-    seg_a = ops.segment_block_quantize(normal(r, (m, 40), F32), gs_c, E4M3, (1, 32), mxfp8=True)
-    seg_b = ops.segment_block_quantize(normal(r, (n, 40), F32), gs_c, E5M2, (1, 32), mxfp8=True)
+    gs_c = jnp.asarray([13, 0, 20], jnp.int32)  # columns past the sum, an empty group
+    # exact sums: integer codes, powers of two as block scales
+    ea, eb5 = exact_codes(r, (m, 160), E4M3), exact_codes(r, (g, n, 160), E5M2)
+    eb = exact_codes(r, (g, n, 160), E4M3)
+    all_rows = jnp.asarray([0, m, 0], jnp.int32)  # one group holds every row
+    eca, ecb = exact_codes(r, (m, 40), E5M2), exact_codes(r, (n, 40), E4M3)
+    nb = segment_grid_size(40, g, 32)
 
-    def sample(args, **kw):
-        return Sample(ops.grouped_gemm, args, kw, gpu_close=GEMM_GPU_CLOSE, integer=INT)
+    def sample(args, close=GROUPED_CLOSE, **kw):
+        return Sample(
+            ops.grouped_gemm, args, kw, close=close, gpu_close=GEMM_GPU_CLOSE, integer=INT
+        )
 
     return {
         "rows-e4m3-bf16": sample((a, b, gs, sa, sb)),
-        "rows-e4m3xe5m2-f32-split": sample((a, b5, gs, sa, sb), out_dtype=F32, accumulate="split"),
-        "rows-1x128-128x128": sample((xq, wq, gs, xs, ws), a_block=(1, 128), b_block=(128, 128)),
-        "rows-mxfp8": sample(
-            (mq, mwq, gs, ms, mws), a_block=(1, 32), b_block=(1, 32), out_dtype=F32
-        ),
         "contracting-e4m3xe5m2": sample(
             (ct_a, ct_b, gs_c, sa, sb), ragged="contracting", out_dtype=F32
         ),
-        "contracting-mxfp8-segments": sample(
-            (seg_a[0], seg_b[0], gs_c, seg_a[1], seg_b[1]),
+        "rows-exact-e4m3xe5m2-f32-split": sample(
+            (ea, eb5, gs, sa, sb), None, out_dtype=F32, accumulate="split"
+        ),
+        "rows-exact-1x128-128x128": sample(
+            (ea, eb, gs, pow2_grid(r, (m, 2)), pow2_grid(r, (g, 1, 2))),
+            None,
+            a_block=(1, 128),
+            b_block=(128, 128),
+        ),
+        "rows-exact-mxfp8-one-group": sample(
+            (ea, eb, all_rows, pow2_grid(r, (m, 5), True), pow2_grid(r, (g, n, 5), True)),
+            None,
+            a_block=(1, 32),
+            b_block=(1, 32),
+            out_dtype=F32,
+        ),
+        "contracting-exact-f16": sample(
+            (eca, ecb, gs_c, sa, sb), None, ragged="contracting", out_dtype=jnp.float16
+        ),
+        "contracting-exact-1x32-segments": sample(
+            (eca, ecb, gs_c, pow2_grid(r, (m, nb)), pow2_grid(r, (n, nb))),
+            None,
+            ragged="contracting",
+            a_block=(1, 32),
+            b_block=(1, 32),
+            out_dtype=F32,
+        ),
+        "contracting-exact-mxfp8-segments": sample(
+            (eca, ecb, gs_c, pow2_grid(r, (m, nb), True), pow2_grid(r, (n, nb), True)),
+            None,
             ragged="contracting",
             a_block=(1, 32),
             b_block=(1, 32),

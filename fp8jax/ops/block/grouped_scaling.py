@@ -77,7 +77,8 @@ def concrete_sizes(group_sizes: jax.Array) -> np.ndarray | None:
 
 def check_sum(op: str, group_sizes: jax.Array, rows: int, what: str) -> None:
     """Concrete ``group_sizes`` must sum to at most ``rows`` (ValueError naming them); traced
-    ones are checked by the kernel (a runtime error) or clamped by the reference."""
+    ones cannot be checked while tracing and are clamped (:func:`clamped`), by the kernels as by
+    the reference."""
     concrete = concrete_sizes(group_sizes)
     if concrete is not None and int(concrete.astype(np.int64).sum()) > rows:
         raise ValueError(
@@ -88,8 +89,9 @@ def check_sum(op: str, group_sizes: jax.Array, rows: int, what: str) -> None:
 
 def clamped(group_sizes: jax.Array, rows: int) -> jax.Array:
     """Sizes whose running sum never passes ``rows`` (negative sizes as 0): what the reference
-    computes with, so that its result is defined for any input; the kernels refuse such sizes
-    instead."""
+    computes with, so that its result is defined for any input; the kernels clamp the sizes they
+    read on the device alike (cpp/common/grouped_gemm.h), so no size makes them read or write
+    out of bounds."""
     ends = jnp.minimum(jnp.cumsum(jnp.maximum(group_sizes, 0)), rows)
     return jnp.diff(ends, prepend=0).astype(jnp.int32)
 

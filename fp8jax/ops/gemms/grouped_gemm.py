@@ -33,10 +33,22 @@ Scales, applied as the FP8 GEMM applies them:
 The reference (:func:`grouped_gemm_reference`, the definition and the ``"xla"``
 implementation) is :func:`jax.lax.ragged_dot_general` of the dequantized float32 operands
 (``precision=HIGHEST``), then the per-group scales. On CPU, XLA lowers ``ragged_dot`` to a
-masked dense dot over all groups (``G`` times the FLOPs). The kernel path (sharding rules,
-vmap, one call per device) runs this reference inside it until a CUDA kernel is registered as
-``fp8jax_grouped_gemm`` (:func:`has_cuda_kernel`; not yet written): no platform runs a
-grouped kernel of fp8jax's own today.
+masked dense dot over all groups (``G`` times the FLOPs).
+
+The kernel path (``"kernel"``, the default) runs fp8jax's own kernels, one FFI target
+``fp8jax_grouped_gemm`` on CPU and CUDA (cpp/ops/gemms.h; their shared numerics
+cpp/common/grouped_gemm.h): each output is the float32 sum of the dequantized products in a fixed
+order (the contraction index ascending, each product rounded before its add, never fused), then
+the per-group scales, so the CPU kernel and the CUDA kernel give the same bits. Neither is a
+masked dense product: each group's rows (``"rows"``) or columns (``"contracting"``) are its own
+tiles, and the group offsets are read from ``group_sizes`` where the kernel runs (on a GPU on the
+device: one launch, no host synchronisation, CUDA-graph compatible), clamped as the reference
+clamps them. The CUDA kernel is a correctness path: shared-memory tiles, exact float32 sums on the
+CUDA cores, no tensor cores (a cuBLASLt grouped path needs a grouped matmul with device-side
+sizes, which cuBLAS 13.1 lacks). It replaces XLA's GPU ``ragged_dot`` at HIGHEST precision, which
+it should not be slower than by construction; that is unmeasured on a GPU. Kernel and reference
+sum in different orders: they give the same bits where the sums are exact, and agree within
+float32 rounding elsewhere.
 
 Sharding (the kernel path): ``"rows"`` keeps ``a``'s row split (each device computes its rows
 with the sizes of the groups within them, from the global ``group_sizes`` and its position on
@@ -211,7 +223,7 @@ def grouped_gemm_reference(
     """Pure-XLA reference of :func:`grouped_gemm` (the definition of its numerics:
     ``ragged_dot_general`` of the dequantized float32 operands, then the per-group scales;
     ``accumulate`` is validated and otherwise ignored). Sizes whose running sum passes the rows
-    are clamped to them (the kernels refuse them)."""
+    are clamped to them (the kernels clamp them alike)."""
     a, b, gs, sa, sb, (ragged, ab, bb, out_dt) = _validate(
         "grouped_gemm_reference",
         a,
@@ -248,17 +260,12 @@ def _xla(a, b, group_sizes, a_scale_inv, b_scale_inv, *, ragged, a_block, b_bloc
 
 def ffi_operands(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
     """The ``fp8jax_grouped_gemm`` call's operands and attributes: per-group scales as float32
-    ``[G]``, E8M0 scale grids as their ``uint8`` bits; attributes ``ragged`` (0 rows, 1
-    contracting), the two blocks (``0 x 0``: per-group scales) and ``e8m0``."""
+    ``[G]``, scale grids as given (float32 or E8M0); attributes ``ragged`` (0 rows, 1
+    contracting) and the two blocks (``0 x 0``: per-group scales)."""
     ragged, a_block, b_block, _ = config
     groups = group_sizes.shape[0]
-    e8m0 = a_block is not None and a_scale_inv.dtype == jnp.float8_e8m0fnu
     if a_block is None:
         a_scale_inv, b_scale_inv = _per_group(a_scale_inv, groups), _per_group(b_scale_inv, groups)
-    elif e8m0:
-        a_scale_inv, b_scale_inv = (
-            lax.bitcast_convert_type(s, jnp.uint8) for s in (a_scale_inv, b_scale_inv)
-        )
     ab, bb = a_block or (0, 0), b_block or (0, 0)
     attrs = dict(
         ragged=np.int64(ragged == "contracting"),
@@ -266,7 +273,6 @@ def ffi_operands(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
         a_block_cols=np.int64(ab[1]),
         b_block_rows=np.int64(bb[0]),
         b_block_cols=np.int64(bb[1]),
-        e8m0=np.int64(e8m0),
     )
     return (a, b, group_sizes, a_scale_inv, b_scale_inv), attrs
 
@@ -278,8 +284,9 @@ def out_shape(config, a, b, group_sizes) -> tuple[int, ...]:
 
 
 def _kernel_call(config, like, a, b, group_sizes, a_scale_inv, b_scale_inv):
-    """The kernel: fp8jax's grouped GEMM handler (one launch, the group sizes read on the
-    device); its result typed as varying like the reference's, ``like`` (in a ``shard_map``)."""
+    """The kernel: fp8jax's grouped GEMM handler of the platform (the CPU's, or CUDA's: one
+    launch, the group sizes read on the device); its result typed as varying like the
+    reference's, ``like`` (in a ``shard_map``)."""
     operands, attrs = ffi_operands(config, a, b, group_sizes, a_scale_inv, b_scale_inv)
     result = jax.ShapeDtypeStruct(out_shape(config, a, b, group_sizes), config[3])
     out = jax.ffi.ffi_call("fp8jax_grouped_gemm", result)(*operands, **attrs)
@@ -288,17 +295,16 @@ def _kernel_call(config, like, a, b, group_sizes, a_scale_inv, b_scale_inv):
 
 @functools.cache
 def has_cuda_kernel() -> bool:
-    """Whether this install's CUDA extension registers ``fp8jax_grouped_gemm``. Until it does
-    (the CUDA kernel is not written yet), the kernel path runs the reference on every platform,
-    so a GPU never meets an unregistered custom call."""
+    """Whether this install's CUDA extension registers ``fp8jax_grouped_gemm`` (every CUDA build
+    does; False without the CUDA extension)."""
     cuda = _ffi.cuda_extension()
     return cuda is not None and "fp8jax_grouped_gemm" in cuda.registrations()
 
 
 def _local(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
-    """The op on one device's blocks (``group_sizes``: the groups within its rows): the CUDA
-    kernel on CUDA where the extension has one, the reference elsewhere (on CPU: XLA's
-    ``ragged_dot``); nothing to run for an empty operand."""
+    """The op on one device's blocks (``group_sizes``: the groups within its rows): fp8jax's
+    kernel on CPU and CUDA (the same FFI target, each platform's handler), the reference
+    elsewhere; nothing to run for an empty operand."""
     ragged, a_block, b_block, out_dtype = config
 
     def reference(*args):
@@ -307,10 +313,10 @@ def _local(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
         )
 
     args = (a, b, group_sizes, a_scale_inv, b_scale_inv)
-    if 0 in a.shape or 0 in b.shape or not has_cuda_kernel():
+    if 0 in a.shape or 0 in b.shape:
         return reference(*args)
-    cuda = functools.partial(_kernel_call, config, args)
-    return lax.platform_dependent(*args, cuda=cuda, default=reference)
+    kernel = functools.partial(_kernel_call, config, args)
+    return lax.platform_dependent(*args, cpu=kernel, cuda=kernel, default=reference)
 
 
 def _dims(x) -> tuple[tuple[str, ...], ...]:
@@ -453,8 +459,8 @@ def grouped_gemm(
         ``"contracting"``.
       group_sizes: int32 ``[G]``, the rows (``"rows"``) or contracted columns
         (``"contracting"``) of each group, in order; they must sum to at most ``M`` (a
-        ValueError when the values are known while tracing; a runtime error from the kernel
-        otherwise).
+        ValueError when the values are known while tracing; otherwise the running sum is
+        clamped to ``M``, and a negative size read as 0, by the kernels as by the reference).
       a_scale_inv, b_scale_inv: float32 ``[G]`` (or one value) without blocks; the scale grids
         with ``a_block``/``b_block``.
       ragged: ``"rows"`` or ``"contracting"``.
