@@ -5,8 +5,10 @@ as ``nnx.Intermediate``."""
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from _nnx import RECIPE, TRANSFORMER, assert_trees_equal
 from _shared import rand
 from flax import nnx
@@ -64,3 +66,56 @@ def test_transformer_layer_with_an_moe_mlp():
     assert_trees_equal(layer.linen_variables()["params"], nn.unbox(variables["params"]))
     np.testing.assert_array_equal(y, want)
     assert jnp.shape(layer.mlp.fp8_meta.scale) == (24,)
+
+
+def test_moe_layer_trains_five_steps_bit_identical_to_linen():
+    """An MoE TransformerLayer trains in NNX as in Linen, bit for bit: the loss with the sown
+    load-balancing loss, the params, and the per-expert FP8 state after each step."""
+    moe = MoEBlockConfig(
+        num_experts=4, num_experts_per_tok=2, intermediate_size=8, aux_loss_coeff=0.01
+    )
+    kw = dict(**TRANSFORMER, mlp="moe", moe=moe)
+    with fp8jax.autocast(enabled=True, recipe=RECIPE):
+        model = fnnx.TransformerLayer(**kw, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    x, y = rand((2, 6, 16), 7), rand((2, 6, 16), 8)
+    state = fflax.Fp8TrainState.from_variables(
+        apply_fn=fflax.TransformerLayer(**kw).apply, variables=model.linen_variables(),
+        tx=optax.adam(1e-2), recipe=RECIPE,
+    )  # fmt: skip
+
+    def nnx_loss(m):
+        if hasattr(nnx, "capture"):
+            out, sown = nnx.capture(m, nnx.Intermediate)(x, deterministic=True)
+        else:  # older Flax: the sown values are attributes
+            out = m(x, deterministic=True)
+            sown = nnx.pop(m, nnx.Intermediate)
+        return jnp.mean((out - y) ** 2) + sum(jnp.sum(v) for v in jax.tree.leaves(sown))
+
+    @nnx.jit
+    def nnx_step(model, optimizer):
+        with fp8jax.autocast(enabled=True, recipe=RECIPE):
+            loss, grads = nnx.value_and_grad(nnx_loss, argnums=fnnx.diff_state())(model)
+        fnnx.apply_gradients(model, optimizer, grads)
+        return loss
+
+    @jax.jit
+    def linen_step(state):
+        def f(params, probes):
+            out, sown = state.apply(state.variables(params, probes), x, deterministic=True,
+                                    mutable=["intermediates"])  # fmt: skip
+            aux = sum(jnp.sum(v) for v in jax.tree.leaves(sown["intermediates"]))
+            return jnp.mean((out - y) ** 2) + aux
+
+        loss, (g, pg) = jax.value_and_grad(f, argnums=(0, 1))(state.params, state.fp8_probe)
+        return state.apply_gradients(grads=g, probe_grads=pg), loss
+
+    for _ in range(5):
+        loss = nnx_step(model, optimizer)
+        state, want = linen_step(state)
+        assert float(loss) == float(want)
+    variables = model.linen_variables()
+    assert_trees_equal(variables["params"], state.params)
+    assert_trees_equal(variables["fp8_meta"], state.fp8_meta)
+    scale = variables["fp8_meta"]["mlp"]["scale"]
+    assert np.all(np.asarray(scale) != 1.0)  # every per-expert scale trained

@@ -18,10 +18,13 @@ from _shared import normal
 from _values import assert_matches
 from conftest import load_testing_extension
 
+from fp8jax import _ffi
 from fp8jax.ops.block import block_scaling as bs
 from fp8jax.ops.gemms import blockwise as bg
 
 E4M3 = jnp.float8_e4m3fn
+# the handler's own rules, on the host (absent only where the CUDA extension is not built)
+CUDA_TESTING = load_testing_extension(cuda=True) if _ffi.cuda_extension() is not None else None
 
 COMBOS = {
     "1x128-128x128": ((1, 128), (128, 128), False),
@@ -91,23 +94,21 @@ def test_lowered_for_cuda_it_is_one_block_scaled_cublaslt_call(combo, monkeypatc
     counts = [int(re.match(r"tensor<(\d+)x", t).group(1)) for t in types_[2:4]]
     scale_dtype = "f8E8M0FNU" if mx else "f32"
     assert all(t.endswith(f"x{scale_dtype}>") for t in types_[2:4])
-    ext = load_testing_extension(cuda=True)
-    if ext is not None:  # the handler's own count of the scales cuBLASLt reads
-        assert counts == [ext._block_scale_count(modes[0], 112, 304),
-                          ext._block_scale_count(modes[1], 80, 304)]  # fmt: skip
+    if CUDA_TESTING is not None:  # the handler's own count of the scales cuBLASLt reads
+        assert counts == [CUDA_TESTING._block_scale_count(modes[0], 112, 304),
+                          CUDA_TESTING._block_scale_count(modes[1], 80, 304)]  # fmt: skip
 
 
 @pytest.mark.parametrize("cc_major", [8, 9, 10, 12])
 @pytest.mark.parametrize("mode", [0, 2, 4, 5])
 def test_the_python_mode_rule_is_the_handlers(mode, cc_major):
-    ext = load_testing_extension(cuda=True)
-    if ext is None:
-        pytest.skip("the CUDA testing extension is not built")
-    assert bg.scale_mode_unsupported(mode, cc_major) == ext._scale_mode_unsupported(
+    if CUDA_TESTING is None:
+        pytest.skip("the CUDA extension is not built (the handler's rule lives in it)")
+    assert bg.scale_mode_unsupported(mode, cc_major) == CUDA_TESTING._scale_mode_unsupported(
         mode, cc_major, 130100
     )
     if mode in (4, 5) and cc_major == 9:  # the cuBLAS version the handler also checks
-        assert "cuBLAS 12.9" in ext._scale_mode_unsupported(mode, 9, 120800)
+        assert "cuBLAS 12.9" in CUDA_TESTING._scale_mode_unsupported(mode, 9, 120800)
 
 
 @pytest.mark.parametrize(
