@@ -3,8 +3,11 @@ every recipe's scales, in both forms (``"rows"``: forward and dgrad; ``"contract
 
 Against a float64 numpy oracle (per group, the dequantized operands' products summed exactly,
 then the scales): within the float32 accumulation bound ``(K + 2) 2**-24 sum |a b|`` (float32
-outputs). Exactly: rows past the sum and empty groups are 0; the kernel and the reference give
-the same bits on CPU; one group holding every row equals the dense GEMM. Edge shapes: empty
+outputs). Bit for bit: the kernel path against its own numerics written in numpy float32 (each
+product rounded, then added in the contraction's order: cpp/common/grouped_gemm.h), on random
+codes under every kind of scale; rows past the sum and empty groups are 0; the kernel and the
+reference give the same bits where the sums are exact; one group holding every row equals the
+dense GEMM. Edge shapes: empty
 groups, one group with every row, sizes and dims that are not multiples of 8/32/128, rows past
 the sum. The casts of the ragged operands are tests/ops/test_grouped_scaling.py's.
 """
@@ -63,6 +66,51 @@ def _oracle_contracting(a, b, sizes, sa, sb):
     return out, mag
 
 
+def _ordered_rows(a, b, sizes, scale=None):
+    """The kernels' numerics in numpy float32 (cpp/common/grouped_gemm.h), rows form: each output
+    the products rounded to float32 and added from +0, the contraction index ascending, then
+    (per-group scales) times ``scale[g]``, the float32 product of the group's two scales. ``a [M,
+    K]``, ``b [G, N, K]``: the operands' float32 values; rows past the sum are +0."""
+    out = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    start = 0
+    for g, s in enumerate(sizes):
+        acc = np.zeros((s, b.shape[1]), np.float32)
+        for t in range(a.shape[1]):
+            acc = acc + np.outer(a[start : start + s, t], b[g, :, t])
+        out[start : start + s] = acc if scale is None else acc * scale[g]
+        start += s
+    return out
+
+
+def _ordered_contracting(a, b, sizes, scale=None):
+    """The same, contracting form: ``a [K, M]``, ``b [N, M]`` -> ``[G, K, N]``, group g's sum
+    over its own columns of M (an empty group's is +0, then scaled)."""
+    out = np.zeros((len(sizes), a.shape[0], b.shape[0]), np.float32)
+    start = 0
+    for g, s in enumerate(sizes):
+        acc = np.zeros(out.shape[1:], np.float32)
+        for t in range(start, start + s):
+            acc = acc + np.outer(a[:, t], b[:, t])
+        out[g] = acc if scale is None else acc * scale[g]
+        start += s
+    return out
+
+
+def _f32(x):
+    return np.asarray(jnp.asarray(x, jnp.float32))
+
+
+def _group_scales(sa, sb):
+    return _f32(sa) * _f32(sb)  # float32 products, as the kernels form them
+
+
+def _assert_kernel_bits(implementation, got, want):
+    """The kernel path (CPU or CUDA kernel) gives its numerics' bits, signs of zeros included;
+    the ``"xla"`` path (``ragged_dot``) sums in its own order, checked by the bound only."""
+    if implementation == "kernel":
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
+
+
 def _within_f32_bound(got, want, mag, terms):
     got = np.asarray(got, np.float64)
     bound = (terms + 2) * 2.0**-24 * mag + 1e-30
@@ -75,7 +123,7 @@ def _f64(x):
 
 @pytest.mark.parametrize("sizes", list(SIZES))
 @pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)])
-def test_rows_per_group_scales_against_the_oracle(sizes, dtypes):
+def test_rows_per_group_scales_against_the_oracle(sizes, dtypes, implementation):
     r = np.random.default_rng(0)
     g = len(SIZES[sizes])
     a, b = fp8_codes(r, (M, K), dtypes[0]), fp8_codes(r, (g, N, K), dtypes[1])
@@ -84,12 +132,14 @@ def test_rows_per_group_scales_against_the_oracle(sizes, dtypes):
     got = ops.grouped_gemm(a, b, _sizes(sizes), sa, sb, out_dtype=F32)
     want, mag = _oracle_rows(_f64(a), _f64(b), SIZES[sizes], _f64(sa), _f64(sb))
     _within_f32_bound(got, want, mag, K)
+    ordered = _ordered_rows(_f32(a), _f32(b), SIZES[sizes], _group_scales(sa, sb))
+    _assert_kernel_bits(implementation, got, ordered)
     past = sum(SIZES[sizes])
     assert np.all(np.asarray(got)[past:] == 0) and not np.signbit(np.asarray(got)[past:]).any()
 
 
 @pytest.mark.parametrize("sizes", list(SIZES))
-def test_contracting_per_group_scales_against_the_oracle(sizes):
+def test_contracting_per_group_scales_against_the_oracle(sizes, implementation):
     r = np.random.default_rng(1)
     g = len(SIZES[sizes])
     a, b = fp8_codes(r, (K, M), E4M3), fp8_codes(r, (N, M), E5M2)
@@ -98,6 +148,8 @@ def test_contracting_per_group_scales_against_the_oracle(sizes):
     assert got.shape == (g, K, N)
     want, mag = _oracle_contracting(_f64(a), _f64(b), SIZES[sizes], _f64(sa), _f64(sb))
     _within_f32_bound(got, want, mag, M)
+    ordered = _ordered_contracting(_f32(a), _f32(b), SIZES[sizes], _group_scales(sa, sb))
+    _assert_kernel_bits(implementation, got, ordered)
     for i, s in enumerate(SIZES[sizes]):
         if s == 0:
             assert np.all(np.asarray(got[i]) == 0)
@@ -119,7 +171,7 @@ def _block_cast(x, block, mx, dtype=E4M3):
 
 @pytest.mark.parametrize("combo", list(BLOCKS))
 @pytest.mark.parametrize("sizes", ["uneven", "ragged"])
-def test_rows_block_scaled_against_the_oracle(combo, sizes):
+def test_rows_block_scaled_against_the_oracle(combo, sizes, implementation):
     a_block, b_block, mx = BLOCKS[combo]
     r = np.random.default_rng(2)
     g = len(SIZES[sizes])
@@ -136,11 +188,13 @@ def test_rows_block_scaled_against_the_oracle(combo, sizes):
     ones = np.ones(g)
     want, mag = _oracle_rows(a_deq, b_deq, SIZES[sizes], ones, ones)
     _within_f32_bound(got, want, mag, K)
+    ordered = _ordered_rows(a_deq.astype(np.float32), b_deq.astype(np.float32), SIZES[sizes])
+    _assert_kernel_bits(implementation, got, ordered)
 
 
 @pytest.mark.parametrize("width", [128, 32])
 @pytest.mark.parametrize("sizes", ["uneven", "ragged", "one-holds-all"])
-def test_contracting_segment_blocks_against_the_oracle(width, sizes):
+def test_contracting_segment_blocks_against_the_oracle(width, sizes, implementation):
     mx = width == 32
     r = np.random.default_rng(3)
     g = len(SIZES[sizes])
@@ -166,6 +220,8 @@ def test_contracting_segment_blocks_against_the_oracle(width, sizes):
     ones = np.ones(g)
     want, mag = _oracle_contracting(a_deq, b_deq, SIZES[sizes], ones, ones)
     _within_f32_bound(got, want, mag, M)
+    ordered = _ordered_contracting(a_deq.astype(np.float32), b_deq.astype(np.float32), SIZES[sizes])
+    _assert_kernel_bits(implementation, got, ordered)
 
 
 def test_one_group_holding_every_row_is_the_dense_gemm():
