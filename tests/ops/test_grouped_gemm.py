@@ -7,9 +7,9 @@ outputs). Bit for bit: the kernel path against its own numerics written in numpy
 product rounded, then added in the contraction's order: cpp/common/grouped_gemm.h), on random
 codes under every kind of scale; rows past the sum and empty groups are 0; the kernel and the
 reference give the same bits where the sums are exact; one group holding every row equals the
-dense GEMM. Edge shapes: empty
-groups, one group with every row, sizes and dims that are not multiples of 8/32/128, rows past
-the sum. The casts of the ragged operands are tests/ops/test_grouped_scaling.py's.
+dense GEMM. Edge shapes: empty groups, one group with every row, sizes and dims that are not
+multiples of 8/32/128, rows past the sum. The casts of the ragged operands are
+tests/ops/test_grouped_scaling.py's.
 """
 
 from __future__ import annotations
