@@ -9,7 +9,8 @@ For each config, side by side:
   leaves of the function ``jax.vjp`` returns, under ``jax.eval_shape``, as
   benchmarks/transformer_memory.py measures them), the marginal cost of one more layer and one
   more batch; XLA's attention on CPU keeps the ``[seq, seq]`` probabilities, a GPU's fused
-  attention does not (their share is reported);
+  attention does not (their share is reported: the kept arrays that grow with the square of
+  the sequence, found by tracing again at twice the sequence, never by their dims);
 - the compiled train step's bytes per device from XLA's memory analysis (on CPU here; the
   state donated to the step, as a training loop does): ``temp`` (XLA's arena for what the step
   makes and drops: activations, gradients, the optimizer's float32 intermediates) and ``peak``
@@ -71,11 +72,11 @@ def _nbytes(tree: Any) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _residuals(gpt, cfg, recipe, batch: int) -> tuple[int, int]:
-    """(bytes the forward keeps for the backward, of which ``[.., seq, seq]`` arrays)."""
+def _residual_leaves(gpt, cfg, recipe, batch: int) -> list[Any]:
+    """The arrays (shapes and dtypes) the forward of ``cfg`` at ``batch`` keeps for the
+    backward: the leaves of the function ``jax.vjp`` returns, under ``jax.eval_shape``."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     import fp8jax
 
@@ -89,20 +90,37 @@ def _residuals(gpt, cfg, recipe, batch: int) -> tuple[int, int]:
             logits = state.apply_fn(state.variables(params, probes), tokens)
         return gpt.loss_of(logits, tokens)
 
-    res = jax.eval_shape(
+    return jax.eval_shape(
         lambda p, q, t: jax.tree.leaves(jax.vjp(lambda p, q: loss(p, q, t), p, q)[1]),
         state.params,
         state.fp8_probe,
         tokens,
     )
+
+
+def _residuals(gpt, cfg, recipe, batch: int) -> tuple[int, int]:
+    """(bytes the forward keeps for the backward, of which seq x seq arrays).
+
+    A kept array is seq x seq when it grows with the square of the sequence: the same program
+    traced at twice ``cfg.seq`` keeps, in the same place, an array with 4 times its elements
+    (XLA's attention on CPU: the ``[batch, heads, seq, seq]`` probabilities and masks). So an
+    array is classified by what it is a function of, never by matching its dims against the
+    config's (a ``[layers, batch, seq, hidden]`` activation looks like ``[.., heads, seq, seq]``
+    when ``batch`` or ``2 * batch`` equals ``heads`` and ``hidden`` equals ``seq``)."""
+    import numpy as np
+
+    leaves = _residual_leaves(gpt, cfg, recipe, batch)
+    twins = _residual_leaves(gpt, dataclasses.replace(cfg, seq=2 * cfg.seq), recipe, batch)
+    if len(twins) != len(leaves):
+        raise RuntimeError(
+            f"the backward keeps {len(leaves)} arrays at seq {cfg.seq} but {len(twins)} at seq "
+            f"{2 * cfg.seq}: cannot tell its seq x seq arrays apart"
+        )
     total = square = 0
-    for a in res:
+    for a, twice in zip(leaves, twins, strict=True):
         n = int(np.prod(a.shape)) * a.dtype.itemsize
         total += n
-        # [..., heads, seq, seq]: the heads dim tells the attention's probabilities and masks
-        # from a [..., batch, seq, hidden] activation when hidden == seq (the CPU preset)
-        scores = a.ndim >= 3 and a.shape[-3] == cfg.heads
-        square += n if scores and a.shape[-1] == a.shape[-2] == cfg.seq else 0
+        square += n if n and int(np.prod(twice.shape)) == 4 * int(np.prod(a.shape)) else 0
     return total, square
 
 

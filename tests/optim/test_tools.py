@@ -46,6 +46,23 @@ def test_activations_of_a_small_model():
     assert acts["bf16_adam"]["per_token_per_layer_seq_x_seq"] > 0  # XLA's attention: [seq, seq]
 
 
+@pytest.mark.parametrize("batch", [4, 2])
+def test_seq_x_seq_activations_when_the_batch_matches_the_heads(batch):
+    """The "of which seq x seq" share is the attention's probabilities, however the dims
+    coincide: with hidden == seq and batch (4) or the doubled batch of the marginal (2 * 2)
+    equal to the heads, a [layers, batch, seq, hidden] activation has the shape of
+    [layers, heads, seq, seq] probabilities, which the report took for them before
+    (-512 B and 10,240 B per token and layer instead of 3,072 B on the CPU preset)."""
+    heads, seq = 4, 64
+    cfg = dict(layers=1, hidden=seq, heads=heads, mlp=128, seq=seq, batch=batch)
+    acts = memory_report.activation_bytes(*memory_report.config("bf16_adam", **cfg))
+    # Independently, from the config: XLA's attention on CPU keeps, per query token and head,
+    # a row of `seq` probabilities twice: softmax's float32 output (4 B) and the probabilities
+    # in the layers' compute dtype, bfloat16 (2 B), for the value GEMM's gradient.
+    assert acts["per_token_per_layer_seq_x_seq"] == heads * seq * (4 + 2)
+    assert acts["per_token_per_layer"] > acts["per_token_per_layer_seq_x_seq"]
+
+
 @pytest.mark.slow  # compiles a train step of the demo model (a minute on 2 busy cores)
 def test_the_compiled_step_of_a_small_model():
     gpt, cfg, recipe = memory_report.config("fp8_fp8adam", **SMALL)
