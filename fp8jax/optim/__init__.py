@@ -13,6 +13,10 @@ any optax loop::
 
     tx = optax.chain(optax.clip_by_global_norm(1.0), fp8jax.optim.adamw(schedule, weight_decay=0.1))
 
+A NaN, inf or overflowing gradient makes the moments non-finite as in optax, through their 8-bit
+storage. Under ``optax.inject_hyperparams`` the integers are static:
+``optax.inject_hyperparams(fp8jax.optim.adamw, static_args=("block_size", "seed"))``.
+
 The moments are sharded like their parameters (the scale grid has the parameter's rank, so
 the same ``PartitionSpec`` fits both) and checkpoint with orbax like any optax state. Needs
 optax (``pip install 'fp8jax[flax]'``); ``import fp8jax`` alone does not import it.

@@ -7,20 +7,25 @@ as FP8 E4M3 codes, the second as uint8 codes of its square root, each with one f
 scale per 128 elements along the parameter's last dim (:mod:`fp8jax.optim.moments`;
 docs/numerics.md, "FP8 optimizer state", gives the measured errors and the reasons).
 
+A non-finite moment stays non-finite through its storage (reserved codes in a flagged block,
+:func:`~fp8jax.optim.quantize_moment`), so a NaN, inf or overflowing gradient has optax's
+effect on later updates.
+
 ``fp8_moments=False`` keeps float32 moments: then :func:`adamw` is ``optax.adamw`` bit for
 bit on float32 parameters (tested).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
+from fp8jax.optim.hyperparams import check_bool, check_int, check_scalar
 from fp8jax.optim.moments import (
     BLOCK,
     BlockScaled,
@@ -56,22 +61,11 @@ class ScaleByAdamFp8State(NamedTuple):
     nu: Any
 
 
-def _number(owner: str, name: str, value: Any, lo: float, hi: float | None = None) -> None:
-    """ValueError unless a Python number ``value`` is finite and in ``[lo, hi)`` (arrays and
-    schedules pass: they are the caller's)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{owner}: {name} must be a number, got {value!r}")
-    if not isinstance(value, (int, float)):
-        return
-    if not math.isfinite(value) or value < lo or (hi is not None and value >= hi):
-        want = f"in [{lo}, {hi})" if hi is not None else f">= {lo}"
-        raise ValueError(f"{owner}: {name} must be a finite number {want}, got {value!r}")
-
-
-def _block_size(owner: str, block_size: Any) -> int:
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"{owner}: block_size must be a positive int, got {block_size!r}")
-    return block_size
+def _check_adam(owner: str, b1: Any, b2: Any, eps: Any, eps_root: Any) -> None:
+    check_scalar(owner, "b1", b1, 0.0, 1.0)
+    check_scalar(owner, "b2", b2, 0.0, 1.0)
+    check_scalar(owner, "eps", eps, 0.0)
+    check_scalar(owner, "eps_root", eps_root, 0.0)
 
 
 def _full(like: Any, shape: tuple[int, ...], value: float, dtype: Any) -> jax.Array:
@@ -106,19 +100,17 @@ def scale_by_adam(
       A ``GradientTransformation``; its updates are float32.
 
     Raises:
-      ValueError: a hyper-parameter out of range; in ``init``/``update``, a parameter whose
-        last dim is split over devices in parts that are not whole blocks (named by its path).
-      TypeError: in ``init``, a parameter that is neither float32 nor bfloat16 (an integer
-        one, say), named by its path.
+      ValueError: a hyperparameter out of range (Python, numpy or concrete jax scalars); in
+        ``init``/``update``, a parameter whose last dim is split over devices in parts that
+        are not whole blocks (named by its path).
+      TypeError: a hyperparameter that is not a number (or, for ``block_size``, not an int;
+        under ``optax.inject_hyperparams`` make it static); in ``init``, a parameter that is
+        neither float32 nor bfloat16 (an integer one, say), named by its path.
     """
     owner = "fp8jax.optim.scale_by_adam"
-    _number(owner, "b1", b1, 0.0, 1.0)
-    _number(owner, "b2", b2, 0.0, 1.0)
-    _number(owner, "eps", eps, 0.0)
-    _number(owner, "eps_root", eps_root, 0.0)
-    block = _block_size(owner, block_size)
-    if not isinstance(fp8_moments, bool):
-        raise TypeError(f"{owner}: fp8_moments must be a bool, got {fp8_moments!r}")
+    _check_adam(owner, b1, b2, eps, eps_root)
+    block = check_int(owner, "block_size", block_size, 1)
+    fp8_moments = check_bool(owner, "fp8_moments", fp8_moments)
 
     def check(params: Any) -> None:
         for path, p in jax.tree_util.tree_leaves_with_path(params):
@@ -182,6 +174,13 @@ def scale_by_adam(
             m = (1 - b1) * g + b1 * read(m, MU_FORMAT)
             v = (1 - b2) * (g**2) + b2 * read(v, NU_FORMAT)
             outs.append((m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps))
+            if fp8_moments:
+                # A gradient whose square is not finite makes v inf or NaN for good: every
+                # later update of the element is 0 or NaN, as in optax (m / inf), whatever a
+                # finite m is. Such a finite m (a 2e19 gradient's 2e18) is stored as 0, so
+                # that it does not set its block's scale and flush its neighbours' m to 0.
+                # (A test of g, not of v, keeps XLA:CPU from holding another float32 moment.)
+                m = jnp.where(jnp.isfinite(g * g) | ~jnp.isfinite(m), m, np.float32(0))
             mus.append(write(m, MU_FORMAT))
             nus.append(write(v, NU_FORMAT))
             done = (outs[-1], mus[-1], nus[-1])
@@ -228,27 +227,53 @@ def adamw(
     >>> round(float(optax.apply_updates(params, updates)["w"][0, 0]), 7)  # 1 - lr * (1 + 1e-4)
     0.9989999
 
+    A NaN or inf gradient, or one whose square overflows float32, makes the moments
+    non-finite as in ``optax.adamw``, and they stay so through their 8-bit storage: that
+    element's later updates are optax's (0 under an infinite ``v``, else NaN), its block's
+    finite neighbours are stored as before (docs/numerics.md, "Non-finite moments").
+
+    The numbers may be Python or numpy scalars or jax arrays; under
+    ``optax.inject_hyperparams``, which turns every int into an array, name the two integers
+    static (and ``"mask"`` too if it is a callable, as for ``optax.adamw``)::
+
+        tx = optax.inject_hyperparams(fp8jax.optim.adamw, static_args=("block_size", "seed"))(
+            learning_rate=1e-3, weight_decay=0.1)
+        state = tx.init(params)
+        state.hyperparams["learning_rate"] = 5e-4  # a new value, from the next update on
+
+    With bfloat16 params add ``hyperparam_dtype=jnp.float32``: optax gives the hyperparameters
+    the params' dtype, and ``b2 = 0.999`` in bfloat16 is 1 (refused in ``init``).
+
     Args:
-      learning_rate: a float or an optax schedule.
-      b1, b2, eps, eps_root: as in ``optax.adamw``.
-      weight_decay: decoupled weight decay (a float >= 0 or a schedule).
+      learning_rate: a number >= 0 or an optax schedule.
+      b1, b2, eps, eps_root: as in ``optax.adamw``: b1 and b2 in ``[0, 1)``, the others
+        ``>= 0``.
+      weight_decay: decoupled weight decay (a number >= 0 or a schedule).
       mask: which parameters decay, as in ``optax.adamw``.
       fp8_moments: ``False`` keeps float32 moments (``optax.adamw`` bit for bit).
-      block_size: elements per moment scale along each parameter's last dim.
+      block_size: elements per moment scale along each parameter's last dim (a Python or
+        numpy int).
       param_rounding: ``"stochastic"`` or ``"nearest"``: how a bfloat16 parameter takes its
         update.
-      seed: the stochastic rounding's seed.
+      seed: the stochastic rounding's seed (a Python or numpy int).
 
     Raises:
-      ValueError / TypeError: a hyper-parameter out of range or of the wrong type; in
-        ``init``, a parameter that is not float32 or bfloat16, or whose sharding would split a
-        block (named by its path).
+      TypeError: a hyperparameter of the wrong type (a string from a config file, a bool for
+        a number, a float or jax array for an int), named; in ``init``, a parameter that is not
+        float32 or bfloat16 (named by its path).
+      ValueError: a hyperparameter out of range (numpy scalars and concrete jax scalars
+        included; traced ones are not known while tracing); in ``init``, a parameter whose
+        sharding would split a block (named by its path).
     """
     owner = "fp8jax.optim.adamw"
-    if not callable(learning_rate):
-        _number(owner, "learning_rate", learning_rate, 0.0)
-    if not callable(weight_decay):
-        _number(owner, "weight_decay", weight_decay, 0.0)
+    check_scalar(owner, "learning_rate", learning_rate, 0.0, schedule=True)
+    _check_adam(owner, b1, b2, eps, eps_root)
+    check_scalar(owner, "weight_decay", weight_decay, 0.0, schedule=True)
+    fp8_moments = check_bool(owner, "fp8_moments", fp8_moments)
+    block_size = check_int(owner, "block_size", block_size, 1)
+    seed = check_int(owner, "seed", seed)
+    if not isinstance(param_rounding, str):
+        raise TypeError(f"{owner}: param_rounding must be a str, got {param_rounding!r}")
     if param_rounding not in _ROUNDINGS:
         raise ValueError(
             f"{owner}: param_rounding must be one of {_ROUNDINGS}, got {param_rounding!r}"

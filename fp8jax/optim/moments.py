@@ -17,6 +17,11 @@ state", has the measurements behind them):
   range a block must span; a nonzero value never gets code 0 (a denominator rounded to 0 would
   make the next update ``m / eps``).
 
+Non-finite values survive the round trip, as in a float32 moment: a block holding one is
+flagged by the sign of its float32 inverse scale, takes its scale from its finite values, and
+keeps its top codes for inf and NaN (:func:`quantize_moment`). Blocks of finite values are
+unchanged by this.
+
 Pure ``jnp``, left to XLA to fuse with the update. (XLA:CPU writes a parameter's float32
 moments out between the update and the block maximum of the re-quantize, 8 bytes per element:
 :func:`fp8jax.optim.scale_by_adam` updates one parameter at a time so that only one
@@ -35,11 +40,15 @@ from jax.sharding import NamedSharding
 
 from fp8jax.ops.base.partition import entry_axes, explicit_mesh, whole_blocks
 from fp8jax.ops.block.block_scaling import block_scale
-from fp8jax.recipe import fp8_max
 
 __all__ = [
     "BLOCK",
+    "E4M3_FLAGGED_MAX",
+    "E4M3_MAX",
     "MOMENT_FORMATS",
+    "SQRT_FLAGGED_MAX",
+    "SQRT_INF",
+    "SQRT_NAN",
     "BlockScaled",
     "check_blocks",
     "dequantize_moment",
@@ -54,6 +63,12 @@ __all__ = [
 BLOCK = 128
 #: The moment formats: signed FP8 E4M3 codes, and uint8 codes of a square root.
 MOMENT_FORMATS = ("e4m3", "sqrt_uint8")
+#: E4M3's largest code; in a block flagged non-finite, +-448 are +-inf and finite values
+#: saturate at +-416 (the next code down).
+E4M3_MAX, E4M3_FLAGGED_MAX = 448, 416
+#: ``"sqrt_uint8"`` in a block flagged non-finite: code 255 is inf, 254 NaN, 0..253 finite.
+SQRT_INF, SQRT_NAN, SQRT_FLAGGED_MAX = 255, 254, 253
+_F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 class BlockScaled(NamedTuple):
@@ -99,25 +114,53 @@ def from_blocks(xb: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return flat[..., : shape[-1]]
 
 
-def _signed_fp8(x: jax.Array, block: int, fp8_dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """Block-scaled FP8 codes of ``x`` (Float8BlockScaling's float32 scales)."""
+def _float_scale(amax: jax.Array, limit: jax.Array) -> jax.Array:
+    """``limit / amax`` in float32 by ``block_scale``'s rule (``power_2_scale=False``): an
+    overflow gives float32's largest, an amax of 0 or below float32's smallest normal scale 1."""
+    scale = limit / amax
+    scale = jnp.where(jnp.isinf(scale), _F32_MAX, scale)
+    return jnp.where(amax < np.float32(np.finfo(np.float32).smallest_normal), np.float32(1), scale)
+
+
+def _finite_amax(xb: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per block: the largest finite ``|x|`` (0 if none), and whether the block holds a
+    non-finite element."""
+    finite = jnp.isfinite(xb)
+    amax = jnp.max(jnp.where(finite, jnp.abs(xb), np.float32(0)), axis=-1)
+    return amax, ~jnp.all(finite, axis=-1)
+
+
+def _signed_e4m3(x: jax.Array, block: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Block-scaled E4M3 codes of ``x`` (Float8BlockScaling's float32 scales), the scales and
+    the non-finite blocks' flags. A flagged block maps its finite values onto +-416 and keeps
+    +-448 for +-inf; NaN is E4M3's NaN code."""
     xb = to_blocks(x, block)
-    scale = block_scale(jnp.max(jnp.abs(xb), axis=-1), fp8_dtype, power_2_scale=False)
-    limit = np.float32(fp8_max(fp8_dtype))
-    codes = jnp.clip(xb * scale[..., None], -limit, limit).astype(fp8_dtype)
-    return codes, scale
+    amax, flagged = _finite_amax(xb)
+    scale = jnp.where(
+        flagged,
+        _float_scale(amax, np.float32(E4M3_FLAGGED_MAX)),
+        block_scale(amax, jnp.float8_e4m3fn, power_2_scale=False),
+    )
+    limit = jnp.where(flagged, np.float32(E4M3_FLAGGED_MAX), np.float32(E4M3_MAX))[..., None]
+    codes = jnp.clip(xb * scale[..., None], -limit, limit)
+    codes = jnp.where(jnp.isinf(xb), jnp.copysign(np.float32(E4M3_MAX), xb), codes)
+    codes = jnp.where(jnp.isnan(xb), np.float32(np.nan), codes)
+    return codes.astype(jnp.float8_e4m3fn), scale, flagged
 
 
-def _sqrt_uint8(x: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
-    """uint8 codes of ``sqrt(x)``, linear from 0 to the block's largest (255); a nonzero value
-    never gets code 0."""
+def _sqrt_uint8(x: jax.Array, block: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """uint8 codes of ``sqrt(x)``, linear from 0 to the block's largest finite value (255, or
+    253 in a flagged block, whose codes 255 and 254 are inf and NaN); a nonzero value never
+    gets code 0. Also the scales and the non-finite blocks' flags."""
     yb = to_blocks(jnp.sqrt(x), block)
-    amax = jnp.max(yb, axis=-1)
-    ok = (amax >= np.float32(np.finfo(np.float32).smallest_normal)) & jnp.isfinite(amax)
-    scale = jnp.where(ok, np.float32(255) / jnp.where(ok, amax, 1), np.float32(1))
-    codes = jnp.clip(jnp.round(yb * scale[..., None]), 0, 255)
-    codes = jnp.where((codes == 0) & (yb > 0), 1, codes).astype(jnp.uint8)
-    return codes, scale
+    amax, flagged = _finite_amax(yb)
+    limit = jnp.where(flagged, np.float32(SQRT_FLAGGED_MAX), np.float32(255))
+    ok = amax >= np.float32(np.finfo(np.float32).smallest_normal)
+    scale = jnp.where(ok, limit / jnp.where(ok, amax, 1), np.float32(1))
+    codes = jnp.clip(jnp.round(yb * scale[..., None]), 0, limit[..., None])
+    codes = jnp.where((codes == 0) & (yb > 0), 1, codes)
+    codes = jnp.where(jnp.isnan(yb), SQRT_NAN, jnp.where(jnp.isinf(yb), SQRT_INF, codes))
+    return codes.astype(jnp.uint8), scale, flagged
 
 
 def quantize_moment(x: jax.Array, fmt: str, *, block: int = BLOCK) -> tuple[jax.Array, jax.Array]:
@@ -131,36 +174,58 @@ def quantize_moment(x: jax.Array, fmt: str, *, block: int = BLOCK) -> tuple[jax.
       ``uint8``, ``scale = 255 / max(sqrt(x))`` over the block; a nonzero value whose code would
       be 0 gets 1 (a denominator never rounds to 0).
 
+    Non-finite values come back as they were (as in a float32 moment): a block holding one is
+    flagged by a negative ``scale_inv`` (``-1 / scale``), its ``amax`` is over its finite
+    values, which saturate one or two codes lower (E4M3: at +-416, scale ``416 / amax``; uint8:
+    at 253, scale ``253 / max``), and the top codes are reserved: E4M3 +-448 for +-inf and its
+    NaN code for NaN; uint8 255 for inf and 254 for NaN (``sqrt(x)`` of a negative ``x`` is
+    NaN). A block of finite values is stored as before (positive ``scale_inv``).
+
     >>> import jax.numpy as jnp
     >>> from fp8jax.optim import quantize_moment, dequantize_moment
     >>> q, s = quantize_moment(jnp.array([[4.0, 1.0, 0.0]]), "sqrt_uint8")
     >>> q.tolist(), s.shape, dequantize_moment(q, s, "sqrt_uint8").round(4).tolist()
     ([[255, 128, 0]], (1, 1), [[4.0, 1.0078999996185303, 0.0]])
+    >>> q, s = quantize_moment(jnp.array([[4.0, jnp.inf, jnp.nan]]), "sqrt_uint8")
+    >>> q.tolist(), float(s[0, 0]) < 0, dequantize_moment(q, s, "sqrt_uint8").tolist()
+    ([[253, 255, 254]], True, [[4.0, inf, nan]])
     """
     if fmt not in MOMENT_FORMATS:
         raise ValueError(f"quantize_moment: fmt must be one of {MOMENT_FORMATS}, got {fmt!r}")
     shape = jnp.shape(x)
     x = jnp.asarray(x, jnp.float32)
     if fmt == "e4m3":
-        codes, scale = _signed_fp8(x, block, jnp.float8_e4m3fn)
+        codes, scale, flagged = _signed_e4m3(x, block)
     else:
-        codes, scale = _sqrt_uint8(x, block)
+        codes, scale, flagged = _sqrt_uint8(x, block)
     scale_inv = (np.float32(1) / scale).astype(jnp.float32)
+    scale_inv = jnp.where(flagged, -scale_inv, scale_inv)
     return from_blocks(codes, shape), scale_inv.reshape(scale_grid_shape(shape, block))
 
 
 def dequantize_moment(
     codes: jax.Array, scale_inv: jax.Array, fmt: str, *, block: int = BLOCK
 ) -> jax.Array:
-    """The float32 moment of ``(codes, scale_inv)`` in format ``fmt``: ``codes * scale_inv``
-    per block (squared for ``"sqrt_uint8"``)."""
+    """The float32 moment of ``(codes, scale_inv)`` in format ``fmt``: ``codes * |scale_inv|``
+    per block (squared for ``"sqrt_uint8"``), at most float32's largest in magnitude, and in a
+    block flagged non-finite (``scale_inv < 0``) the reserved codes as +-inf and NaN
+    (:func:`quantize_moment`)."""
     if fmt not in MOMENT_FORMATS:
         raise ValueError(f"dequantize_moment: fmt must be one of {MOMENT_FORMATS}, got {fmt!r}")
     shape = jnp.shape(codes)
     qb = to_blocks(codes.astype(jnp.float32), block)
     s = jnp.reshape(scale_inv, qb.shape[:-1])[..., None]
-    y = from_blocks(qb * s, shape)
-    return y * y if fmt == "sqrt_uint8" else y
+    flagged = jnp.signbit(s)
+    y = qb * jnp.abs(s)
+    if fmt == "e4m3":
+        y = jnp.clip(y, -_F32_MAX, _F32_MAX)
+        inf = flagged & (jnp.abs(qb) == np.float32(E4M3_MAX))
+        y = jnp.where(inf, jnp.copysign(np.float32(np.inf), qb), y)
+    else:
+        y = jnp.minimum(y * y, _F32_MAX)
+        y = jnp.where(flagged & (qb == SQRT_INF), np.float32(np.inf), y)
+        y = jnp.where(flagged & (qb == SQRT_NAN), np.float32(np.nan), y)
+    return from_blocks(y, shape)
 
 
 def sharding_of(x: Any) -> NamedSharding | None:

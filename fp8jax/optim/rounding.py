@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fp8jax.optim.hyperparams import check_int
+
 __all__ = ["StochasticRoundingState", "round_to_bfloat16", "stochastic_rounding"]
 
 _ROUNDED = (jnp.dtype(jnp.bfloat16),)
@@ -71,20 +73,20 @@ def stochastic_rounding(seed: int = 0) -> optax.GradientTransformation:
     bfloat16 parameter's ``p + update`` stochastically (float32 parameters pass through).
 
     Args:
-      seed: the bits of step ``n`` are drawn from ``fold_in(key(seed), n)`` and the leaf's
-        index, so a run (and its resumption from a checkpoint) is reproducible and the same on
-        any number of devices.
+      seed: a Python or numpy int; the bits of step ``n`` are drawn from
+        ``fold_in(key(seed), n)`` and the leaf's index, so a run (and its resumption from a
+        checkpoint) is reproducible and the same on any number of devices.
 
     Returns:
       A ``GradientTransformation`` whose ``update`` needs ``params``.
 
     Raises:
-      TypeError: a ``seed`` that is not an int; in ``init``/``update``, a parameter that is
+      TypeError: a ``seed`` that is not a Python or numpy int (a jax array included: under
+        ``optax.inject_hyperparams`` make it static); in ``init``/``update``, a parameter that is
         neither bfloat16 nor float32 (named by its path).
     """
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"stochastic_rounding: seed must be an int, got {seed!r}")
     owner = "fp8jax.optim.stochastic_rounding"
+    seed = check_int(owner, "seed", seed)
 
     def init(params: Any) -> StochasticRoundingState:
         check_param_dtypes(owner, params, (*_ROUNDED, *_PASSED))

@@ -209,7 +209,7 @@ def test_bfloat16_params_and_gradients():
         ({"learning_rate": -1e-3}, ValueError, "learning_rate must be a finite number >= 0.0"),
         ({"weight_decay": -0.1}, ValueError, "weight_decay must be a finite number"),
         ({"block_size": 0}, ValueError, "block_size must be a positive int, got 0"),
-        ({"block_size": 128.0}, ValueError, "block_size must be a positive int"),
+        ({"block_size": 128.0}, TypeError, "block_size must be a positive int, got float"),
         ({"param_rounding": "up"}, ValueError, "param_rounding must be one of"),
         ({"seed": "0"}, TypeError, "seed must be an int"),
         ({"fp8_moments": 1}, TypeError, "fp8_moments must be a bool"),
