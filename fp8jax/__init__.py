@@ -13,11 +13,11 @@ import importlib as _importlib
 from fp8jax import ops, sharding
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
-from fp8jax.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
-from fp8jax.grouped_dense import grouped_dense, grouped_roles
-from fp8jax.layernorm_dense import layernorm_dense
-from fp8jax.layernorm_mlp import MLP_ROLES, layernorm_mlp
-from fp8jax.moe import moe, moe_roles
+from fp8jax.functional.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
+from fp8jax.functional.grouped_dense import grouped_dense, grouped_roles
+from fp8jax.functional.layernorm import layernorm_dense
+from fp8jax.functional.mlp import MLP_ROLES, layernorm_mlp
+from fp8jax.functional.moe import moe, moe_roles
 from fp8jax.ops.casts.quantize import cast_to_representable
 from fp8jax.recipe import (
     DelayedScaling,

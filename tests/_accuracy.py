@@ -1,6 +1,7 @@
 """How far a layer's FP8 GEMMs may be from exact float32 sums on the backend under test, and how
 such a difference travels through the rest of a layer: elementwise bounds for the tests that
-compare a layer with an emulation of its casts (tests/test_dense.py, tests/test_layernorm_mlp.py).
+compare a layer with an emulation of its casts (tests/functional/test_dense.py,
+tests/functional/test_layernorm_mlp.py).
 
 On CPU the FP8 GEMM is XLA's float32 dot of the dequantized operands (``ops.gemm_reference``), so
 a layer equals its emulation to float32 summation order and those tests keep their tight

@@ -47,18 +47,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("fp8jax.state", "fp8jax._train_math", "fp8jax.autocast", "fp8jax.sharding"),
     ),
     # what every FP8 layer is built from: setup, casts, GEMM forward/backward, custom_vjp wiring
-    ("layer core", ("fp8jax._layer_core", "fp8jax._norm_layer", "fp8jax._exchange")),
     (
-        "functional layers",
-        (
-            "fp8jax.dense",
-            "fp8jax.layernorm_dense",
-            "fp8jax.layernorm_mlp",
-            "fp8jax.rotary",
-            "fp8jax.grouped_dense",
-            "fp8jax.moe",
-        ),
+        "layer core",
+        ("fp8jax.functional._core", "fp8jax.functional.layernorm", "fp8jax.functional._exchange"),
     ),
+    # the functional layers (fp8jax/functional/, one file per layer, as in every tier) and the
+    # rotary embedding
+    ("functional layers", ("fp8jax.functional", "fp8jax.rotary")),
     # the framework-neutral layer spec both Flax front-ends are built on (no Flax module)
     ("layer spec", ("fp8jax.layers",)),
     # optax transforms with FP8 state (the block-scaling rules of ops; no layer, no Flax)
@@ -92,7 +87,8 @@ MODULES = _modules()
 
 
 def _target(name: str) -> str | None:
-    """The fp8jax module ``name`` is (or is in: ``fp8jax.dense._dense`` -> ``fp8jax.dense``)."""
+    """The fp8jax module ``name`` is (or is in: ``fp8jax.functional.dense.dense`` ->
+    ``fp8jax.functional.dense``)."""
     while name not in MODULES and "." in name:
         name = name.rsplit(".", 1)[0]
     return name if name in MODULES else None
@@ -226,12 +222,15 @@ def test_deferred_allowances_name_modules():
 def test_the_checks_catch_a_deferred_cycle_and_an_upward_import(tmp_path, monkeypatch):
     """What the old ``dense`` <-> ``_fp8_gemm`` pair did (a cycle through an import inside a
     function) and a layer importing a layer above it are both reported, naming the lines."""
-    assert _upward({"fp8jax.ops.casts.quantize": [("fp8jax.dense", 7, True)]}) == [
+    assert _upward({"fp8jax.ops.casts.quantize": [("fp8jax.functional.dense", 7, True)]}) == [
         "fp8jax/ops/casts/quantize.py:7: fp8jax.ops.casts.quantize (layer 'ops casts') imports "
-        "fp8jax.dense "
-        "(layer 'functional layers', above it) inside a function"
+        "fp8jax.functional.dense (layer 'functional layers', above it) inside a function"
     ]
-    assert _layer("fp8jax.flax.dense") > _layer("fp8jax.dense") > _layer("fp8jax._layer_core")
+    assert (
+        _layer("fp8jax.flax.dense")
+        > _layer("fp8jax.functional.dense")
+        > _layer("fp8jax.functional._core")
+    )
     (tmp_path / "fp8jax").mkdir()
     (tmp_path / "fp8jax" / "a.py").write_text("from fp8jax import b\n")
     (tmp_path / "fp8jax" / "b.py").write_text("def f():\n    from fp8jax.a import x\n")

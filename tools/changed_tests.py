@@ -36,13 +36,20 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
          "fp8jax/ops/gemms/_gemm_partition.py"),
         ("tests/ops/test_gemm.py", "tests/ops/test_gemm_setup.py",
          "tests/ops/test_gemm_autotune.py", "tests/ops/test_gemm_epilogue.py",
-         "tests/test_mlp_fused.py"),
+         "tests/functional/test_mlp_fused.py"),
     ),
-    "grouped_gemm": (("fp8jax/ops/gemms/fixed_groups.py",), ("tests/test_gated_pair_gemm.py",)),
+    "grouped_gemm": (
+        ("fp8jax/ops/gemms/fixed_groups.py",),
+        ("tests/functional/test_gated_pair_gemm.py",),
+    ),
     "ragged_gemm": (
         ("cpp/cuda/cuda_grouped_gemm.cu", "cpp/common/grouped_gemm.h", "cpp/ops/gemms.h",
          "fp8jax/ops/gemms/grouped_gemm.py"),
-        ("tests/ops/test_grouped_gemm.py", "tests/test_grouped_dense.py", "tests/test_moe.py"),
+        (
+            "tests/ops/test_grouped_gemm.py",
+            "tests/functional/test_grouped_dense.py",
+            "tests/functional/test_moe.py",
+        ),
     ),
     "block": (
         ("cpp/cuda/cuda_block_scaling.cu", "cpp/common/block_*", "cpp/ops/block_casts.h",

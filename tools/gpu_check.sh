@@ -57,7 +57,7 @@ PYTEST_ARGS=("$@")
 # short lease still reaches it: the block-scaled GEMM on cuBLASLt (scale modes and layouts), the
 # block cast kernels and their fused forms, the layers under the block recipes.
 # The host runs' comparison with the GPU (test_host_cuda.py) comes next: the newest kernels' bits.
-export FP8JAX_TEST_FIRST="${GPU_CHECK_FIRST-tests/ops/test_block_gemm.py tests/ops/test_block_fused.py tests/ops/test_block_scaling.py tests/test_block_layers.py tests/test_block_training.py tests/ops/test_host_cuda.py}"
+export FP8JAX_TEST_FIRST="${GPU_CHECK_FIRST-tests/ops/test_block_gemm.py tests/ops/test_block_fused.py tests/ops/test_block_scaling.py tests/functional/test_block_layers.py tests/functional/test_block_training.py tests/ops/test_host_cuda.py}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python}"

@@ -1,6 +1,6 @@
 """Flax Linen modules for FP8 dense layers: ``DenseGeneral``, ``Fp8DotGeneral``, ``Fp8Einsum``.
 
-All three compute with :func:`fp8jax.dense.dense` and follow the enclosing
+All three compute with :func:`fp8jax.dense` and follow the enclosing
 :func:`fp8jax.autocast`: outside it, or with FP8 disabled, they are plain high-precision layers
 and need no FP8 variables. With :class:`~fp8jax.recipe.DelayedScaling` they keep their state in
 the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"`` (see
@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.dense import dense_observed
 from fp8jax.flax._params import declare
 from fp8jax.flax._variables import Fp8Call, fp8_call
+from fp8jax.functional.dense import dense_observed
 from fp8jax.layers.checks import check_float_array, normalize_axes
 from fp8jax.layers.dense import DenseGeneralConfig
 
@@ -61,7 +61,7 @@ class DenseGeneral(DenseGeneralConfig, nn.Module):
     ``init`` key gives the same params.
 
     Inside ``fp8jax.autocast(enabled=True, recipe=...)`` the layer runs as one FP8 GEMM forward and
-    two backward (:func:`fp8jax.dense.dense`); otherwise it is a plain high-precision dense.
+    two backward (:func:`fp8jax.dense`); otherwise it is a plain high-precision dense.
 
     Attributes:
       features: int or tuple of output features.
@@ -135,7 +135,7 @@ class Fp8DotGeneral(nn.Module):
     without ``batch_dims``): the layer instantiates it on every call and calls it as
     ``dot_general(lhs, rhs, dimension_numbers, precision=..., preferred_element_type=...)``, with
     ``rhs`` the weight. The contraction may not have batch dims (ValueError); the rhs contracted
-    dims are moved to the front for :func:`fp8jax.dense.dense`. The FP8 state and probes live in
+    dims are moved to the front for :func:`fp8jax.dense`. The FP8 state and probes live in
     the ``fp8_meta``/``fp8_probe`` collections of this submodule (e.g.
     ``Dense_0/Fp8DotGeneral_0``). With FP8 off it is exactly ``lax.dot_general``.
     """
@@ -267,7 +267,7 @@ class Fp8Einsum(nn.Module):
     """FP8 two-operand einsum for models that contract weights with ``jnp.einsum``.
 
     ``Fp8Einsum()(equation, x, w)`` computes ``jnp.einsum(equation, x, w)`` with ``x`` the
-    activation and ``w`` the weight, as one :func:`fp8jax.dense.dense` between transposes and
+    activation and ``w`` the weight, as one :func:`fp8jax.dense` between transposes and
     reshapes. Every dim that ``x`` and ``w`` share must be contracted (no batch dims of the
     weight), every other dim must appear in the output, ``...`` may stand for leading dims of
     ``x``. Other equations raise ValueError (whether FP8 is on or not). With FP8 off it is exactly

@@ -22,7 +22,7 @@ import jax
 
 from fp8jax.flax._params import declare
 from fp8jax.flax._variables import fp8_call
-from fp8jax.layers.dense import LayerNormConfig, LayerNormDenseGeneralConfig
+from fp8jax.layers.layernorm import LayerNormConfig, LayerNormDenseGeneralConfig
 from fp8jax.layers.params import default_kernel_init
 
 __all__ = ["LayerNorm", "LayerNormDenseGeneral", "default_kernel_init"]

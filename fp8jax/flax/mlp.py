@@ -41,7 +41,7 @@ class LayerNormMLP(LayerNormMLPConfig, nn.Module):
     ``[:, i, :]`` slice drawn by ``kernel_init`` with its own key), ``wo_kernel``
     ``(intermediate_dim, hidden)``, and with ``use_bias`` ``wi_bias`` ``(len(activations),
     intermediate_dim)`` and ``wo_bias`` ``(hidden,)``. The FP8 state has the 6 roles of
-    :data:`fp8jax.layernorm_mlp.MLP_ROLES`.
+    :data:`fp8jax.functional.mlp.MLP_ROLES`.
 
     Differences from TE: ``dtype``/``param_dtype`` as in Flax; logical axis names default to
     none (``()``; TE's are ``kernel_axes_1=("embed", "act", "mlp")``,

@@ -27,7 +27,7 @@ __all__ = ["MoEBlock"]
 
 class MoEBlock(MoEBlockConfig, nn.Module):
     """A mixture-of-experts MLP block: router, sort-based dispatch, gated experts on the ragged
-    grouped FP8 GEMM, weighted combine (:func:`fp8jax.moe.moe` describes each step).
+    grouped FP8 GEMM, weighted combine (:func:`fp8jax.moe` describes each step).
 
     Returns ``(out, aux_loss)`` as TransformerEngine's MoE block does: ``out`` has the input's
     shape; ``aux_loss`` is the router's load-balancing loss plus its z-loss (float32, each times

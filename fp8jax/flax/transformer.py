@@ -33,7 +33,7 @@ from fp8jax.flax.mlp import LayerNormMLP
 from fp8jax.flax.moe import MoEBlock
 from fp8jax.layers.attention import MultiHeadAttentionConfig
 from fp8jax.layers.checks import check_float_array, check_no_score_mod
-from fp8jax.layers.dense import LayerNormConfig
+from fp8jax.layers.layernorm import LayerNormConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
 from fp8jax.layers.moe import MoEBlockConfig
 from fp8jax.layers.relative_position import RelativePositionBiasesConfig

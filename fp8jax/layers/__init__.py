@@ -18,7 +18,8 @@ the argument checks (:mod:`fp8jax.layers.checks`) and the activation layout help
 """
 
 from fp8jax.layers.attention import MultiHeadAttentionConfig
-from fp8jax.layers.dense import DenseGeneralConfig, LayerNormConfig, LayerNormDenseGeneralConfig
+from fp8jax.layers.dense import DenseGeneralConfig
+from fp8jax.layers.layernorm import LayerNormConfig, LayerNormDenseGeneralConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
 from fp8jax.layers.moe import MoEBlockConfig
 from fp8jax.layers.params import ParamSpec

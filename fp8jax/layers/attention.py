@@ -16,7 +16,8 @@ import numpy as np
 
 from fp8jax.layers.attention_core import canonical_mask_type, check_heads
 from fp8jax.layers.checks import check_float_array, check_names, check_off
-from fp8jax.layers.dense import DenseGeneralConfig, LayerNormDenseGeneralConfig
+from fp8jax.layers.dense import DenseGeneralConfig
+from fp8jax.layers.layernorm import LayerNormDenseGeneralConfig
 from fp8jax.layers.params import Initializer, concat_init, default_mha_kernel_init, zeros
 from fp8jax.rotary import canonical_group_method, rotary_pos_emb
 

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from fp8jax.layernorm_mlp import MLP_ROLES, check_activations, layernorm_mlp_observed
+from fp8jax.functional.mlp import MLP_ROLES, check_activations, layernorm_mlp_observed
 from fp8jax.layers.checks import as_tuple, check_float_array, check_off, positive_int
-from fp8jax.layers.dense import norm_param_specs
+from fp8jax.layers.layernorm import norm_param_specs
 from fp8jax.layers.layout import constrain
 from fp8jax.layers.params import Initializer, ParamSpec, default_kernel_init, stacked_init, zeros
 

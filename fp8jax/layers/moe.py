@@ -13,13 +13,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fp8jax._norm_layer import norm_layer
+from fp8jax.functional.layernorm import norm_layer
+from fp8jax.functional.moe import MOE_ACTIVATIONS, SCORE_FUNCTIONS, MoEConfig, moe, moe_roles
 from fp8jax.layers.checks import check_float_array, positive_int
-from fp8jax.layers.dense import norm_param_specs
+from fp8jax.layers.layernorm import norm_param_specs
 from fp8jax.layers.layout import constrain
 from fp8jax.layers.mlp import LayerNormMLPConfig
 from fp8jax.layers.params import Initializer, ParamSpec, default_kernel_init, zeros
-from fp8jax.moe import MOE_ACTIVATIONS, SCORE_FUNCTIONS, MoEConfig, moe, moe_roles
 
 __all__ = ["MoEBlockConfig", "MoEResult", "experts_init"]
 
@@ -146,7 +146,7 @@ class MoEBlockConfig:
 
     @property
     def n_roles(self) -> int:
-        """The FP8 state rows of the routed experts (:func:`fp8jax.moe.moe_roles`)."""
+        """The FP8 state rows of the routed experts (:func:`fp8jax.moe_roles`)."""
         return len(moe_roles(self.num_experts))
 
     def param_specs(self, hidden: int) -> dict[str, ParamSpec]:
@@ -218,7 +218,7 @@ class MoEBlockConfig:
         }
 
     def moe_config(self) -> MoEConfig:
-        """The routed experts' static settings (:func:`fp8jax.moe.moe`)."""
+        """The routed experts' static settings (:func:`fp8jax.moe`)."""
         return MoEConfig(
             num_experts=self.num_experts,
             num_experts_per_tok=self.num_experts_per_tok,

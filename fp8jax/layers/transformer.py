@@ -17,7 +17,7 @@ import numpy as np
 from fp8jax.layers.attention import MultiHeadAttentionConfig
 from fp8jax.layers.attention_core import canonical_mask_type
 from fp8jax.layers.checks import check_off, positive_int
-from fp8jax.layers.dense import LayerNormConfig
+from fp8jax.layers.layernorm import LayerNormConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
 from fp8jax.layers.moe import MoEBlockConfig
 from fp8jax.layers.params import Initializer, default_mha_kernel_init, zeros

@@ -25,8 +25,12 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from fp8jax.nnx.layers import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
+from fp8jax.nnx.attention import MultiHeadAttention
+from fp8jax.nnx.dense import DenseGeneral
+from fp8jax.nnx.layernorm import LayerNorm, LayerNormDenseGeneral
+from fp8jax.nnx.mlp import LayerNormMLP
 from fp8jax.nnx.moe import MoEBlock
+from fp8jax.nnx.relative_position import RelativePositionBiases
 from fp8jax.nnx.train import (
     accumulate_gradients,
     apply_gradients,
@@ -35,7 +39,7 @@ from fp8jax.nnx.train import (
     model_recipe,
     update_fp8_variables,
 )
-from fp8jax.nnx.transformer import MultiHeadAttention, RelativePositionBiases, TransformerLayer
+from fp8jax.nnx.transformer import TransformerLayer
 from fp8jax.nnx.variables import Fp8MetaVariable, Fp8Probe
 
 __all__ = [

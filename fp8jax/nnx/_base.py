@@ -14,11 +14,13 @@ configs with their real sizes, handing each its :class:`Keys`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.core import meta as flax_meta
 
@@ -40,7 +42,16 @@ from fp8jax.nnx.variables import (
 )
 from fp8jax.recipe import DelayedScaling
 
-__all__ = ["Fp8Module", "Keys", "check_rngs", "keys_for", "positive_int"]
+__all__ = [
+    "Fp8Module",
+    "Keys",
+    "check_rngs",
+    "feature_sizes",
+    "keys_for",
+    "make_config",
+    "positive_int",
+    "sizes",
+]
 
 
 class Keys(NamedTuple):
@@ -205,3 +216,33 @@ class Fp8Module(nnx.Module):
     def _values(self, names: Any) -> dict[str, jax.Array]:
         """The values of the params ``names`` this layer has, by name."""
         return {n: getattr(self, n).get_value() for n in names if hasattr(self, n)}
+
+
+def make_config(owner: str, cls: type, config: Mapping[str, Any], **fixed: Any) -> Any:
+    """A ``cls`` config from a constructor's keyword arguments ``config`` and its ``fixed``
+    ones (the sizes it takes positionally); a TypeError names an unknown or fixed keyword.
+    Lists become tuples, so the config stays hashable."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in config:
+        if key not in fields or key in fixed:
+            raise TypeError(f"{owner}: unexpected keyword argument {key!r}")
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    return cls(**fixed, **kw)
+
+
+def sizes(owner: str, name: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (positive_int(owner, name, value),)
+    try:
+        out = tuple(value)
+    except TypeError:
+        raise TypeError(
+            f"{owner}: {name} must be an int or a tuple of ints, got {value!r}"
+        ) from None
+    if not out:
+        raise ValueError(f"{owner}: {name} must not be empty")
+    return tuple(positive_int(owner, name, v) for v in out)
+
+
+def feature_sizes(features: Any) -> tuple[int, ...]:
+    return (int(features),) if np.ndim(features) == 0 else tuple(int(f) for f in features)

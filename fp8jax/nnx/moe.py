@@ -20,9 +20,9 @@ from flax import nnx
 
 from fp8jax.layers.checks import positive_int
 from fp8jax.layers.moe import MoEBlockConfig, MoEResult
-from fp8jax.nnx._base import Fp8Module, Keys, keys_for
+from fp8jax.nnx._base import Fp8Module, Keys, keys_for, make_config
 from fp8jax.nnx._probe import fp8_use
-from fp8jax.nnx.layers import LayerNormMLP, make_config
+from fp8jax.nnx.mlp import LayerNormMLP
 
 __all__ = ["MoEBlock"]
 

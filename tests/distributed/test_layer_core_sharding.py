@@ -1,8 +1,8 @@
 """The functional layers under explicit sharding (``AxisType.Explicit``, ``jax.make_mesh``'s
 default), on 8 emulated devices: a ``custom_vjp`` cotangent must have its primal's type, sharding
 included, while a GEMM picks its output's split from its operands'. The layer core
-(``fp8jax/_layer_core.py``, ``layer_vjp``) reshards every gradient to its primal's sharding, for
-every layer built from it; before, only ``dense`` did, and ``layernorm_dense`` and
+(``fp8jax/functional/_core.py``, ``layer_vjp``) reshards every gradient to its primal's
+sharding, for every layer built from it; before, only ``dense`` did, and ``layernorm_dense`` and
 ``layernorm_mlp`` with a split contracted dim or an FSDP-sharded kernel failed with a custom_vjp
 type error. The gradients equal the one-device ones (the FP8 casts are the same, with global
 amaxes; a split K sums in another order).

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
-from fp8jax.moe import MoEConfig
+from fp8jax.functional.moe import MoEConfig
 
 pytestmark = [needs_devices(8), pytest.mark.usefixtures("float32_matmuls")]
 

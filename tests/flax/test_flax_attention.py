@@ -19,7 +19,6 @@ import fp8jax
 from fp8jax import rotary
 from fp8jax.flax import DotProductAttention, RelativePositionBiases
 from fp8jax.flax import attention as mha_mod
-from fp8jax.flax import dot_product_attention as dpa_mod
 from fp8jax.flax import relative_position as rpb_mod
 from fp8jax.layers import attention_core as core_mod
 from fp8jax.layers.attention_core import (
@@ -374,7 +373,7 @@ def test_fp8_attention_recipe_flags_stay_rejected():
 
 
 def test_docstring_examples():
-    for mod in (dpa_mod, rpb_mod, mha_mod, core_mod, rotary):
+    for mod in (rpb_mod, mha_mod, core_mod, rotary):
         result = doctest.testmod(mod, verbose=False)
         assert result.attempted > 0 and result.failed == 0
 

@@ -27,8 +27,8 @@ from conftest import requires_cuda
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling
-from fp8jax.dense import CHECKPOINT_NAMES
 from fp8jax.flax import DenseGeneral, Fp8DotGeneral, Fp8Einsum
+from fp8jax.functional.dense import CHECKPOINT_NAMES
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 

@@ -22,7 +22,7 @@ FSDP, as the 2-D dgrad does. Under explicit sharding (``AxisType.Explicit``) the
 typed with the plan's split (there the 2-D form's reshape is not even allowed). Under ``vmap``
 they batch as the 2-D form; with the ``"xla"`` GEMM implementation the layer keeps its 2-D
 GEMMs (:func:`usable`), which XLA partitions itself. A layer's GEMM on them (kernel cast,
-output-gradient cast with its bias gradient, dgrad and wgrad) is in :mod:`fp8jax._layer_core`
+output-gradient cast with its bias gradient, dgrad and wgrad) is in :mod:`fp8jax.functional._core`
 (``grouped_forward``, ``grouped_cast_grad``, ``grouped_backward``).
 """
 

@@ -414,8 +414,9 @@ def gemm_codes(
     """:func:`gemm` (or with ``reuse``, :func:`gemm_reusing`) on the ``uint8`` codes of FP8
     tensors: ``a``, ``b`` and ``reuse[0]`` hold codes of FP8 ``dtypes = (a_dtype, b_dtype)``
     (``reuse[0]`` has ``b``'s), viewed as FP8 only on each device. Private to fp8jax's layers,
-    which keep their FP8 residuals as codes (see :mod:`fp8jax.dense`): the sharding machinery
-    then moves the very value the layer saved, so an FSDP gather is shared by both GEMMs."""
+    which keep their FP8 residuals as codes (see :mod:`fp8jax.functional.dense`): the sharding
+    machinery then moves the very value the layer saved, so an FSDP gather is shared by both
+    GEMMs."""
     for name, v in (("a", a), ("b", b)) + ((("reuse[0]", reuse[0]),) if reuse else ()):
         if jnp.result_type(v) != jnp.uint8:
             raise TypeError(f"gemm_codes: {name} must hold uint8 codes, got {jnp.result_type(v)}")

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _layer_core as core
-from fp8jax._norm_layer import (
+from fp8jax.functional import _core as core
+from fp8jax.functional.layernorm import (
     check_norm_args,
     check_norm_params,
     flax_norm,
@@ -347,7 +347,7 @@ def layernorm_mlp_observed(
     return_layernorm_output, dtype, enabled, where="fp8jax.layernorm_mlp",
 ):  # fmt: skip
     """:func:`layernorm_mlp` with its norm output and forward observations
-    (:class:`~fp8jax._layer_core.LayerOutput`; ``float32[6]``): what the Flax modules call."""
+    (:class:`~fp8jax.functional._core.LayerOutput`; ``float32[6]``): what the Flax modules call."""
     norm = None if layernorm_type is None else (layernorm_type, epsilon, zero_centered_gamma)
     if dtype is None and hasattr(x, "dtype") and hasattr(kernel_1, "dtype"):
         dtype = jnp.result_type(x, kernel_1, kernel_2)
@@ -397,7 +397,7 @@ def layernorm_mlp_observed(
         ),
     )
     w1 = w1 if grouped else w1.reshape(hidden, -1)
-    # the norm takes x unflattened (see fp8jax._norm_layer.norm_fp8)
+    # the norm takes x unflattened (see fp8jax.functional.layernorm.norm_fp8)
     x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
     y2, ln2, seen = _mlp2d(cfg, (x_in, gamma, beta, w1, b1, w2, b2), scale, probe, (mask2,))
     ln = None if ln2 is None else ln2.reshape(*lead, hidden)

@@ -200,10 +200,10 @@ def test_mlp_fused_block_casts_equal_the_unfused_chain(name, acts, inter):
     dbias cast), with the bits of the activation (or its gradient) cast by the plain ops."""
     import importlib
 
-    from fp8jax import _layer_core as core
+    from fp8jax.functional import _core as core
 
     lm = importlib.import_module(
-        "fp8jax.layernorm_mlp"
+        "fp8jax.functional.mlp"
     )  # the module (fp8jax.layernorm_mlp: the function)
 
     setup, scale, _ = core.resolve("t", RECIPES[name], None, None, None, 6, ("norm", "activation"))

@@ -28,7 +28,7 @@ from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, ops
-from fp8jax.layernorm_mlp import layernorm_mlp_observed
+from fp8jax.functional.mlp import layernorm_mlp_observed
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 

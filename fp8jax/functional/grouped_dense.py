@@ -25,7 +25,7 @@ Scaling per expert, by recipe:
   values (dequantized), as DeepSeek-V3 does: under expert parallelism the expert's device only
   ever receives the FP8 rows, and one device computes exactly as a mesh does.
 
-Expert parallelism (:mod:`fp8jax._exchange`): with an exchange, the input is cast on the
+Expert parallelism (:mod:`fp8jax.functional._exchange`): with an exchange, the input is cast on the
 devices that hold the tokens and its FP8 codes (and row scales) cross the ``all_to_all``
 (``exchange_input``), or the output goes back to the tokens' devices and the gradient's FP8
 codes come to the experts (``exchange_output``). The scales are those of the global experts
@@ -42,8 +42,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fp8jax import _exchange
-from fp8jax import _layer_core as core
+from fp8jax.functional import _core as core
+from fp8jax.functional import _exchange
 from fp8jax.ops.base.partition import varying
 from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
@@ -418,7 +418,7 @@ def grouped_dense_observed(
     n_experts=None,
 ):
     """:func:`grouped_dense` with its forward observations (a
-    :class:`~fp8jax._layer_core.LayerOutput`): what the MoE layers call. ``exchange``/``plan``
+    :class:`~fp8jax.functional._core.LayerOutput`): what the MoE layers call. ``exchange``/``plan``
     (expert parallelism, inside a ``shard_map``): the rows of ``x`` (``exchange_input``) or of
     the output are on the token side; ``group_sizes`` are then the expert side's and
     ``n_experts`` the global expert count (the state's, ``3 n_experts`` rows)."""

@@ -17,7 +17,7 @@ from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, _layer_core, ops
-from fp8jax.layernorm_mlp import fused_path
+from fp8jax.functional.mlp import fused_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import structure  # benchmarks/structure.py: the lowered program's counts

@@ -11,7 +11,7 @@ import pytest
 from _shared import rand
 
 import fp8jax
-from fp8jax.moe import MoEConfig, capacity_of, combine, dispatch, moe_losses, route
+from fp8jax.functional.moe import MoEConfig, capacity_of, combine, dispatch, moe_losses, route
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
 

@@ -18,7 +18,7 @@ scales and amaxes) carries a checkpoint name (:data:`CHECKPOINT_NAMES`), so unde
 ``jax.checkpoint`` the policy :data:`save_fp8_operands` keeps the FP8 operands instead of
 recomputing the casts.
 
-The layer is built from :mod:`fp8jax._layer_core`, as :func:`fp8jax.layernorm_dense` and
+The layer is built from :mod:`fp8jax.functional._core`, as :func:`fp8jax.layernorm_dense` and
 :func:`fp8jax.layernorm_mlp` are (the recipe and state resolution, the casts, the GEMM's forward
 and backward, the checkpoint names and the ``custom_vjp`` wiring); this module holds the
 argument checks, the reshape of ``x`` and ``kernel`` to one 2-D GEMM, and its forward and
@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from fp8jax import _layer_core as core
-from fp8jax._layer_core import CHECKPOINT_NAMES, save_fp8_operands
+from fp8jax.functional import _core as core
+from fp8jax.functional._core import CHECKPOINT_NAMES, save_fp8_operands
 from fp8jax.ops.base.partition import explicit_matmul_spec, explicit_mesh
 from fp8jax.ops.gemms.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
@@ -177,7 +177,7 @@ def dense_observed(
     enabled: bool | None,
     where: str = "fp8jax.dense",
 ) -> core.LayerOutput:
-    """:func:`dense` with its forward observations (:class:`~fp8jax._layer_core.LayerOutput`,
+    """:func:`dense` with its forward observations (:class:`~fp8jax.functional._core.LayerOutput`,
     ``ln_out`` None): ``float32[3]`` amax of (input, kernel, NaN), or ``None`` with FP8 off;
     what the Flax modules call. ``where`` names the caller in error messages."""
     axes = _normalize_axes(axis, getattr(x, "ndim", 0) or 1)

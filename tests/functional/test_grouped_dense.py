@@ -1,10 +1,10 @@
 """fp8jax.grouped_dense: the experts' GEMM (``jax.lax.ragged_dot``) in FP8 under every recipe.
 
 FP8 off it is the plain-jnp twin (``ragged_dot`` + the per-group bias) bit for bit, gradients
-too; FP8 on it is within the dense layer's normwise bounds (tests/test_dense.py), and it equals
-the same computation composed by hand from the ops (per-group casts, per-expert kernel casts,
-segment blocks, the grouped GEMM), bit for bit; delayed scaling observes one amax per expert and
-tensor.
+too; FP8 on it is within the dense layer's normwise bounds (tests/functional/test_dense.py),
+and it equals the same computation composed by hand from the ops (per-group casts, per-expert
+kernel casts, segment blocks, the grouped GEMM), bit for bit; delayed scaling observes one amax
+per expert and tensor.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from _shared import rand
 
 import fp8jax
 from fp8jax import DelayedScaling, Float8CurrentScaling, ops
-from fp8jax.layernorm_mlp import layernorm_mlp_observed
+from fp8jax.functional.mlp import layernorm_mlp_observed
 from fp8jax.ops.gemms import fixed_groups
 
 H, INTER, ROWS = 16, 32, 24

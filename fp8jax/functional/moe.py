@@ -27,8 +27,8 @@ The steps, for tokens ``x [T, H]`` (already normalised):
 **Expert parallelism** (``expert_axis``, with a mesh set by ``jax.set_mesh``): the tokens are
 split over ``data_parallelism_axes + (expert_axis,)``, the experts over ``expert_axis``; one
 ``shard_map`` runs steps 1-5 on each device's tokens, with an ``all_to_all`` each way
-(:mod:`fp8jax._exchange`): FP8 codes and their scales go to the experts (the input's in the
-forward pass, the output gradient's in the backward pass), the experts' outputs (and the
+(:mod:`fp8jax.functional._exchange`): FP8 codes and their scales go to the experts (the input's
+in the forward pass, the output gradient's in the backward pass), the experts' outputs (and the
 input gradient) come back in high precision. Routing statistics (the capacity's positions, the
 losses' sums) are taken over all devices, so a mesh computes what one device computes.
 """
@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import _exchange
-from fp8jax.grouped_dense import grouped_dense_observed, grouped_roles
+from fp8jax.functional import _exchange
+from fp8jax.functional.grouped_dense import grouped_dense_observed, grouped_roles
 from fp8jax.ops.base.partition import varying
 from fp8jax.state import Fp8Meta
 
