@@ -63,12 +63,18 @@ class MeshResource:
           ValueError: for ``pp_resource``, ``cp_resource`` or ``ep_resource`` (not
             implemented), or ``tp_resource`` and ``tpsp_resource`` both set.
         """
-        for name in ("pp_resource", "cp_resource", "ep_resource"):
+        for name in ("pp_resource", "cp_resource"):
             if getattr(self, name) is not None:
                 raise ValueError(
                     f"MeshResource: {name}={getattr(self, name)!r}: fp8jax implements data, "
-                    "FSDP, tensor and sequence parallelism only"
+                    "FSDP, tensor, sequence and expert parallelism only"
                 )
+        if self.ep_resource is not None:
+            raise ValueError(
+                f"MeshResource: ep_resource={self.ep_resource!r}: fp8jax's expert parallelism "
+                "is the MoE layer's own (MoEBlock(expert_axis=...)); the experts' params are "
+                "then split inside it, so no logical axis rule is needed"
+            )
         if self.tp_resource is not None and self.tpsp_resource is not None:
             raise ValueError("MeshResource: set tp_resource or tpsp_resource, not both")
         batch = tuple(a for a in (self.dp_resource, self.fsdp_resource) if a is not None)
@@ -82,4 +88,5 @@ class MeshResource:
             ("kv", None),
             ("act", None),
             ("relpos_buckets", None),
+            ("exp", None),
         )

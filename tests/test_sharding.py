@@ -31,10 +31,39 @@ def test_axis_rules_cover_default_rules_names():
     assert dict(MeshResource().axis_rules())["batch"] is None
 
 
-@pytest.mark.parametrize("field", ["pp_resource", "cp_resource", "ep_resource"])
+@pytest.mark.parametrize("field", ["pp_resource", "cp_resource"])
 def test_unimplemented_parallelism_is_refused_by_name(field):
     with pytest.raises(ValueError, match=field):
         MeshResource(**{field: "x"}).axis_rules()
+
+
+def test_ep_resource_points_at_the_moe_layers_expert_axis():
+    with pytest.raises(ValueError, match=r"ep_resource='e'.*MoEBlock\(expert_axis=\.\.\.\)"):
+        MeshResource(ep_resource="e").axis_rules()
+
+
+@pytest.mark.parametrize("mlp", ["dense", "moe"])
+def test_every_logical_name_the_layers_use_has_a_default_rule(mlp):
+    """DEFAULT_RULES names every logical axis a TransformerLayer(logical_axes=True) gives its
+    params (NNX's eager sharding maps a name without a rule onto a mesh axis of that name:
+    "Resource axis: exp ... is not found in mesh")."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from fp8jax.flax import DEFAULT_RULES, TransformerLayer
+    from fp8jax.layers import MoEBlockConfig
+
+    moe = MoEBlockConfig(num_experts=2, num_experts_per_tok=1, intermediate_size=8)
+    layer = TransformerLayer(
+        hidden_size=8, mlp_hidden_size=16, num_attention_heads=2, logical_axes=True, mlp=mlp,
+        moe=moe if mlp == "moe" else None, enable_relative_embedding=True,
+    )  # fmt: skip
+    boxed = jax.eval_shape(layer.init, jax.random.key(0), jnp.ones((1, 4, 8)))
+    specs = jax.tree.leaves(nn.get_partition_spec(boxed), is_leaf=lambda x: isinstance(x, tuple))
+    names = {n for spec in specs for n in spec if n is not None}
+    assert names and names <= set(dict(DEFAULT_RULES)), names - set(dict(DEFAULT_RULES))
+    assert names <= set(dict(MeshResource().axis_rules()))
 
 
 def test_bad_values():

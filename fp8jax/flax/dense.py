@@ -39,8 +39,10 @@ __all__ = ["DEFAULT_RULES", "DenseGeneral", "Fp8DotGeneral", "Fp8Einsum"]
 #: plus Megatron tensor parallelism; pass to :func:`flax.linen.logical_axis_rules`. ``batch``:
 #: examples; ``length``: sequence; ``embed``: model width; ``mlp``: MLP hidden width; ``heads``:
 #: attention heads; ``kv``: per-head width; ``act``: the gated pair of an MLP kernel;
-#: ``relpos_buckets``: relative position buckets. For FSDP, map ``embed`` to ``"data"`` as well.
-#: Every name has a rule, so ``flax.nnx.get_partition_spec`` maps all of them too.
+#: ``relpos_buckets``: relative position buckets; ``exp``: a mixture of experts' expert dim
+#: (replicated: expert parallelism is ``MoEBlock(expert_axis=...)``'s own). For FSDP, map
+#: ``embed`` to ``"data"`` as well. Every name fp8jax's layers use has a rule
+#: (``tests/test_sharding.py`` checks), so NNX's eager sharding maps all of them too.
 DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", "data"),
     ("length", None),
@@ -50,6 +52,7 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("kv", None),
     ("act", None),
     ("relpos_buckets", None),
+    ("exp", None),
 )
 
 

@@ -13,6 +13,7 @@ from fp8jax.flax.attention import MultiHeadAttention, RelativePositionBiases
 from fp8jax.flax.dense import DenseGeneral
 from fp8jax.flax.layernorm import LayerNorm, LayerNormDenseGeneral
 from fp8jax.flax.mlp import LayerNormMLP
+from fp8jax.flax.moe import MoEBlock
 from fp8jax.flax.transformer import TransformerLayer
 
 __all__ = ["linen_twin"]
@@ -22,6 +23,7 @@ _MODULES = (
     LayerNorm,
     LayerNormDenseGeneral,
     LayerNormMLP,
+    MoEBlock,
     MultiHeadAttention,
     RelativePositionBiases,
     TransformerLayer,

@@ -34,7 +34,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import current_state
-from fp8jax.ops.base.partition import explicit_mesh
+from fp8jax.ops.base.partition import explicit_mesh, varying, varying_axes
 from fp8jax.ops.base.switch import get_implementation
 from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
@@ -518,6 +518,22 @@ def as_primals(shardings: tuple[Any, ...] | None, grads: tuple[Any, ...]) -> tup
 class _Wiring(NamedTuple):
     cfg: Any  # the layer's static config, with the Fp8Setup as ``cfg.setup``
     shardings: tuple[Any, ...] | None  # primal_shardings of the params
+    # inside a shard_map: the manual axes each of (params..., scale, probe) varies over
+    varies: tuple[frozenset[str], ...]
+
+
+def like_primal(ct: Any, axes: frozenset[str], reduce: Callable[..., Any]) -> Any:
+    """A cotangent typed as its primal inside a ``shard_map``: a custom_vjp's cotangent must
+    vary over exactly the manual ``axes`` its primal varies over. Where it varies over more
+    (an invariant param or probe used on every device), the devices' contributions are
+    combined with ``reduce`` over those axes (``psum`` for a gradient, ``pmax`` for amax
+    observations); where over fewer, it is marked varying."""
+    if ct is None or isinstance(ct, jax.custom_derivatives.SymbolicZero):
+        return ct
+    extra = tuple(sorted(varying_axes(ct) - axes))
+    if extra:
+        ct = reduce(ct, extra)
+    return varying(ct, tuple(sorted(axes)))
 
 
 def layer_vjp(forward: Callable[..., Any], backward: Callable[..., Any], name: str):
@@ -559,14 +575,23 @@ def layer_vjp(forward: Callable[..., Any], backward: Callable[..., Any], name: s
     def bwd(wiring: _Wiring, res, cts):
         res, extra = res
         grads, observed = backward(wiring.cfg, res, cts)
-        grads = as_primals(wiring.shardings, tuple(grads))
-        zero = jnp.zeros(observed.shape, jnp.float32)
+        *params_vary, scale_vary, probe_vary = wiring.varies
+        grads = tuple(
+            like_primal(g, v, jax.lax.psum) for g, v in zip(grads, params_vary, strict=True)
+        )
+        grads = as_primals(wiring.shardings, grads)
+        zero = like_primal(jnp.zeros(observed.shape, jnp.float32), scale_vary, jax.lax.psum)
+        observed = like_primal(observed, probe_vary, jax.lax.pmax)
         return grads, zero, observed, jax.tree.map(zero_cotangent, extra)
 
     fn.defvjp(fwd, bwd, symbolic_zeros=True)
 
     def call(cfg, params: tuple[Any, ...], scale, probe, extra: tuple[Any, ...] = ()):
-        return fn(_Wiring(cfg, primal_shardings(params)), tuple(params), scale, probe, tuple(extra))
+        varies = tuple(
+            frozenset() if v is None else varying_axes(v) for v in (*params, scale, probe)
+        )
+        wiring = _Wiring(cfg, primal_shardings(params), varies)
+        return fn(wiring, tuple(params), scale, probe, tuple(extra))
 
     return call
 

@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec
 
 from fp8jax.functional import _core as core
 from fp8jax.functional._core import CHECKPOINT_NAMES, save_fp8_operands
+from fp8jax.ops.base import partition
 from fp8jax.ops.base.partition import explicit_matmul_spec, explicit_mesh
 from fp8jax.ops.gemms.gemm_options import below_fp8_flops
 from fp8jax.recipe import Recipe
@@ -202,9 +203,9 @@ def dense_observed(
     batch_shape = x_perm.shape[: len(batch_axes)]
     k = int(np.prod([x.shape[a] for a in axes]))
     n = int(np.prod(features))
-    x2 = x_perm.reshape(int(np.prod(batch_shape)), k)
-    w2 = kernel.reshape(k, n)
-    b2 = None if bias is None else bias.reshape(n)
+    x2 = partition.reshape(x_perm, (int(np.prod(batch_shape)), k))
+    w2 = partition.reshape(kernel, (k, n))
+    b2 = None if bias is None else partition.reshape(bias, (n,))
     if setup is None:
         # (explicit sharding: the output layout the FP8 GEMM would give; jnp.dot cannot pick
         # one itself when the contracted dim is split, as in row-parallel layers)
@@ -215,8 +216,9 @@ def dense_observed(
             if out_sharding is not None:  # laid out as the output's columns
                 b = jax.sharding.reshard(b, PartitionSpec(out_sharding[1]))
             y2 = y2 + b
-        return core.LayerOutput(y2.astype(dtype).reshape(*batch_shape, *features), None, None)
+        y = partition.reshape(y2.astype(dtype), (*batch_shape, *features))
+        return core.LayerOutput(y, None, None)
     cfg = _Config(setup, has_bias=b2 is not None, dtype=jnp.dtype(dtype),
                   dtypes=(x2.dtype, w2.dtype))  # fmt: skip
     y2, seen = _dense2d(cfg, (x2, w2, b2), scale, probe)
-    return core.LayerOutput(y2.reshape(*batch_shape, *features), None, seen)
+    return core.LayerOutput(partition.reshape(y2, (*batch_shape, *features)), None, seen)

@@ -55,6 +55,7 @@ from fp8jax.ops.block.block_scaling import (
 from fp8jax.ops.block.grouped_scaling import (
     check_group_sizes,
     check_sum,
+    clamped,
     group_ids,
     grouped_quantize,
     segment_block_quantize,
@@ -352,6 +353,9 @@ def _check(where, x, kernel, group_sizes, bias, dtype):
 
 
 def _reference(x, kernel, group_sizes, bias, dtype):
+    # the sizes as the FP8 path reads them (negative as 0, clamped to the rows): ragged_dot's
+    # own reading of a negative size differs (it shifts the later groups' rows)
+    group_sizes = clamped(group_sizes, x.shape[0])
     y = jax.lax.ragged_dot(x.astype(dtype), kernel.astype(dtype), group_sizes)
     if bias is not None:
         gid = group_ids(group_sizes, x.shape[0])
@@ -381,7 +385,9 @@ def grouped_dense(
       x: ``[T, K]``, rows sorted by group (expert).
       kernel: ``[G, K, N]``, one matrix per expert.
       group_sizes: int32 ``[G]``, rows per expert, summing to at most ``T`` (rows past the sum
-        give 0).
+        give 0). Concrete sizes that are negative or sum past ``T`` are a ValueError; traced
+        ones are read clamped, FP8 on or off: a negative size as 0, the running sum capped at
+        ``T``.
       bias: optional ``[G, N]``, one per expert.
       fp8_meta: :class:`~fp8jax.state.Fp8Meta` of ``3 G`` roles (:func:`grouped_roles`) for
         delayed scaling.

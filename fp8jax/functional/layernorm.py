@@ -23,6 +23,7 @@ import numpy as np
 from fp8jax.autocast import is_fp8_enabled
 from fp8jax.functional import _core as core
 from fp8jax.functional._core import Fp8Setup, block_norm_cast, cast_t, named_input
+from fp8jax.ops.base import partition
 from fp8jax.ops.fused.norm import norm_backward, norm_forward, norm_forward_fp8
 from fp8jax.ops.fused.norm_autodiff import layernorm, rmsnorm
 from fp8jax.ops.gemms import fixed_groups
@@ -378,7 +379,7 @@ def layernorm_dense_observed(
         setup = None  # too small for FP8 to pay (fp8jax.ops.gemm_options): the plain block
     if setup is None:
         ln = x.astype(dtype) if norm is None else flax_norm(x, gamma, beta, *norm, dtype=dtype)
-        y = jax.lax.dot_general(ln, kernel.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
+        y = partition.dot_last(ln, kernel.astype(dtype))
         if bias is not None:
             y = y + bias.astype(dtype)
         return core.LayerOutput(y, ln.astype(x.dtype) if return_layernorm_output else None, None)
@@ -393,7 +394,7 @@ def layernorm_dense_observed(
         and fixed_groups.usable(setup.implementation("gemm"))
     )
     b = None if bias is None else bias.astype(dtype)
-    b = b if b is None or grouped else b.reshape(n)
+    b = b if b is None or grouped else partition.reshape(b, (n,))
     cfg = _Config(
         setup=setup,
         norm=norm,
@@ -404,8 +405,8 @@ def layernorm_dense_observed(
         dtypes=tuple(None if v is None else v.dtype for v in (x, gamma, beta, w, bias)),
     )
     # the norm takes x unflattened (see norm_fp8)
-    x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
-    w = w if grouped else w.reshape(hidden, n)
+    x_in = x if norm is not None and x.ndim >= 2 else partition.reshape(x, (m, hidden))
+    w = w if grouped else partition.reshape(w, (hidden, n))
     y2, ln2, seen = _ln_dense2d(cfg, (x_in, gamma, beta, w, b), scale, probe)
-    ln = None if ln2 is None else ln2.reshape(*lead, hidden)
-    return core.LayerOutput(y2.reshape(*lead, *features), ln, seen)
+    ln = None if ln2 is None else partition.reshape(ln2, (*lead, hidden))
+    return core.LayerOutput(partition.reshape(y2, (*lead, *features)), ln, seen)

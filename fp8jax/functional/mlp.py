@@ -43,6 +43,7 @@ from fp8jax.functional.layernorm import (
     input_backward,
     input_forward,
 )
+from fp8jax.ops.base import partition
 from fp8jax.ops.base.partition import explicit_mesh
 from fp8jax.ops.fused.activation import (
     activation,
@@ -380,9 +381,11 @@ def layernorm_mlp_observed(
         and fixed_groups.usable(setup.implementation("gemm"))
     )
     b1 = None if bias_1 is None else bias_1.astype(dtype)
-    b1 = b1 if b1 is None or grouped else b1.reshape(-1)
+    b1 = b1 if b1 is None or grouped else partition.reshape(b1, (b1.size,))
     b2 = None if bias_2 is None else bias_2.astype(dtype)
-    mask2 = None if dropout_mask is None else dropout_mask.astype(dtype).reshape(m, inter)
+    mask2 = (
+        None if dropout_mask is None else partition.reshape(dropout_mask.astype(dtype), (m, inter))
+    )
     cfg = _Config(
         setup=setup,
         norm=norm,
@@ -396,12 +399,12 @@ def layernorm_mlp_observed(
             None if v is None else v.dtype for v in (x, gamma, beta, w1, bias_1, w2, bias_2)
         ),
     )
-    w1 = w1 if grouped else w1.reshape(hidden, -1)
+    w1 = w1 if grouped else partition.reshape(w1, (hidden, w1.size // hidden))
     # the norm takes x unflattened (see fp8jax.functional.layernorm.norm_fp8)
-    x_in = x if norm is not None and x.ndim >= 2 else x.reshape(m, hidden)
+    x_in = x if norm is not None and x.ndim >= 2 else partition.reshape(x, (m, hidden))
     y2, ln2, seen = _mlp2d(cfg, (x_in, gamma, beta, w1, b1, w2, b2), scale, probe, (mask2,))
-    ln = None if ln2 is None else ln2.reshape(*lead, hidden)
-    return core.LayerOutput(y2.reshape(*lead, out), ln, seen)
+    ln = None if ln2 is None else partition.reshape(ln2, (*lead, hidden))
+    return core.LayerOutput(partition.reshape(y2, (*lead, out)), ln, seen)
 
 
 _PLAIN = {
@@ -425,13 +428,13 @@ def _reference(x, gamma, beta, w1, b1, w2, b2, norm, acts, mask, dtype):
     """The high-precision block (FP8 off), computed as its plain-Flax twin computes it;
     ``(y, the norm's output)``."""
     ln = x.astype(dtype) if norm is None else flax_norm(x, gamma, beta, *norm, dtype=dtype)
-    h = jax.lax.dot_general(ln, w1.astype(dtype), (((ln.ndim - 1,), (0,)), ((), ())))
+    h = partition.dot_last(ln, w1.astype(dtype))
     if b1 is not None:
         h = h + b1.astype(dtype)
     a = plain_activation(h, acts)
     if mask is not None:
         a = a * mask.astype(a.dtype)
-    y = jax.lax.dot_general(a, w2.astype(dtype), (((a.ndim - 1,), (0,)), ((), ())))
+    y = partition.dot_last(a, w2.astype(dtype))
     if b2 is not None:
         y = y + b2.astype(dtype)
     return y, ln

@@ -45,7 +45,7 @@ import numpy as np
 
 from fp8jax.functional import _exchange
 from fp8jax.functional.grouped_dense import grouped_dense_observed, grouped_roles
-from fp8jax.ops.base.partition import varying
+from fp8jax.ops.base.partition import explicit_mesh
 from fp8jax.state import Fp8Meta
 
 __all__ = [
@@ -360,7 +360,7 @@ def _local_moe(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where, axes=()):
     offsets = None
     if capacity is not None and cfg.expert_axis is not None:
         # the tokens' global order runs over every token axis (data-major), not the experts'
-        offsets = _earlier_counts(experts, e, axes)
+        offsets = _exchange.earlier_counts(experts, e, axes)
     d = dispatch(experts, e, capacity, offsets)
     rows = jnp.take(x, d.order // k, axis=0)
     if cfg.expert_axis is None:
@@ -375,7 +375,9 @@ def _local_moe(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where, axes=()):
             n_experts=e,
         )
     else:
-        ex, plan = _exchange_plan(cfg, d, rows.shape[0], capacity)
+        ex, plan = _exchange.exchange_plan(
+            cfg.expert_axis, cfg.data_parallelism_axes, d.group_sizes, rows.shape[0], capacity
+        )
         y, seen = experts_ffn(
             rows,
             plan.sizes_experts,
@@ -389,73 +391,6 @@ def _local_moe(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where, axes=()):
             plan=plan,
         )
     return combine(y, d, weights, dtype), aux, z, seen
-
-
-def _earlier_counts(experts, e, axes):
-    """Per expert, the assignments of the devices whose tokens come before this one's in the
-    global token order (``axes``: the token-splitting mesh axes, major first)."""
-    counts = jnp.zeros((e,), jnp.int32).at[experts.reshape(-1)].add(1)
-    every = jax.lax.all_gather(counts, tuple(axes))  # [P, E], in the tokens' device order
-    me = jax.lax.axis_index(tuple(axes))
-    before = jnp.arange(every.shape[0]) < me
-    return jnp.sum(jnp.where(before[:, None], every, 0), axis=0).astype(jnp.int32)
-
-
-def _exchange_plan(cfg: MoEConfig, d: Dispatch, rows: int, capacity: int | None):
-    """The exchange of this device's sorted rows with the other devices of the expert axis."""
-    axis = cfg.expert_axis
-    p = jax.lax.axis_size(axis)
-    e = cfg.num_experts
-    e_local = e // p
-    bucket = rows if capacity is None else min(rows, e_local * capacity)
-    sizes = d.group_sizes
-    # each sorted row's destination and slot in its destination's bucket
-    per_dest = sizes.reshape(p, e_local).sum(axis=1)
-    dest_start = jnp.cumsum(per_dest) - per_dest
-    ends = jnp.cumsum(sizes)
-    r = jnp.arange(rows, dtype=jnp.int32)
-    expert_of = jnp.searchsorted(ends, r, side="right")
-    dest = expert_of // e_local
-    slot = r - jnp.take(dest_start, dest, mode="clip")
-    valid = (expert_of < e) & (slot < bucket)
-    send_pos = jnp.where(valid, dest * bucket + slot, p * bucket).astype(jnp.int32)
-    # what arrives: per source, per local expert
-    recv = jax.lax.all_to_all(sizes.reshape(p, e_local), axis, 0, 0, tiled=False)
-    recv_ends = jnp.cumsum(recv, axis=1)  # [P, E_local]
-    i = jnp.arange(bucket, dtype=jnp.int32)
-    local_e = jax.vmap(lambda ends_s: jnp.searchsorted(ends_s, i, side="right"))(recv_ends)
-    recv_order = jnp.argsort(local_e.reshape(-1), stable=True).astype(jnp.int32)
-    plan = _exchange.ExchangePlan(
-        send_pos,
-        recv_order,
-        sizes,
-        recv.sum(axis=0).astype(jnp.int32),
-        (jax.lax.axis_index(axis) * e_local).astype(jnp.int32),
-    )
-    return _exchange.Exchange((axis,), p, bucket, tuple(cfg.data_parallelism_axes)), plan
-
-
-@jax.custom_vjp
-def _fan_out(probe, n):
-    return jnp.broadcast_to(probe, (n.shape[0], *probe.shape))
-
-
-def _fan_out_fwd(probe, n):
-    return _fan_out(probe, n), n
-
-
-def _fan_out_bwd(n, ct):
-    # each device's observations: the step's amax is their max (never their sum)
-    return nan_max(ct), jnp.zeros_like(n)
-
-
-def nan_max(x: jax.Array) -> jax.Array:
-    """The max over the leading dim, NaN where any is NaN (XLA:CPU's max reduction may drop
-    NaNs, e.g. the forward pass's "not observed")."""
-    return jnp.where(jnp.any(jnp.isnan(x), axis=0), jnp.float32(jnp.nan), jnp.max(x, axis=0))
-
-
-_fan_out.defvjp(_fan_out_fwd, _fan_out_bwd)
 
 
 def moe(
@@ -477,67 +412,58 @@ def moe(
     [E]``. FP8 as for :func:`fp8jax.dense` (``fp8_meta``, ``probe``: the ``6 E`` rows of
     :func:`moe_roles`).
     """
+    _check(where, x, params, config)
     dtype = jnp.dtype(dtype or jnp.result_type(x, params["wi_0"]))
     fp8 = _Fp8(fp8_meta, recipe, enabled, probe)
-    if config.expert_axis is None:
-        out, aux, z, seen = _local_moe(config, x, params, fp8, dtype, where)
-        return MoEOutput(out, aux, z, seen)
-    return _expert_parallel(config, x, params, fp8, dtype, where)
+    if config.expert_axis is not None:
+        local = lambda x, p, f, axes: _local_moe(config, x, p, f, dtype, where, axes)
+        return MoEOutput(*_exchange.expert_parallel(local, config, x, params, fp8, where))
+    if not explicit_mesh():
+        return MoEOutput(*_local_moe(config, x, params, fp8, dtype, where))
 
+    # Explicit axes (jax.make_mesh's default) refuse the dispatch's sort of every token on a
+    # split token dim: traced with automatic axes, as on a jax.sharding.Mesh (XLA gathers what
+    # the sort needs), the output laid out as the input; an absent output travels as [0].
+    def local(x, params, meta, probe):
+        inner = _Fp8(meta, fp8.recipe, fp8.enabled, probe)
+        outs = _local_moe(config, x, params, inner, dtype, where)
+        return tuple(jnp.zeros((0,), jnp.float32) if o is None else o for o in outs)
 
-def _expert_parallel(cfg: MoEConfig, x, params, fp8: _Fp8, dtype, where) -> MoEOutput:
-    mesh = jax.sharding.get_abstract_mesh()
-    axis = cfg.expert_axis
-    if mesh.empty or axis not in mesh.axis_names:
-        raise ValueError(
-            f"{where}: expert_axis={axis!r} needs a mesh with that axis, set with "
-            "jax.set_mesh(mesh) (or jax.sharding.use_mesh) around the call"
-        )
-    p = mesh.shape[axis]
-    if cfg.num_experts % p:
-        raise ValueError(
-            f"{where}: num_experts={cfg.num_experts} must be a multiple of the {axis!r} axis's "
-            f"{p} devices"
-        )
-    token_axes = (*cfg.data_parallelism_axes, axis)
-    shards = math.prod(mesh.shape[a] for a in token_axes)
-    if x.shape[0] % shards:
-        raise ValueError(
-            f"{where}: the {x.shape[0]} tokens must split evenly over {token_axes} ({shards} "
-            "devices)"
-        )
     P = jax.sharding.PartitionSpec
-    expert_names = ("wi_0", "wi_1", "wo", "wi_0_bias", "wi_1_bias", "wo_bias")
-    present = {n: v for n, v in params.items() if v is not None}
-    specs = {n: P(axis) if n in expert_names else P() for n in present}
-    meta = fp8.meta
-    tiles = None
-    if fp8.probe is not None:
-        tiles = _fan_out(fp8.probe, jnp.zeros((shards,), jnp.float32))
+    spec = (jax.typeof(x).sharding.spec, P(), P(), P())
+    outs = jax.sharding.auto_axes(local, out_sharding=spec)(x, params, fp8.meta, fp8.probe)
+    return MoEOutput(*(None if o.shape == (0,) else o for o in outs))
 
-    def body(x, params, meta, tiles):
-        # the experts' params marked as varying over the data axes: their gradients are then
-        # summed over them by the shard_map, outside the layers' custom_vjp
-        params = {
-            n: varying(v, cfg.data_parallelism_axes)
-            if n in expert_names and cfg.data_parallelism_axes
-            else v
-            for n, v in params.items()
-        }
-        probe = None if tiles is None else tiles[0]
-        local = _Fp8(meta, fp8.recipe, fp8.enabled, probe)
-        out, aux, z, seen = _local_moe(cfg, x, params, local, dtype, where, token_axes)
-        if seen is None:
-            seen = jnp.zeros((), jnp.float32)
-        return out, aux, z, seen[None]
 
-    meta_spec = None if meta is None else Fp8Meta(P(), P())
-    tile_spec = None if tiles is None else P(token_axes)
-    out, aux, z, seen = jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(P(token_axes), specs, meta_spec, tile_spec),
-        out_specs=(P(token_axes), P(), P(), P(token_axes)),
-    )(x, present, meta, tiles)
-    observed = nan_max(seen) if seen.ndim == 2 else None  # FP8 on: [devices, 6 E]
-    return MoEOutput(out, aux, z, observed)
+def _check(where: str, x: Any, params: dict[str, Any], cfg: MoEConfig) -> None:
+    """The input's and the params' shapes, each mismatch a ValueError naming the argument."""
+    if not hasattr(x, "shape") or len(x.shape) != 2:
+        raise ValueError(f"{where}: x must be [tokens, hidden], got shape {getattr(x, 'shape', x)}")
+    hidden, e = x.shape[1], cfg.num_experts
+    for name in ("gate_kernel", "wi_0", "wi_1", "wo"):
+        if params.get(name) is None:
+            raise ValueError(f"{where}: params must hold {name!r}")
+    width = params["gate_kernel"].shape[0]
+    if width != hidden:
+        raise ValueError(
+            f"{where}: the inputs' last dim is {hidden}, but the params are for width {width} "
+            f"(gate_kernel {tuple(params['gate_kernel'].shape)})"
+        )
+    inter = params["wi_0"].shape[-1]
+    want = {
+        "gate_kernel": (hidden, e),
+        "wi_0": (e, hidden, inter),
+        "wi_1": (e, hidden, inter),
+        "wo": (e, inter, hidden),
+        "wi_0_bias": (e, inter),
+        "wi_1_bias": (e, inter),
+        "wo_bias": (e, hidden),
+        "expert_bias": (e,),
+    }
+    for name, shape in want.items():
+        value = params.get(name)
+        if value is not None and tuple(value.shape) != shape:
+            raise ValueError(
+                f"{where}: params[{name!r}] must have shape {shape} (width {hidden}, {e} "
+                f"experts, expert width {inter}), got {tuple(value.shape)}"
+            )

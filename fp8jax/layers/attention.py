@@ -19,6 +19,7 @@ from fp8jax.layers.checks import check_float_array, check_names, check_off
 from fp8jax.layers.dense import DenseGeneralConfig
 from fp8jax.layers.layernorm import LayerNormDenseGeneralConfig
 from fp8jax.layers.params import Initializer, concat_init, default_mha_kernel_init, zeros
+from fp8jax.ops.base import partition
 from fp8jax.rotary import canonical_group_method, rotary_pos_emb
 
 __all__ = [
@@ -330,9 +331,9 @@ class MultiHeadAttentionConfig:
                 k, v = kv[..., 0, :], kv[..., 1, :]
             else:
                 k, v = project["key"](kv_in), project["value"](kv_in)
-        q = q.reshape(*q.shape[:2], heads, d)
-        k = k.reshape(*k.shape[:2], groups, d)
-        v = v.reshape(*v.shape[:2], groups, d)
+        q = partition.reshape(q, (*q.shape[:2], heads, d))
+        k = partition.reshape(k, (*k.shape[:2], groups, d))
+        v = partition.reshape(v, (*v.shape[:2], groups, d))
         index = None if cache is None else cache.index()
         if self.enable_rotary_pos_emb:
             rope = dict(
@@ -348,5 +349,5 @@ class MultiHeadAttentionConfig:
             if index is not None:
                 mask_type = "padding"  # the step's mask: the cached positions up to its own
         x = core(q, k, v, mask, bias, mask_type)
-        x = x.reshape(*x.shape[:2], heads * d)
+        x = partition.reshape(x, (*x.shape[:2], heads * d))
         return project["out"](x), ln_out

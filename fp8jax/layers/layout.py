@@ -20,10 +20,15 @@ __all__ = ["constrain", "explicit_spec", "laid_out", "reshard_batch_dims"]
 
 
 def constrain(owner: str, name: str, x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """``x`` with logical axis ``names`` as a sharding constraint (nothing when empty)."""
+    """``x`` with logical axis ``names`` as a sharding constraint (nothing when empty); under
+    explicit mesh axes, where a constraint only asserts, ``x`` laid out so."""
     if not names:
         return x
-    return nn.with_logical_constraint(x, check_names(owner, name, names, x.ndim))
+    names = check_names(owner, name, names, x.ndim)
+    spec = explicit_spec(names)
+    if spec is not None:
+        return jax.sharding.reshard(x, spec)
+    return nn.with_logical_constraint(x, names)
 
 
 def explicit_spec(names: tuple[str | None, ...] | None) -> PartitionSpec | None:

@@ -20,6 +20,7 @@ from fp8jax.layers.layernorm import norm_param_specs
 from fp8jax.layers.layout import constrain
 from fp8jax.layers.mlp import LayerNormMLPConfig
 from fp8jax.layers.params import Initializer, ParamSpec, default_kernel_init, zeros
+from fp8jax.ops.base import partition
 
 __all__ = ["MoEBlockConfig", "MoEResult", "experts_init"]
 
@@ -273,7 +274,7 @@ class MoEBlockConfig:
             )
         }
         r = moe(
-            x.reshape(-1, hidden),
+            partition.reshape(x, (x.size // hidden, hidden)),
             routed,
             self.moe_config(),
             fp8_meta=fp8.meta,
@@ -285,7 +286,7 @@ class MoEBlockConfig:
         )
         if fp8.record is not None and r.observed is not None:
             fp8.record(r.observed)
-        out = r.out.reshape(*inputs.shape[:-1], hidden)
+        out = partition.reshape(r.out, (*inputs.shape[:-1], hidden))
         if shared is not None:
             out = out + shared(x)[0].astype(out.dtype)
         return MoEResult(out.astype(dtype), r.aux_loss, r.z_loss)

@@ -104,8 +104,8 @@ def test_fp8_on_is_within_fp8_bounds_of_the_twin(acts, norm):
     """Current scaling: forward within 10%, gradients within 30% (Frobenius). The input
     gradient goes through two E5M2 casts and two E4M3 kernels, then the norm's backward, which
     projects out the mean/scale directions and so amplifies the relative error (measured 22%
-    for relu/RMSNorm here); tests/functional/test_layernorm_mlp.py shows that all of it is FP8 rounding
-    (the gradients equal an emulation of the casts)."""
+    for relu/RMSNorm here); tests/functional/test_layernorm_mlp.py shows that all of it is FP8
+    rounding (the gradients equal an emulation of the casts)."""
     model, twin = _model(acts, norm), Twin(acts, norm)
     x = rand((4, 8, H), 2, 2.0)
     params = model.init(jax.random.key(1), x)["params"]

@@ -239,3 +239,19 @@ def test_bad_arguments_are_named(args, error, match):
     )
     with pytest.raises((error, TypeError), match=match):
         fn()
+
+
+@pytest.mark.parametrize("name", ["off", "current"])
+def test_traced_negative_group_sizes_read_as_zero_fp8_on_and_off(name):
+    """Was: FP8 off (plain ragged_dot, which shifts the later groups' rows) and on (clamped)
+    disagreed; both now read a negative size as 0, the running sum capped at the rows."""
+    x, w = rand((8, 16), 3), rand((2, 16, 8), 4)
+    sizes = jnp.asarray([-2, 6], jnp.int32)
+    recipe = None if name == "off" else fp8jax.Float8CurrentScaling()
+    got = jax.jit(
+        lambda s: fp8jax.grouped_dense(x, w, s, recipe=recipe, enabled=recipe is not None)
+    )(sizes)
+    want = fp8jax.grouped_dense(x, w, jnp.asarray([0, 6], jnp.int32), recipe=recipe,
+                                enabled=recipe is not None)  # fmt: skip
+    np.testing.assert_array_equal(got, want)
+    assert not np.any(np.asarray(got)[6:])

@@ -16,10 +16,11 @@ import pytest
 from _shared import rand
 
 import fp8jax
-from fp8jax import DelayedScaling, Float8CurrentScaling, _layer_core, ops
+from fp8jax import DelayedScaling, Float8CurrentScaling, ops
+from fp8jax.functional import _core
 from fp8jax.functional.mlp import fused_path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import structure  # benchmarks/structure.py: the lowered program's counts
 
 pytestmark = pytest.mark.usefixtures("float32_matmuls")
@@ -42,7 +43,7 @@ def _args(dtype=BF16, acts=("gelu",), seed=0):
 def _setup(recipe=RECIPE):
     """The layer's FP8 setup under ``recipe`` and the enclosing options."""
     meta = fp8jax.init_fp8_meta(recipe, n_roles=6) if isinstance(recipe, DelayedScaling) else None
-    setup, _, _ = _layer_core.resolve("test", recipe, None, meta, None, 6, ("norm", "activation"))
+    setup, _, _ = _core.resolve("test", recipe, None, meta, None, 6, ("norm", "activation"))
     return setup
 
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from _nnx import RECIPE, TRANSFORMER, assert_trees_equal
 from _shared import rand
 from flax import nnx
@@ -119,3 +120,21 @@ def test_moe_layer_trains_five_steps_bit_identical_to_linen():
     assert_trees_equal(variables["fp8_meta"], state.fp8_meta)
     scale = variables["fp8_meta"]["mlp"]["scale"]
     assert np.all(np.asarray(scale) != 1.0)  # every per-expert scale trained
+
+
+def test_linen_twin_of_the_moe_block():
+    """Was: "linen_twin: MoEBlock is not an fp8jax.nnx layer"."""
+    model = fnnx.MoEBlock(16, **CONFIG, rngs=nnx.Rngs(0))
+    twin = fflax.linen_twin(model)
+    assert isinstance(twin, fflax.MoEBlock) and twin.num_experts == CONFIG["num_experts"]
+    out, aux = twin.apply(model.linen_variables(), X)
+    want, want_aux = model(X)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(aux, want_aux)
+
+
+def test_an_input_of_the_wrong_width_is_named():
+    """Was JAX's ``dot_general`` TypeError; now fp8jax's error, as the other layers give."""
+    model = fnnx.MoEBlock(16, **CONFIG, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"MoEBlock: the inputs' last dim is 12, but the params"):
+        model(rand((2, 6, 12), 1))

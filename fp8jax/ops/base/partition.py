@@ -410,3 +410,83 @@ def batchable_call(
         return out, tuple(True for _ in out)
 
     return call(*args)
+
+
+def _groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """The contiguous groups of dims of a reshape from ``src`` to ``dst``: each a pair of dim
+    lists with equal products (size-1 dims join the group before them, or the first)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        a: list[int] = []
+        b: list[int] = []
+        pa = pb = 1
+        while True:
+            if i < len(src) and (not a or pa < pb or (pa == pb and src[i] == 1 and not b)):
+                a.append(i)
+                pa *= src[i]
+                i += 1
+            elif j < len(dst) and (not b or pb < pa):
+                b.append(j)
+                pb *= dst[j]
+                j += 1
+            else:
+                break
+        while i < len(src) and src[i] == 1:  # trailing size-1 dims join this group
+            a.append(i)
+            i += 1
+        while j < len(dst) and dst[j] == 1:
+            b.append(j)
+            j += 1
+        groups.append((a, b))
+    return groups
+
+
+def reshape(x: jax.Array, shape: Sequence[int]) -> jax.Array:
+    """``x.reshape(shape)``, under explicit sharding (``AxisType.Explicit``) with the result's
+    sharding stated. A merge of dims keeps the axes of its first dim larger than 1, and a split
+    gives a dim's axes to its first part larger than 1 where they divide it; an axis that
+    cannot follow (the later dims of a merge, e.g. the heads of a ``(hidden, 3, heads)`` fused
+    QKV kernel merged into ``3 * heads``) is gathered first, as XLA's partitioner does on an
+    automatic-axis mesh, where JAX itself would refuse the reshape ("This reshape is not
+    supported")."""
+    shape = tuple(int(n) for n in shape)
+    if not explicit_mesh() or tuple(x.shape) == shape:
+        return x.reshape(shape)
+    mesh = jax.sharding.get_abstract_mesh()
+    have = [entry_axes(e) for e in (*jax.typeof(x).sharding.spec, *(None,) * x.ndim)[: x.ndim]]
+    keep = list(have)
+    out: list[tuple[str, ...]] = [()] * len(shape)
+    for src, dst in _groups(x.shape, shape):
+        big = [d for d in src if x.shape[d] > 1]
+        axes = have[big[0]] if big else ()
+        for d in src:
+            if d not in big[:1]:
+                keep[d] = ()  # a merge's later dims (or size-1 ones) cannot stay split
+        target = next((d for d in dst if shape[d] > 1), None)
+        size = math.prod(mesh.shape[a] for a in axes)
+        if target is None or shape[target] % size:
+            if big:
+                keep[big[0]] = ()
+            continue
+        out[target] = axes
+    if keep != have:
+        x = jax.sharding.reshard(x, spec(keep))
+    return jax.lax.reshape(x, shape, out_sharding=spec(out))
+
+
+def dot_last(a: jax.Array, b: jax.Array, **kwargs: Any) -> jax.Array:
+    """``a``'s last dim contracted with ``b``'s first (``lax.dot_general``, as a plain-Flax
+    dense layer computes it); under explicit sharding with the output's sharding stated as the
+    FP8 GEMM's rule gives it (``a``'s other dims keep their axes, ``b``'s features take theirs
+    not already used), where JAX cannot pick one itself because the contracted dim is split
+    (a row-parallel layer)."""
+    dims = (((a.ndim - 1,), (0,)), ((), ()))
+    if explicit_mesh():
+        spec_a = [entry_axes(e) for e in (*jax.typeof(a).sharding.spec, *(None,) * a.ndim)]
+        spec_b = [entry_axes(e) for e in (*jax.typeof(b).sharding.spec, *(None,) * b.ndim)]
+        rows = spec_a[: a.ndim - 1]
+        used = {x for r in rows for x in r}
+        cols = [tuple(x for x in c if x not in used) for c in spec_b[1 : b.ndim]]
+        kwargs["out_sharding"] = spec((*rows, *cols))
+    return jax.lax.dot_general(a, b, dims, **kwargs)

@@ -55,7 +55,7 @@ import numpy as np
 from jax import lax
 
 from fp8jax import _ffi
-from fp8jax.ops.base import checks, switch
+from fp8jax.ops.base import checks, partition, switch
 from fp8jax.ops.gemms import _gemm_partition
 from fp8jax.ops.gemms.gemm_options import get_gemm_options
 
@@ -124,6 +124,7 @@ def _reference_2d(
     bias: jax.Array | None,
     *,
     out_dtype: np.dtype,
+    out_sharding: Any = None,
 ) -> jax.Array:
     acc = lax.dot_general(
         a.astype(jnp.float32),
@@ -131,6 +132,7 @@ def _reference_2d(
         _DIMS_NT,
         precision=lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32,
+        out_sharding=out_sharding,
     )
     y = acc * (jnp.reshape(a_scale_inv, ()) * jnp.reshape(b_scale_inv, ()))
     if bias is not None:
@@ -149,8 +151,15 @@ def _xla(
     out_dtype: np.dtype,
 ) -> jax.Array:
     """The ``"xla"`` implementation: the reference, which XLA batches and partitions itself
-    (its own dot sharding; a ``reuse`` hint has nothing to steer there)."""
-    return _reference_2d(a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dtype)
+    (its own dot sharding; a ``reuse`` hint has nothing to steer there). Under explicit sharding
+    the result is laid out as the kernel's rule lays it out, which JAX cannot pick itself when
+    K is split (a wgrad over split tokens, a row-parallel GEMM)."""
+    out_sharding = None
+    if partition.explicit_mesh() and a.ndim == 2:
+        out_sharding = partition.explicit_matmul_spec(a, b, b_rows_are_n=True)
+    return _reference_2d(
+        a, b, a_scale_inv, b_scale_inv, bias, out_dtype=out_dtype, out_sharding=out_sharding
+    )
 
 
 def gemm_reference(
