@@ -160,4 +160,30 @@ FP8JAX_HD float Finish(const Gemm& p, float acc, float group_scale) {
   return CanonicalNan(p.blocks ? acc : RnMul(acc, group_scale));
 }
 
+// The padded layout of grouped_scaling.segment_layout: each group's positions start at a multiple
+// of `width` (its first segment block's), zeros between; SegmentBlocks(...) * width positions in
+// all.
+FP8JAX_HD int64_t SegmentBlocks(int64_t ragged, int64_t groups, int64_t width) {
+  const int64_t nb = plan::CeilDiv(ragged, width) + groups - 1;
+  return nb > 1 ? nb : 1;
+}
+
+// The unpadded position padded position `p` holds, or -1 (a zero between or after the groups).
+// Index: int64_t, or int32_t where every position fits (the CUDA kernel: a 32-bit division is
+// inline, a 64-bit one a call whose stack spills).
+template <typename Index = int64_t>
+FP8JAX_HD Index PaddedSource(const int32_t* sizes, Index groups, Index ragged, Index width,
+                             Index p) {
+  Index begin = 0, start = 0;
+  for (Index g = 0; g < groups; ++g) {
+    const Index end = static_cast<Index>(ClampedEnd(begin, sizes[g], ragged));
+    const Index n = end - begin;
+    const Index extent = (n + width - 1) / width * width;
+    if (p < start + extent) return p - start < n ? begin + p - start : Index{-1};
+    start += extent;
+    begin = end;
+  }
+  return Index{-1};
+}
+
 }  // namespace fp8jax::grouped

@@ -8,16 +8,19 @@
 #include <cstdint>
 
 #include "common/ffi_checks.h"
+#include "common/grouped_gemm.h"
 #include "common/launch_plan.h"
 #include "ops/op.h"
 #include "xla/ffi/api/ffi.h"
 
 // This family's entries of the X-list (common/op_table.h).
-#define FP8JAX_CAST_OPS(X)                  \
-  X(Quantize, "fp8jax_quantize")            \
-  X(Dequantize, "fp8jax_dequantize")        \
-  X(CastTranspose, "fp8jax_cast_transpose") \
-  X(CastTransposeDbias, "fp8jax_cast_transpose_dbias")
+#define FP8JAX_CAST_OPS(X)                             \
+  X(Quantize, "fp8jax_quantize")                       \
+  X(Dequantize, "fp8jax_dequantize")                   \
+  X(CastTranspose, "fp8jax_cast_transpose")            \
+  X(CastTransposeDbias, "fp8jax_cast_transpose_dbias") \
+  X(Transpose, "fp8jax_transpose")                     \
+  X(TransposePadded, "fp8jax_transpose_padded")
 
 namespace fp8jax {
 
@@ -137,6 +140,80 @@ struct CastTransposeDbias {
       return BadArg(kName, "dbias must have one element per column of each matrix");
     }
     return CheckDbiasWorkspace(kName, s, kDbiasTileRows, workspace->element_count());
+  }
+  ffi::Error Compute(CpuPool pool);       // cpu/cpu_cast_transpose.cc
+  ffi::Error Compute(CudaStream stream);  // cuda/cuda_cast_transpose.cu
+};
+
+// fp8jax_transpose (Fp8jaxTransposeCpu, Fp8jaxTransposeCuda): x [..., m, n] of one-byte codes (FP8
+// or uint8) -> x_t [..., n, m], the same dtype: a GEMM's K-major operand from a row-major one (a
+// mixture of experts' wgrad operands), at a copy's bandwidth.
+struct Transpose {
+  static constexpr char kName[] = "transpose";
+  sig::Any x;
+  sig::AnyOut xt;
+  MatrixShape s{};  // x's matrices
+
+  template <typename Ctx>
+  static ffi::Error Handle(Ctx ctx, sig::Any x, sig::AnyOut xt) {
+    return Run(ctx, Transpose{x, xt});
+  }
+
+  ffi::Error Check() {
+    FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(kName, x.dimensions(), 1, &s));
+    const ffi::DataType t = x.element_type();
+    if (t != ffi::DataType::F8E4M3FN && t != ffi::DataType::F8E5M2 && t != ffi::DataType::U8 &&
+        t != ffi::DataType::S8) {
+      return BadArg(kName, "x must hold one-byte codes (float8_e4m3fn, float8_e5m2 or uint8)");
+    }
+    if (xt->element_type() != t || xt->element_count() != x.element_count()) {
+      return BadArg(kName, "x_t must have x's dtype and size");
+    }
+    return ffi::Error::Success();
+  }
+  ffi::Error Compute(CpuPool pool);       // cpu/cpu_cast_transpose.cc
+  ffi::Error Compute(CudaStream stream);  // cuda/cuda_cast_transpose.cu
+};
+
+// fp8jax_transpose_padded (Fp8jaxTransposePaddedCpu, Fp8jaxTransposePaddedCuda): x [..., m, n] of
+// one-byte codes whose rows are ragged groups (group_sizes int32 [..., G], read where the kernel
+// runs), width -> x_t [..., n, SegmentBlocks(m, G, width) * width]: each matrix transposed with
+// each group's columns starting at a multiple of `width`, zeros between
+// (grouped_scaling.segment_layout): the tensor-core grouped GEMM's wgrad operand, in one pass.
+struct TransposePadded {
+  static constexpr char kName[] = "transpose_padded";
+  sig::Any x;
+  sig::Any group_sizes;
+  int64_t width;
+  sig::AnyOut xt;
+  MatrixShape s{};  // x's matrices (one group_sizes row each)
+  int64_t groups = 0, padded = 0;
+
+  template <typename Ctx>
+  static ffi::Error Handle(Ctx ctx, sig::Any x, sig::Any group_sizes, attr::Width width,
+                           sig::AnyOut xt) {
+    return Run(ctx, TransposePadded{x, group_sizes, *width, xt});
+  }
+
+  ffi::Error Check() {
+    FP8JAX_RETURN_IF_ERROR(MatrixShapeOf(kName, x.dimensions(), 1, &s));
+    const ffi::DataType t = x.element_type();
+    if (t != ffi::DataType::F8E4M3FN && t != ffi::DataType::F8E5M2 && t != ffi::DataType::U8 &&
+        t != ffi::DataType::S8) {
+      return BadArg(kName, "x must hold one-byte codes (float8_e4m3fn, float8_e5m2 or uint8)");
+    }
+    const auto gs = group_sizes.dimensions();
+    if (group_sizes.element_type() != ffi::DataType::S32 || gs.size() < 1 || gs.back() < 1 ||
+        group_sizes.element_count() != s.matrices * gs.back()) {
+      return BadArg(kName, "group_sizes must be int32 [..., G], one row per matrix of x, G >= 1");
+    }
+    if (width < 1) return BadArg(kName, "width must be positive");
+    groups = gs.back();
+    padded = grouped::SegmentBlocks(s.rows, groups, width) * width;
+    if (xt->element_type() != t || xt->element_count() != s.matrices * s.cols * padded) {
+      return BadArg(kName, "x_t must be x's dtype, [..., n, SegmentBlocks(m, G, width) * width]");
+    }
+    return ffi::Error::Success();
   }
   ffi::Error Compute(CpuPool pool);       // cpu/cpu_cast_transpose.cc
   ffi::Error Compute(CudaStream stream);  // cuda/cuda_cast_transpose.cu

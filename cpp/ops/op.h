@@ -46,6 +46,7 @@ inline constexpr char kABlockRows[] = "a_block_rows";
 inline constexpr char kABlockCols[] = "a_block_cols";
 inline constexpr char kBBlockRows[] = "b_block_rows";
 inline constexpr char kBBlockCols[] = "b_block_cols";
+inline constexpr char kWidth[] = "width";
 
 using Act = ffi::Attr<int64_t, kAct>;        // the activation's code (common/activations.h)
 using Gated = ffi::Attr<int64_t, kGated>;    // 1: x's k dim holds (a, b), the output a(a) * b
@@ -64,6 +65,7 @@ using ABlockRows = ffi::Attr<int64_t, kABlockRows>;  // the grouped GEMM's block
 using ABlockCols = ffi::Attr<int64_t, kABlockCols>;
 using BBlockRows = ffi::Attr<int64_t, kBBlockRows>;
 using BBlockCols = ffi::Attr<int64_t, kBBlockCols>;
+using Width = ffi::Attr<int64_t, kWidth>;  // a padded layout's segment width (grouped_scaling)
 }  // namespace attr
 
 // The platforms' contexts, each handler's first parameter: XLA's intra-op thread pool on the CPU

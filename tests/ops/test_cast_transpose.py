@@ -11,7 +11,7 @@ from _implementations import (  # noqa: F401
     pytest_generate_tests,
     reference_bits_promised,
 )
-from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, scale_of
+from _samples import BF16, E4M3, E5M2, F32, M, N, Sample, fp8_codes, scale_of
 from _shared import normal
 from _values import (
     FP8_TYPES,
@@ -104,4 +104,40 @@ def _sample_cast_transpose(key):
     }
 
 
-SAMPLES = {"cast_transpose": _sample_cast_transpose}
+def _sample_transpose(key):
+    # finite codes (a vmapped FP8 result is sliced by XLA, which would change a NaN code's bits;
+    # the tests above move every code, NaN included)
+    r = np.random.default_rng(key)
+    codes = lambda shape, dt: (
+        fp8_codes(r, shape, dt)
+        if dt != jnp.uint8
+        else jnp.asarray(r.integers(0, 256, shape, np.uint8))
+    )
+    return {
+        "e4m3-words": Sample(ops.transpose, (codes((64, 128), jnp.float8_e4m3fn),)),
+        "u8-odd-rank3": Sample(ops.transpose, (codes((3, 37, 70), jnp.uint8),)),
+        "e5m2-bytes": Sample(ops.transpose, (codes((M, 66), jnp.float8_e5m2),)),
+    }
+
+
+SAMPLES = {"cast_transpose": _sample_cast_transpose, "transpose": _sample_transpose}
+
+
+# ------------------------------------------------------------------ transpose
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (16, 16), (64, 64), (65, 129), (2, 3, 130, 7)])
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.uint8])
+def test_transpose_swaps_the_last_two_dims_of_the_codes(shape, dtype, implementation):
+    bits = np.random.default_rng(0).integers(0, 256, shape, np.uint8)
+    x = jnp.asarray(bits).view(dtype)
+    got = ops.transpose(x, implementation=implementation)
+    assert got.dtype == x.dtype and got.shape == (*shape[:-2], shape[-1], shape[-2])
+    np.testing.assert_array_equal(np.asarray(got.view(jnp.uint8)), np.swapaxes(bits, -1, -2))
+
+
+def test_transpose_refuses_wide_and_scalar_input():
+    with pytest.raises(TypeError, match="transpose: x must be float8_e4m3fn, float8_e5m2 or uint8"):
+        ops.transpose(jnp.ones((4, 4), jnp.bfloat16))
+    with pytest.raises(ValueError, match="transpose: x must have rank >= 2"):
+        ops.transpose(jnp.ones((4,), jnp.uint8))

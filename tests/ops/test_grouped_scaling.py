@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _implementations import implementation_fixture, pytest_generate_tests  # noqa: F401
+from _samples import M, N, Sample, fp8_codes
 
 from fp8jax import ops
 from fp8jax.ops.block.grouped_scaling import local_group_sizes, segment_grid_size
@@ -164,3 +165,86 @@ def test_local_group_sizes_are_the_groups_within_a_devices_rows():
 def test_bad_arguments_are_named(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# ------------------------------------------------------------------ transpose_padded
+
+
+def _padded_oracle(bits: np.ndarray, sizes, width: int) -> np.ndarray:
+    """numpy: each group's rows of ``bits [M, N]`` as columns starting at a multiple of
+    ``width`` of an all-zero ``[N, segment_grid_size(M, G, width) * width]``."""
+    rows = bits.shape[0]
+    out = np.zeros((bits.shape[1], segment_grid_size(rows, len(sizes), width) * width), np.uint8)
+    begin, start = 0, 0
+    for size in sizes:
+        n = min(begin + max(int(size), 0), rows) - begin
+        out[:, start : start + n] = bits[begin : begin + n].T
+        begin, start = begin + n, start + -(-n // width) * width
+    return out
+
+
+@pytest.mark.parametrize("sizes", [*SIZES, [30, -4, 30, 9]])  # the last: negative, past the sum
+@pytest.mark.parametrize("width", [1, 16, 128])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2, jnp.uint8])
+def test_transpose_padded_puts_each_groups_rows_at_a_multiple_of_width(
+    sizes, width, dtype, implementation
+):
+    bits = np.random.default_rng(width).integers(0, 256, (23, 37), np.uint8)
+    x = jnp.asarray(bits).view(dtype)
+    # traced sizes: a negative one and a sum past the rows are clamped, not refused
+    got = jax.jit(lambda s: ops.transpose_padded(x, s, width, implementation=implementation))(
+        jnp.asarray(sizes, jnp.int32)
+    )
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(
+        np.asarray(got.view(jnp.uint8)), _padded_oracle(bits, sizes, width)
+    )
+
+
+def test_transpose_padded_takes_one_size_row_per_matrix(implementation):
+    bits = np.random.default_rng(1).integers(0, 256, (2, 3, 19, 40), np.uint8)
+    sizes = np.asarray([[[19, 0]], [[0, 19]], [[4, 9]]] * 2, np.int32).reshape(2, 3, 2)
+    got = ops.transpose_padded(
+        jnp.asarray(bits), jnp.asarray(sizes), 16, implementation=implementation
+    )
+    for i in np.ndindex(2, 3):
+        np.testing.assert_array_equal(np.asarray(got[i]), _padded_oracle(bits[i], sizes[i], 16))
+
+
+def _tp(x=None, sizes=(4,), width=16, dtype=jnp.uint8):
+    x = jnp.ones((4, 4), dtype) if x is None else x
+    sizes = sizes if hasattr(sizes, "dtype") else jnp.asarray(sizes, jnp.int32)
+    return lambda: ops.transpose_padded(x, sizes, width)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (_tp(dtype=F32), TypeError, "x must be float8_e4m3fn, float8_e5m2 or uint8"),
+        (_tp(jnp.ones((4,), jnp.uint8)), ValueError, "x must have rank >= 2"),
+        (_tp(width=0), ValueError, "width must be a positive int"),
+        (_tp(sizes=jnp.asarray([4.0])), TypeError, "group_sizes must be int32"),
+        (_tp(jnp.ones((2, 4, 4), jnp.uint8)), ValueError, r"group_sizes must be \[..., G\] with x"),
+        (_tp(sizes=(3, 2)), ValueError, "group_sizes sum to 5, more than the 4 rows of x"),
+    ],
+)
+def test_transpose_padded_names_a_bad_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def _sample_transpose_padded(key):
+    r = np.random.default_rng(key)
+    codes = lambda shape, dt: fp8_codes(r, shape, dt)  # finite: see test_cast_transpose's sample
+    sizes = jnp.asarray([3, 0, 9, 2], jnp.int32)  # over M = 16 rows: two past the sum
+    return {
+        "e4m3-16": Sample(
+            ops.transpose_padded, (codes((M, N), E4M3), sizes, 16), integer=("group_sizes",)
+        ),
+        "e5m2-5": Sample(
+            ops.transpose_padded, (codes((M, 2 * N), E5M2), sizes, 5), integer=("group_sizes",)
+        ),
+    }
+
+
+SAMPLES = {"transpose_padded": _sample_transpose_padded}

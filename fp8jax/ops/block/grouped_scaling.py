@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops.base import checks
+from fp8jax.ops.base import checks, opdef
 from fp8jax.ops.block.block_scaling import block_dequantize, block_quantize, mxfp8_quantize
 from fp8jax.ops.casts.quantize import to_fp8
 
@@ -42,6 +42,8 @@ __all__ = [
     "grouped_quantize_reference",
     "segment_block_dequantize",
     "segment_block_quantize",
+    "transpose_padded",
+    "transpose_padded_reference",
 ]
 
 
@@ -196,6 +198,113 @@ def segment_layout(group_sizes: jax.Array, rows: int, width: int) -> tuple[jax.A
     return jnp.where(gid < g, pos, nb * width).astype(jnp.int32), nb
 
 
+def segment_padded(x: jax.Array, group_sizes: jax.Array, width: int) -> jax.Array:
+    """``x [R, M]`` (any dtype, FP8 codes included) with its columns moved into the padded
+    layout of :func:`segment_layout`: ``[R, nb * width]``, each group's columns starting at a
+    multiple of ``width``, zeros between and after. A gather (each padded column reads its
+    source), which XLA fuses into the producer's pass (a scatter would be a pass of its own)."""
+    m = x.shape[1]
+    sizes = clamped(group_sizes, m)
+    nb = segment_grid_size(m, sizes.shape[0], width)
+    blocks = (sizes + width - 1) // width
+    starts = (jnp.cumsum(blocks) - blocks) * width  # each group's first padded column
+    begins = jnp.cumsum(sizes) - sizes
+    p = jnp.arange(nb * width, dtype=jnp.int32)
+    # the group of a padded column: the last whose start is at or before it (an empty group
+    # shares its start with the next one, which this picks)
+    g = jnp.searchsorted(starts, p, side="right").astype(jnp.int32) - 1
+    offset = p - jnp.take(starts, g)
+    src = jnp.where(offset < jnp.take(sizes, g), jnp.take(begins, g) + offset, m)
+    narrow = jnp.dtype(x.dtype).itemsize == 1
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint8) if narrow else x
+    out = jnp.take(bits, src, axis=1, mode="fill", fill_value=0)
+    return jax.lax.bitcast_convert_type(out, x.dtype) if narrow else out
+
+
+def transpose_padded_reference(x: jax.Array, group_sizes: jax.Array, *, width: int) -> jax.Array:
+    """Pure-jnp reference of :func:`transpose_padded`: :func:`segment_padded` of each matrix's
+    transpose (leading dims matched with ``group_sizes``' rows)."""
+    lead = x.shape[:-2]
+    # on the codes' bits: XLA:CPU moves FP8 values through float32, which changes NaN codes
+    xs = jax.lax.bitcast_convert_type(x, jnp.uint8).reshape(-1, *x.shape[-2:])
+    gs = group_sizes.reshape(-1, group_sizes.shape[-1])
+    out = jax.vmap(lambda m, g: segment_padded(m.T, g, width))(xs, gs)
+    return jax.lax.bitcast_convert_type(out.reshape(*lead, *out.shape[-2:]), x.dtype)
+
+
+def _transpose_padded_outputs(x, group_sizes, *, width):
+    p = segment_grid_size(x.shape[-2], group_sizes.shape[-1], width) * width
+    t = opdef.like(x, x.dtype, transpose=True)  # under explicit sharding: x's, swapped
+    shape = (*x.shape[:-2], x.shape[-1], p)
+    if t.sharding is None:
+        return (jax.ShapeDtypeStruct(shape, x.dtype),)
+    spec = jax.sharding.PartitionSpec(*t.sharding.spec[:-1], None)  # the padded dim: whole
+    sharding = jax.sharding.NamedSharding(t.sharding.mesh, spec)
+    return (jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding),)
+
+
+_TRANSPOSE_PADDED = opdef.OpDef(
+    name="transpose_padded",
+    family="cast",
+    target="fp8jax_transpose_padded",
+    reference=transpose_padded_reference,
+    outputs=_transpose_padded_outputs,
+    factors=lambda x_ndim, g_ndim: (
+        [f"{opdef.lead(x_ndim - 2)} m n", f"{opdef.lead(g_ndim - 1)} groups"],
+        [f"{opdef.lead(x_ndim - 2)} n p"],
+    ),
+    attrs=lambda *, width: {"width": np.int64(width)},
+    need_replication=("m", "groups"),
+)
+
+_ONE_BYTE = tuple(jnp.dtype(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.uint8))
+
+
+def transpose_padded(
+    x: jax.Array, group_sizes: jax.Array, width: int, *, implementation: str | None = None
+) -> jax.Array:
+    """The transpose of FP8 codes ``x [..., M, N]`` whose rows are ragged groups, each group's
+    columns of the result starting at a multiple of ``width`` (the padded layout of
+    :func:`segment_layout`, zeros between and after): ``[..., N, segment_grid_size(M, G, width)
+    * width]``. One pass, where a transpose and then :func:`segment_padded` would be two: the
+    wgrad operands of the grouped GEMM on the tensor cores, whose groups must start at 16-byte
+    aligned columns (:func:`~fp8jax.ops.grouped_gemm`'s ``padded``).
+
+    Args:
+      x: rank >= 2, ``float8_e4m3fn``, ``float8_e5m2`` or ``uint8``; its rows sorted by group.
+      group_sizes: int32 ``[..., G]``, one row per matrix of ``x`` (``x``'s leading dims), each
+        summing to at most ``M`` (clamped as :func:`clamped` clamps, when traced).
+      width: the segment width, ``>= 1``.
+      implementation: ``"kernel"`` or ``"xla"`` (:func:`transpose_padded_reference`); default:
+        the enclosing :func:`fp8jax.ops.implementation` choice for ``"cast"``.
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.arange(3, dtype=jnp.uint8).reshape(3, 1)  # rows 0 | 1, 2
+    >>> transpose_padded(x, jnp.array([1, 2], jnp.int32), 2).tolist()
+    [[0, 0, 1, 2, 0, 0]]
+    """
+    op = "transpose_padded"
+    x = checks.array_arg(op, "x", x)
+    if jnp.dtype(x.dtype) not in _ONE_BYTE:
+        raise TypeError(f"{op}: x must be float8_e4m3fn, float8_e5m2 or uint8 codes, got {x.dtype}")
+    if x.ndim < 2:
+        raise ValueError(f"{op}: x must have rank >= 2 to be transposed, got shape {x.shape}")
+    if not isinstance(width, (int, np.integer)) or isinstance(width, bool) or width < 1:
+        raise ValueError(f"{op}: width must be a positive int, got {width!r}")
+    group_sizes = checks.array_arg(op, "group_sizes", group_sizes)
+    if group_sizes.dtype != jnp.int32:
+        raise TypeError(f"{op}: group_sizes must be int32, got dtype {group_sizes.dtype}")
+    if group_sizes.ndim < 1 or group_sizes.shape[:-1] != x.shape[:-2] or group_sizes.shape[-1] < 1:
+        raise ValueError(
+            f"{op}: group_sizes must be [..., G] with x's leading dims {x.shape[:-2]}, G >= 1, got "
+            f"shape {group_sizes.shape}"
+        )
+    if group_sizes.ndim == 1:
+        check_group_sizes(op, group_sizes)
+        check_sum(op, group_sizes, x.shape[-2], "rows of x")
+    return _TRANSPOSE_PADDED(x, group_sizes, width=int(width), implementation=implementation)[0]
+
+
 def _check_segment(op: str, x: Any, group_sizes: Any, block: Any) -> tuple[int, int]:
     if jnp.ndim(x) != 2:
         raise ValueError(f"{op}: x must be a matrix [R, M], got shape {jnp.shape(x)}")
@@ -225,13 +334,16 @@ def segment_block_quantize(
     power_2_scale: bool = True,
     amax_epsilon: float = 0.0,
     implementation: str | None = None,
+    padded: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Block-scaled cast of ``x [R, M]`` whose columns are ragged groups: ``(q [R, M], scale_inv
     [R, segment_grid_size(M, G, width)])`` with ``1 x width`` blocks that restart at each
     group's first column (see the module docstring). ``mxfp8``: E8M0 scales
     (:func:`~fp8jax.ops.mxfp8_quantize`'s rule), else Float8BlockScaling's float32 ones
     (``power_2_scale``, ``amax_epsilon``); ``implementation`` chooses the block cast's. Columns
-    past the sum are the code 0.
+    past the sum are the code 0. ``padded``: ``q`` in the padded layout the cast runs in,
+    ``[R, segment_grid_size(M, G, width) * width]`` (each group's columns from its first block's,
+    zeros between), as :func:`~fp8jax.ops.grouped_gemm` takes it with ``padded=width``.
 
     >>> import jax.numpy as jnp
     >>> x = jnp.array([[1.0, 8.0, 2.0]])  # groups [1.0] and [8.0, 2.0]: two blocks
@@ -243,18 +355,20 @@ def segment_block_quantize(
     width, m = _check_segment(op, x, group_sizes, block)
     x = checks.wide_array(op, "x", x)
     pos, nb = segment_layout(group_sizes, m, width)
-    padded = _scatter(x, pos, width, nb)
+    laid_out = _scatter(x, pos, width, nb)
     if mxfp8:
-        q, s = mxfp8_quantize(padded, fp8_dtype, (1, width), implementation=implementation)
+        q, s = mxfp8_quantize(laid_out, fp8_dtype, (1, width), implementation=implementation)
     else:
         q, s = block_quantize(
-            padded,
+            laid_out,
             fp8_dtype,
             (1, width),
             power_2_scale=power_2_scale,
             amax_epsilon=amax_epsilon,
             implementation=implementation,
         )
+    if padded:
+        return q, s
     bits = _gather(jax.lax.bitcast_convert_type(q, jnp.uint8), pos)
     return jax.lax.bitcast_convert_type(bits, q.dtype), s
 

@@ -1,4 +1,5 @@
-"""``cast_transpose``: one pass that writes an FP8 tensor and its transpose (last two dims).
+"""``cast_transpose``: one pass that writes an FP8 tensor and its transpose (last two dims); and
+``transpose``, the transpose of codes already cast (a per-expert scale's).
 
 Hopper's FP8 GEMM wants both operands K-major, so the backward pass needs the transposed FP8
 copies of the activations and weights; producing them in the same pass as the cast saves a full
@@ -26,6 +27,8 @@ __all__ = [
     "cast_transpose_dbias",
     "cast_transpose_dbias_reference",
     "cast_transpose_reference",
+    "transpose",
+    "transpose_reference",
 ]
 
 
@@ -241,3 +244,53 @@ def grouped_cast_transpose_dbias(
         _GROUPED_CAST_TRANSPOSE_DBIAS, "g", g, rank, scale, fp8_dtype, amax_reduction,
         implementation,
     )  # fmt: skip
+
+
+# ------------------------------------------------------------------ transpose
+
+
+def transpose_reference(x: jax.Array) -> jax.Array:
+    """Pure-jnp reference of :func:`transpose`: on the codes' bits (XLA:CPU moves FP8 values
+    through float32, which changes NaN codes)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint8)
+    return jax.lax.bitcast_convert_type(jnp.swapaxes(bits, -1, -2), x.dtype)
+
+
+_TRANSPOSE = opdef.OpDef(
+    name="transpose",
+    family="cast",
+    target="fp8jax_transpose",
+    reference=transpose_reference,
+    outputs=lambda x: (opdef.like(x, x.dtype, transpose=True),),
+    factors=lambda x_ndim: (
+        [f"{opdef.lead(x_ndim - 2)} m n"],
+        [f"{opdef.lead(x_ndim - 2)} n m"],
+    ),
+)
+
+_ONE_BYTE = tuple(jnp.dtype(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.uint8))
+
+
+def transpose(x: jax.Array, *, implementation: str | None = None) -> jax.Array:
+    """The last two dims of FP8 codes (or their ``uint8`` bits) swapped: a GEMM's K-major
+    operand from a row-major tensor already cast, e.g. a mixture of experts' wgrad operands,
+    whose scales are per expert (so no per-tensor :func:`cast_transpose` makes them). On CUDA
+    a tiled kernel moving 4-byte words where the dims allow; XLA's own transposes of such codes
+    measured a third of a copy's bandwidth on an H100 (docs/performance.md).
+
+    Args:
+      x: rank >= 2, ``float8_e4m3fn``, ``float8_e5m2`` or ``uint8``.
+      implementation: ``"kernel"`` or ``"xla"`` (:func:`transpose_reference`); default: the
+        enclosing :func:`fp8jax.ops.implementation` choice for ``"cast"``.
+
+    Returns:
+      ``x.shape[:-2] + (x.shape[-1], x.shape[-2])``, ``x``'s dtype.
+    """
+    x = checks.array_arg("transpose", "x", x)
+    if jnp.dtype(x.dtype) not in _ONE_BYTE:
+        raise TypeError(
+            f"transpose: x must be float8_e4m3fn, float8_e5m2 or uint8 codes, got {x.dtype}"
+        )
+    if x.ndim < 2:
+        raise ValueError(f"transpose: x must have rank >= 2 to be transposed, got shape {x.shape}")
+    return _TRANSPOSE(x, implementation=implementation)[0]
