@@ -27,7 +27,8 @@ XLA optimises it, with fp8jax's custom calls as a GPU runs them. The model, in o
 
 The measured numbers are those of ``docs/performance.md``'s H100 run (2026-11-26, commit 5276131,
 JAX 0.11.2): ``MEASURED`` below, each with the benchmark that produced it. What is not calibrated
-(no measurement yet) says so: TF32/FP32 dots, cuDNN attention, collectives, the launch gap.
+(no measurement yet) says so: TF32/FP32 dots, cuDNN attention, collectives, the launch gap,
+the grouped GEMMs' tile padding and per-group overhead.
 
     python benchmarks/cost_model.py      # the calibration and its residuals
 """
@@ -96,6 +97,13 @@ TF32_OVER_BF16 = 0.5  # an f32 dot at default precision runs on TF32 tensor core
 F32_OVER_BF16 = 67 / 989  # an f32 dot at "highest" precision: FP32 CUDA cores (datasheet)
 LINK_BYTES_S = 3.6e11  # a collective's bytes per second over NVLink (ring all-reduce, guess)
 SMALL_BYTES = 1 << 16  # fusions below this share one launch (XLA's horizontal fusion)
+# A mixture of experts' grouped GEMMs (docs/performance.md, "Grouped GEMMs"): the tensor-core
+# ones (CUTLASS's, fp8jax's sm90 target; and XLA's ragged-dot of bf16) at the dense GEMM fit of
+# their type, each group's last row tile padded (half a tile on average) and a per-group
+# overhead; fp8jax's CUDA-core kernel at a fraction of the FP32 peak.
+GROUPED_TILE_ROWS = 128  # CUTLASS's grouped tile (cpp/sm90/grouped_gemm.cu: 128 x 128 x 128)
+GROUPED_GROUP_S = 1e-6  # per group: its TMA descriptors rewritten, its pipeline filled (guess)
+CUDA_CORE_GROUPED_FLOPS = 0.45 * 67e12  # shared-memory tiles on the FP32 cores (guess, datasheet)
 
 # ---------------------------------------------------------------------------------- the model
 
@@ -252,9 +260,52 @@ def _dot_units(
     return units, reads
 
 
+def grouped_seconds(flops: float, rows: int, groups: int, kind: str) -> float:
+    """A grouped GEMM on the tensor cores: ``flops`` over ``rows`` ragged rows (or contracted
+    columns) in ``groups`` groups, at the dense fit of ``kind``, its groups' last tiles padded."""
+    padded = flops * (rows + groups * GROUPED_TILE_ROWS / 2) / max(rows, 1)
+    return gemm_seconds(padded, kind) + groups * GROUPED_GROUP_S
+
+
+def _grouped_unit(node: Node, ins: list[Array], outs: list[Array], bw: Bandwidths) -> Unit:
+    """fp8jax's grouped GEMM: ``a [M, K] x b [G, N, K]`` (rows) or ``a [K, M] x b [N, M]``
+    (contracting, ``[G, K, N]`` out); the tensor-core target or the CUDA-core kernel."""
+    a, b, sizes = ins[0], ins[1], ins[2]
+    groups = sizes.dims[0]
+    rows_form = len(b.dims) == 3
+    m, k = (a.dims[0], a.dims[1]) if rows_form else (a.dims[1], a.dims[0])
+    n = b.dims[1] if rows_form else b.dims[0]
+    flops = 2 * m * n * k
+    nbytes = a.nbytes + b.nbytes + outs[0].nbytes
+    if node.target.endswith("_sm90"):
+        t = max(grouped_seconds(flops, m, groups, "fp8_kernel"), nbytes / bw.copy)
+        return Unit("gemm:fp8_grouped", node.name, nbytes, flops, t + 3 * LAUNCH_S)
+    t = max(flops / CUDA_CORE_GROUPED_FLOPS, nbytes / bw.copy) + LAUNCH_S
+    return Unit("gemm:cuda_core_grouped", node.name, nbytes, flops, t)
+
+
+def _ragged_dot_unit(g: Graph, node: Node, bw: Bandwidths) -> Unit:
+    """XLA's ``ragged-dot`` (a BF16 mixture of experts: ``lhs [M, K] x rhs [G, K, N]``, or the
+    wgrad's ragged contraction), priced as a grouped GEMM of its operands' type."""
+    lhs, rhs, sizes = (g.array(v) for v in node.inputs[:3])
+    out = g.array(node.outputs[0])
+    groups = sizes.dims[0]
+    lc = dims(node.attrs, "lhs_contracting_dims")
+    k = math.prod(lhs.dims[d] for d in lc)
+    rows = lhs.dims[0] if len(rhs.dims) == 3 and len(out.dims) == 2 else k
+    flops = 2 * (out.numel // (groups if len(out.dims) == 3 else 1)) * k
+    wide = {lhs.dtype, rhs.dtype} & {"f32", "f64"}
+    kind = ("f32" if "operand_precision={highest" in node.attrs else "tf32") if wide else "bf16"
+    nbytes = lhs.nbytes + rhs.nbytes + out.nbytes
+    t = max(grouped_seconds(flops, rows, groups, kind), nbytes / bw.copy) + LAUNCH_S
+    return Unit(f"gemm:{kind}_grouped", node.name, nbytes, flops, t)
+
+
 def _custom_unit(g: Graph, node: Node, bw: Bandwidths) -> Unit:
     ins = [g.array(v) for v in node.inputs]  # as the call takes them (reshapes are free)
     outs = [g.array(v) for v in node.outputs]
+    if "grouped_gemm" in node.target:
+        return _grouped_unit(node, ins, outs, bw)
     if "gemm" in node.target:  # a [M, K] x b [N, K]; the last output is the workspace
         a, b = ins[0], ins[1]
         k = a.dims[-1]
@@ -287,6 +338,8 @@ def predict_graph(g: Graph, bw: Bandwidths | None = None) -> Prediction:
             reads_of[i] = reads
         elif node.op == "custom-call":
             units.append(_custom_unit(g, node, bw))
+        elif node.op == "ragged-dot":
+            units.append(_ragged_dot_unit(g, node, bw))
         elif node.op in COLLECTIVE:
             nbytes = sum(g.array(v).nbytes for v in node.outputs)
             if not node.op.endswith("-done"):

@@ -24,9 +24,10 @@ FP8 = ("f8e4m3fn", "f8e5m2")
 FREE = {"parameter", "constant", "bitcast", "reshape", "bitcast-convert", "after-all",
         "partition-id", "replica-id", "get-dimension-size", "add-dependency"}  # fmt: skip
 #: Ops XLA runs as their own kernels (library calls, custom calls, loops), not in fusions.
-KERNEL = {"dot", "convolution", "custom-call", "fft", "sort", "scatter", "select-and-scatter",
-          "triangular-solve", "cholesky", "while", "conditional", "rng-get-and-update-state",
-          "infeed", "outfeed", "send", "recv", "send-done", "recv-done"}  # fmt: skip
+KERNEL = {"dot", "ragged-dot", "convolution", "custom-call", "fft", "sort", "scatter",
+          "select-and-scatter", "triangular-solve", "cholesky", "while", "conditional",
+          "rng-get-and-update-state", "infeed", "outfeed", "send", "recv", "send-done",
+          "recv-done"}  # fmt: skip
 COLLECTIVE = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
               "all-reduce-start", "all-gather-start", "collective-permute-start",
               "all-reduce-done", "all-gather-done", "collective-permute-done",

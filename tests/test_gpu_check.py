@@ -30,12 +30,19 @@ def test_perf_profile_measures_first_then_tests_what_changed(tmp_path):
     plan = (tmp_path / "plan.txt").read_text()
     assert plan == proc.stdout
     steps = [ln.split(":")[0] for ln in plan.splitlines()[1:]]
-    assert [s.split(".")[1].split()[0] for s in steps] == ["build", "e2e", "gemm", "tests"]
+    assert [s.split(".")[1].split()[0] for s in steps] == [
+        "build",
+        "e2e",
+        "gemm",
+        "grouped",
+        "tests",
+    ]
     assert "(600 s after the start)" in plan
-    assert "benchmarks/e2e.py --json bench/e2e.json --deadline <deadline - 185 s>" in plan
+    assert "benchmarks/e2e.py --json bench/e2e.json --deadline <deadline - 275 s>" in plan
     for shape in ("2048x2048x2048", "4096x4096x4096", "8192x8192x8192", "16384x4096x4096",
                   "16384x16384x4096", "16384x4096x16384", "4096x16384x16384"):  # fmt: skip
         assert shape in plan
+    assert "benchmarks/grouped_gemm.py" in plan and "benchmarks/moe.py" in plan
     assert "kernel implementation only): tests/ops/test_norm.py (until deadline - 20 s)" in plan
     assert "FP8JAX_TESTING=ON" in plan
     assert not (tmp_path / "build.log").exists()  # a dry run builds nothing
@@ -45,8 +52,8 @@ def test_perf_profile_without_changed_kernels_runs_no_tests(tmp_path):
     proc = _plan(tmp_path, GPU_CHECK_TESTS="")
     plan = (tmp_path / "plan.txt").read_text()
     assert proc.returncode == 0
-    assert "4. tests: none" in plan and "FP8JAX_TESTING=OFF" in plan
-    assert "--deadline <deadline - 95 s>" in plan  # no test reserve
+    assert "5. tests: none" in plan and "FP8JAX_TESTING=OFF" in plan
+    assert "--deadline <deadline - 185 s>" in plan  # no test reserve
 
 
 def test_perf_profile_takes_its_tests_from_the_manifest(tmp_path):

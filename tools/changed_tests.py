@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "tools" / "gpu_run_manifest.txt"
-TRACKED = ("cpp/cuda/", "cpp/common/", "cpp/ops/", "fp8jax/ops/")
+TRACKED = ("cpp/cuda/", "cpp/sm90/", "cpp/common/", "cpp/ops/", "fp8jax/ops/")
 SUFFIXES = (".cu", ".cuh", ".cc", ".h", ".py")
 # every kernel's GPU bits against its host run (tests/ops/test_host_cuda.py)
 HOST_RUN = "tests/ops/test_host_cuda.py::test_gpu_kernels_equal_their_host_run"
@@ -44,9 +44,12 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "ragged_gemm": (
         ("cpp/cuda/cuda_grouped_gemm.cu", "cpp/common/grouped_gemm.h", "cpp/ops/gemms.h",
-         "fp8jax/ops/gemms/grouped_gemm.py"),
+         "fp8jax/ops/gemms/grouped_gemm.py", "fp8jax/ops/block/grouped_scaling.py",
+         "cpp/sm90/*", "cpp/common/grouped_tc.h", "cpp/cuda/cuda_grouped_tc_prep.*"),
         (
             "tests/ops/test_grouped_gemm.py",
+            "tests/ops/test_grouped_gemm_tc.py",
+            "tests/ops/test_grouped_scaling.py",
             "tests/functional/test_grouped_dense.py",
             "tests/functional/test_moe.py",
         ),

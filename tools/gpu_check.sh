@@ -12,11 +12,14 @@
 #
 # GPU_CHECK_PROFILE=perf measures first, for one device call of 600 s build included (the command
 # is in docs/performance.md): it builds for this GPU's arch only, runs benchmarks/e2e.py (the
-# whole train step, four variants), then benchmarks/gemm.py over PERF_GEMM_SHAPES, then only the
+# whole train step, four variants), then benchmarks/gemm.py over PERF_GEMM_SHAPES, then the grouped
+# GEMM (benchmarks/grouped_gemm.py: tensor cores against the CUDA-core kernel, ragged_dot and the
+# dense FP8 GEMM; benchmarks/moe.py: the MoE layer, FP8 against BF16), then only the
 # GPU tests of the kernels changed since the last GPU run (tools/changed_tests.py, which compares
 # the sources with tools/gpu_run_manifest.txt; GPU_CHECK_TESTS overrides, "" for none), each stage
 # bounded by what GPU_CHECK_DEADLINE (default: start + GPU_CHECK_BUDGET, 540 s) leaves after the
-# reserves of the stages after it (GPU_CHECK_GEMM_RESERVE 75 s, GPU_CHECK_TEST_RESERVE 90 s).
+# reserves of the stages after it (GPU_CHECK_GEMM_RESERVE 75 s, GPU_CHECK_GROUPED_RESERVE 90 s,
+# GPU_CHECK_TEST_RESERVE 90 s).
 # PYTEST_ARGS are ignored there; GPU_CHECK_E2E_ARGS go to e2e.py (e.g. "--workloads gpt-medium").
 # GPU_CHECK_DRY_RUN=1 prints its plan (plan.txt) and runs nothing.
 #
@@ -87,18 +90,20 @@ if [[ "$PROFILE" == perf ]]; then
   fi
   read -r -a PERF_TEST_IDS <<<"$PERF_TESTS"
   GEMM_RESERVE="${GPU_CHECK_GEMM_RESERVE:-75}"
+  GROUPED_RESERVE="${GPU_CHECK_GROUPED_RESERVE:-90}"
   TEST_RESERVE=0
   [[ ${#PERF_TEST_IDS[@]} -eq 0 ]] || TEST_RESERVE="${GPU_CHECK_TEST_RESERVE:-90}"
   CLOSE_RESERVE=20  # the summary and the pack
   {
     echo "profile perf: deadline $GPU_CHECK_DEADLINE ($((GPU_CHECK_DEADLINE - START)) s after the start)"
     echo "1. build (FP8JAX_CUDA=ON, this GPU's arch, FP8JAX_TESTING=$([[ ${#PERF_TEST_IDS[@]} -gt 0 ]] && echo ON || echo OFF))"
-    echo "2. e2e: $PY benchmarks/e2e.py --json bench/e2e.json --deadline <deadline - $((GEMM_RESERVE + TEST_RESERVE + CLOSE_RESERVE)) s> ${GPU_CHECK_E2E_ARGS:-}"
-    echo "3. gemm: $PY benchmarks/gemm.py --shapes ${PERF_GEMM_SHAPES[*]} --iters 10 --inner 5 --warmup 2 --json bench/gemm.json (until deadline - $((TEST_RESERVE + CLOSE_RESERVE)) s)"
+    echo "2. e2e: $PY benchmarks/e2e.py --json bench/e2e.json --deadline <deadline - $((GEMM_RESERVE + GROUPED_RESERVE + TEST_RESERVE + CLOSE_RESERVE)) s> ${GPU_CHECK_E2E_ARGS:-}"
+    echo "3. gemm: $PY benchmarks/gemm.py --shapes ${PERF_GEMM_SHAPES[*]} --iters 10 --inner 5 --warmup 2 --json bench/gemm.json (until deadline - $((GROUPED_RESERVE + TEST_RESERVE + CLOSE_RESERVE)) s)"
+    echo "4. grouped: $PY benchmarks/grouped_gemm.py --iters 5 --inner 3 --warmup 1 --json bench/grouped_gemm.json, then $PY benchmarks/moe.py --iters 3 --inner 1 --warmup 1 --json bench/moe.json (until deadline - $((TEST_RESERVE + CLOSE_RESERVE)) s)"
     if [[ ${#PERF_TEST_IDS[@]} -gt 0 ]]; then
-      echo "4. tests (kernels changed since the last GPU run, kernel implementation only): ${PERF_TEST_IDS[*]} (until deadline - $CLOSE_RESERVE s)"
+      echo "5. tests (kernels changed since the last GPU run, kernel implementation only): ${PERF_TEST_IDS[*]} (until deadline - $CLOSE_RESERVE s)"
     else
-      echo "4. tests: none (no kernel changed since the last GPU run)"
+      echo "5. tests: none (no kernel changed since the last GPU run)"
     fi
   } | tee "$OUT/plan.txt"
   if [[ "${GPU_CHECK_DRY_RUN:-0}" == 1 ]]; then
@@ -148,6 +153,13 @@ build_rc=0
       "nanobind and jaxlib (and a CMake >= 3.26 with nvcc on PATH)"
   command -v cmake >/dev/null 2>&1 && cmake --version | head -n 1
 } >"$OUT/build.log" 2>&1
+# CUTLASS's headers for the grouped GEMM's tensor-core path: FP8JAX_CUTLASS_ROOT, or
+# third_party/cutlass (bash tools/fetch_cutlass.sh third_party/cutlass, carried to the device)
+if [[ -z "${FP8JAX_CUTLASS_ROOT:-}" && -f third_party/cutlass/include/cutlass/cutlass.h ]]; then
+  export FP8JAX_CUTLASS_ROOT="$PWD/third_party/cutlass"
+fi
+echo "gpu_check: CUTLASS headers: ${FP8JAX_CUTLASS_ROOT:-none (the grouped GEMM stays on the CUDA cores)}" \
+  | tee -a "$OUT/build.log"
 testing=ON
 if [[ "$PROFILE" == perf ]]; then  # this GPU's arch only, all cores; the test-only extensions if tested
   cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')"
@@ -291,12 +303,18 @@ stage() {  # stage NAME UNTIL CMD...: runs CMD until epoch UNTIL at the latest, 
 if [[ "$PROFILE" == perf ]]; then
   mkdir -p "$OUT/bench"
   : >"$OUT/bench.log"
-  e2e_until=$((GPU_CHECK_DEADLINE - GEMM_RESERVE - TEST_RESERVE - CLOSE_RESERVE))
+  e2e_until=$((GPU_CHECK_DEADLINE - GEMM_RESERVE - GROUPED_RESERVE - TEST_RESERVE - CLOSE_RESERVE))
   read -r -a e2e_args <<<"${GPU_CHECK_E2E_ARGS:-}"
   stage e2e "$e2e_until" "$PY" benchmarks/e2e.py --json "$OUT/bench/e2e.json" \
     --deadline "$((e2e_until - 5))" "${e2e_args[@]}"
-  stage gemm "$((GPU_CHECK_DEADLINE - TEST_RESERVE - CLOSE_RESERVE))" "$PY" benchmarks/gemm.py \
-    --shapes "${PERF_GEMM_SHAPES[@]}" --iters 10 --inner 5 --warmup 2 --json "$OUT/bench/gemm.json"
+  stage gemm "$((GPU_CHECK_DEADLINE - GROUPED_RESERVE - TEST_RESERVE - CLOSE_RESERVE))" \
+    "$PY" benchmarks/gemm.py --shapes "${PERF_GEMM_SHAPES[@]}" --iters 10 --inner 5 --warmup 2 \
+    --json "$OUT/bench/gemm.json"
+  grouped_until=$((GPU_CHECK_DEADLINE - TEST_RESERVE - CLOSE_RESERVE))
+  stage grouped_gemm "$((grouped_until - GROUPED_RESERVE / 2))" "$PY" benchmarks/grouped_gemm.py \
+    --iters 5 --inner 3 --warmup 1 --json "$OUT/bench/grouped_gemm.json"
+  stage moe "$grouped_until" "$PY" benchmarks/moe.py --iters 3 --inner 1 --warmup 1 \
+    --json "$OUT/bench/moe.json"
   pytest_rc="not run"
   left=$((GPU_CHECK_DEADLINE - CLOSE_RESERVE - $(date +%s)))
   if [[ ${#PERF_TEST_IDS[@]} -gt 0 && $left -ge 30 ]]; then

@@ -13,7 +13,8 @@
 # the newest arch above sm_90 that nvcc knows, left out when there is none); FP8JAX_PTXAS_FLAGS
 # adds nvcc flags; FP8JAX_PTXAS_SOURCES replaces the list of sources. FP8JAX_PTXAS_LOGS names a
 # directory of the build's own reports (FP8JAX_PTXAS_LOG_DIR at build time, tools/ptxas_log.sh):
-# an arch found in a source's report there is read from it, not compiled again.
+# an arch found in a source's report there is read from it, not compiled again; the CUTLASS
+# units' (cpp/sm90/, sm_90a) are reported from there only.
 
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -90,19 +91,9 @@ wait
 if ((${#from_logs[@]})); then
   echo "ptxas_report: read from the build's reports ($FP8JAX_PTXAS_LOGS): ${from_logs[*]}"
 fi
-status=0
-for src in "${sources[@]}"; do
-  base="$tmp/$(basename "$src")"
-  if [[ "$(cat "$base.rc")" != 0 ]]; then
-    cat "$base.log" >&2
-    echo "ptxas_report: FAIL: $src does not compile for sm_{${archs// /,}}" >&2
-    status=1
-    continue
-  fi
-  for arch in $archs; do
-    echo "== $src sm_$arch"
-    log="$base.log"
-    "$py" - "$log" "$arch" <<'PY' || status=1
+# report LOG ARCH: one line per kernel of ARCH in ptxas's LOG; fails on a spill.
+report() {
+  "$py" - "$1" "$2" <<'PY'
 import re
 import subprocess
 import sys
@@ -143,10 +134,35 @@ for (_, regs, smem, stk, st, ld), nm in zip(rows, names):
 if spills:
     sys.exit(f"ptxas_report: FAIL: {spills} kernel(s) spill registers to local memory")
 PY
+}
+
+status=0
+for src in "${sources[@]}"; do
+  base="$tmp/$(basename "$src")"
+  if [[ "$(cat "$base.rc")" != 0 ]]; then
+    cat "$base.log" >&2
+    echo "ptxas_report: FAIL: $src does not compile for sm_{${archs// /,}}" >&2
+    status=1
+    continue
+  fi
+  for arch in $archs; do
+    echo "== $src sm_$arch"
+    log="$base.log"
+    report "$log" "$arch" || status=1
   done
+done
+# The grouped GEMM's CUTLASS instantiations (cpp/sm90/, sm_90a only; CMake generates one translation
+# unit per instantiation): from the build's reports only, when it built them.
+sm90_logs=()
+for log in "${FP8JAX_PTXAS_LOGS:-/nonexistent}"/grouped_gemm_instance_*.cu.log; do
+  [[ -f "$log" ]] && sm90_logs+=("$log")
+done
+for log in "${sm90_logs[@]}"; do
+  echo "== cpp/sm90/$(basename "$log" .log) sm_90a (the build's report)"
+  report "$log" 90a || status=1
 done
 if [[ $status -ne 0 ]]; then
   echo "ptxas_report: FAIL" >&2
   exit "$status"
 fi
-echo "ptxas_report: ok, no spills (archs: $archs)"
+echo "ptxas_report: ok, no spills (archs: $archs${sm90_logs:+; ${#sm90_logs[@]} CUTLASS units, sm_90a})"

@@ -3,6 +3,7 @@
 // them to Python as PyCapsules under the same target names as the CPU ones. Loaded only when JAX
 // has a CUDA backend (see fp8jax/_ffi.py); loading it runs no CUDA call.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 
@@ -23,6 +24,10 @@ FP8JAX_OPS(FP8JAX_DEFINE_CUDA_HANDLER)
   XLA_FFI_DECLARE_HANDLER_SYMBOL(Fp8jax##Symbol##Cuda);
 FP8JAX_GEMM_TARGETS(FP8JAX_DECLARE_GEMM_)
 #undef FP8JAX_DECLARE_GEMM_
+#ifdef FP8JAX_HAS_CUTLASS
+// The grouped GEMM on Hopper's tensor cores (sm90/grouped_gemm.cu; built with CUTLASS).
+#include "sm90/grouped_gemm.h"
+#endif
 
 NB_MODULE(_fp8jax_cuda, m) {
   namespace nb = nanobind;
@@ -39,7 +44,24 @@ NB_MODULE(_fp8jax_cuda, m) {
       {{"initialize", Fp8jax##Symbol##InitializeCuda}, {"execute", Fp8jax##Symbol##Cuda}});
     FP8JAX_GEMM_TARGETS(FP8JAX_REGISTER_GEMM_)
 #undef FP8JAX_REGISTER_GEMM_
+#ifdef FP8JAX_HAS_CUTLASS
+    d["fp8jax_grouped_gemm_sm90"] =
+        fp8jax::Registrations({{"initialize", Fp8jaxGroupedGemmSm90InitializeCuda},
+                               {"execute", Fp8jaxGroupedGemmSm90Cuda}});
+#endif
     return d;
+  });
+  // The tensor-core grouped GEMM's instantiations (empty without CUTLASS), for the tests: each
+  // one's dtypes, accumulation, CUTLASS workspace bound and stride sizes.
+  m.def("sm90_grouped_variants", []() {
+    nb::list out;
+#ifdef FP8JAX_HAS_CUTLASS
+    for (const auto& v : fp8jax::grouped_tc::Sm90Variants()) {
+      out.append(nb::make_tuple(v.a, v.b, v.out, v.fast_accum, v.block_n, v.cutlass_workspace,
+                                v.stride_a, v.stride_b, v.stride_d));
+    }
+#endif
+    return out;
   });
   // The traits to register each target with (XLA reads the registration's, not the
   // handler's): the ones every fp8jax CUDA handler declares, cuda/cuda_handler.h.
@@ -52,6 +74,9 @@ NB_MODULE(_fp8jax_cuda, m) {
 #define FP8JAX_GEMM_TRAITS_(Symbol, target) d[target] = traits;
     FP8JAX_GEMM_TARGETS(FP8JAX_GEMM_TRAITS_)
 #undef FP8JAX_GEMM_TRAITS_
+#ifdef FP8JAX_HAS_CUTLASS
+    d["fp8jax_grouped_gemm_sm90"] = traits;
+#endif
     return d;
   });
 }

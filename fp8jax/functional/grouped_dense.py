@@ -59,8 +59,12 @@ from fp8jax.ops.block.grouped_scaling import (
     group_ids,
     grouped_quantize,
     segment_block_quantize,
+    transpose_padded,
 )
+from fp8jax.ops.casts.cast_transpose import transpose
 from fp8jax.ops.casts.quantize import quantize
+from fp8jax.ops.gemms._grouped_tensor_cores import SM90_PAD
+from fp8jax.ops.gemms.gemm_options import get_gemm_options
 from fp8jax.ops.gemms.grouped_gemm import grouped_gemm
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
@@ -85,6 +89,8 @@ class _Config(NamedTuple):
     exchange: _exchange.Exchange | None
     exchange_input: bool  # x is on the token side (else: the output goes back there)
     n_experts: int  # the state's experts (all of them, under expert parallelism)
+    pair: bool = False  # the kernel is a gated pair (w0, w1), its halves concatenated along N
+    pad: int = 0  # the wgrad operands' padded layout (the tensor-core path's), 0: none
 
 
 def _per_group_scale(s: core.Fp8Setup, x, sizes, scale, fp8_dtype, ex, side):
@@ -123,13 +129,17 @@ def _scales(s: core.Fp8Setup, sinv):
     return sinv
 
 
-def _transposed(s: core.Fp8Setup, codes, sinv, sizes, fp8_dtype, role):
+def _transposed(s: core.Fp8Setup, codes, sinv, sizes, fp8_dtype, role, pad=0):
     """The wgrad operand ``[cols, rows]`` from a tensor's row-wise FP8 ``codes [rows, cols]``:
     the transposed codes (per-group scales: each element keeps its scale), or under block
-    scaling the row-wise values dequantized and cast again with segment blocks along the
-    rows."""
+    scaling the row-wise values dequantized and cast again with segment blocks along the rows.
+    With ``pad``, in the padded layout of that width (each group's columns starting at a multiple
+    of it), as the tensor-core path reads it."""
     if s.blocks is None:
-        return codes.T, sinv
+        impl = s.implementation("cast")
+        if pad:
+            return transpose_padded(codes, sizes, pad, implementation=impl), sinv
+        return transpose(codes, implementation=impl), sinv
     block = s.block(role)[0]
     values = block_dequantize(
         jax.lax.bitcast_convert_type(codes, fp8_dtype), _scales(s, sinv), block
@@ -144,6 +154,7 @@ def _transposed(s: core.Fp8Setup, codes, sinv, sizes, fp8_dtype, role):
         power_2_scale=pow2,
         amax_epsilon=eps,
         implementation=s.implementation("cast"),
+        padded=bool(pad),
     )
     if s.mxfp8:
         grid = jax.lax.bitcast_convert_type(grid, jnp.uint8)
@@ -153,18 +164,19 @@ def _transposed(s: core.Fp8Setup, codes, sinv, sizes, fp8_dtype, role):
 def _cast_kernel(s: core.Fp8Setup, w, scale):
     """Each expert's kernel ``w [G, K, N]`` in FP8: ``(w_q [G, K, N], w_t [G, N, K], (scale_inv
     of w_q, of w_t), amax [G])``; one scale per expert (its own state row, or its own amax), or
-    its own blocks."""
+    its own blocks. ``w`` may be a gated pair ``(w0, w1)``, cast as their concatenation along
+    ``N`` (one scale per expert for both, or each half's whole blocks) without the
+    high-precision concatenation ever being written: in one XLA fusion under per-expert scales,
+    the codes concatenated under block scaling."""
+    if isinstance(w, tuple):
+        return _cast_pair(s, w, scale)
     fwd = s.fwd_dtype
     if s.blocks is None:
         if s.current_scaling:
             amax = jnp.max(jnp.abs(w.astype(jnp.float32)), axis=(1, 2))
             scale = core.scale_from_amax(amax, fwd, s.margin)
-        impl = s.implementation("cast")
-        q, sinv, amax = jax.vmap(
-            lambda v, sc: quantize(v, sc, fwd, amax_reduction="mesh", implementation=impl)
-        )(w, scale)
-        q = core.codes(q)
-        return q, jnp.swapaxes(q, 1, 2), (sinv, sinv), amax
+        q, sinv, amax = _quantize_experts(s, w, scale)
+        return q, transpose(q, implementation=s.implementation("cast")), (sinv, sinv), amax
     block, pow2, eps = s.block("w")
     impl = s.implementation("cast")
     if s.mxfp8:
@@ -177,13 +189,60 @@ def _cast_kernel(s: core.Fp8Setup, w, scale):
     return core.codes(q), core.codes(q_t), (sq, sq_t), jnp.full(scale.shape, jnp.nan)
 
 
+def _quantize_experts(s: core.Fp8Setup, w, scale, impl=None):
+    """``w [G, K, N]`` cast with one scale per expert: ``(codes, scale_inv [G], amax [G])``."""
+    impl = impl or s.implementation("cast")
+    q, sinv, amax = jax.vmap(
+        lambda v, sc: quantize(v, sc, s.fwd_dtype, amax_reduction="mesh", implementation=impl)
+    )(w, scale)
+    return core.codes(q), sinv, amax
+
+
+def _cast_pair(s: core.Fp8Setup, pair, scale):
+    fwd = s.fwd_dtype
+    if s.blocks is None:
+        if s.current_scaling:
+            amaxes = [jnp.max(jnp.abs(h.astype(jnp.float32)), axis=(1, 2)) for h in pair]
+            scale = core.scale_from_amax(jnp.maximum(*amaxes), fwd, s.margin)
+        # XLA's cast, which fuses the concatenation into its one pass over the halves (a kernel
+        # reads a materialized operand: the concatenated kernel, or its halves' codes to be
+        # concatenated, one more pass either way)
+        q, sinv, amax = _quantize_experts(s, jnp.concatenate(pair, axis=-1), scale, "xla")
+        q_t = transpose(q, implementation=s.implementation("cast"))
+        return q, q_t, (sinv, sinv), amax
+    halves = [_cast_kernel(s, h, scale) for h in pair]  # each half's own whole blocks
+    cat = lambda i, axis: jnp.concatenate([h[i] for h in halves], axis=axis)
+    grid = lambda j, axis: jnp.concatenate([h[2][j] for h in halves], axis=axis)
+    return cat(0, -1), cat(1, 1), (grid(0, -1), grid(1, 1)), halves[0][3]
+
+
+def _pad(s: core.Fp8Setup) -> int:
+    """The wgrad operands' padded layout when the tensor-core path is asked for
+    (``gemm_options(grouped_tensor_cores=True)``): 16 under per-group scales, the segment blocks'
+    width under Float8BlockScaling (its blocks are then the kernel's K blocks); 0 otherwise (and
+    for MXFP8, which has no tensor-core grouped path)."""
+    if not get_gemm_options().grouped_tensor_cores or s.mxfp8:
+        return 0
+    return SM90_PAD if s.blocks is None else s.block("x")[0][1]
+
+
+def pair_casts_apart(s: core.Fp8Setup | None, n: int) -> bool:
+    """Whether a gated pair's halves ``[G, K, n]`` are cast apart (:func:`_cast_pair`): under
+    per-group scales always; under block scaling when ``n`` is whole blocks (a block straddling
+    the two halves is cast from the concatenated kernel instead)."""
+    if s is None or s.blocks is None:
+        return True
+    return n % s.block("w")[0][0] == 0
+
+
 def _blocks(s: core.Fp8Setup, a_role: str, b_role: str) -> dict[str, Any]:
     if s.blocks is None:
         return {}
     return {"a_block": s.block(a_role)[0], "b_block": s.block(b_role)[0]}
 
 
-def _gemm(s: core.Fp8Setup, a, sa, b, sb, sizes, dtypes, out_dtype, accumulate, ragged, roles):
+def _gemm(s: core.Fp8Setup, a, sa, b, sb, sizes, dtypes, out_dtype, accumulate, ragged, roles,
+          padded=0):  # fmt: skip
     view = lambda c, dt: jax.lax.bitcast_convert_type(c, dt)
     return grouped_gemm(
         view(a, dtypes[0]),
@@ -194,6 +253,7 @@ def _gemm(s: core.Fp8Setup, a, sa, b, sb, sizes, dtypes, out_dtype, accumulate, 
         ragged=ragged,
         out_dtype=out_dtype,
         accumulate=accumulate,
+        padded=padded,
         implementation=s.implementation("gemm"),
         **_blocks(s, *roles),
     )
@@ -204,11 +264,12 @@ def _local_rows(n_local: int, first, per_role):
     return jax.lax.dynamic_slice_in_dim(per_role, first, n_local)
 
 
-def _forward(cfg: _Config, x, w, bias, scale, sizes, plan):
+def _forward(cfg: _Config, x, w, w1, bias, scale, sizes, plan):
     s, ex = cfg.setup, cfg.exchange
     fwd = s.fwd_dtype
     sc = scale.reshape(-1, 3)
     n_local = w.shape[0]
+    w = (w, w1) if cfg.pair else w
     first = plan.first_expert if ex is not None else 0
     local = lambda v: _local_rows(n_local, first, v) if ex is not None else v
     # the input's rows: on the token side (all experts' scales) or the expert side
@@ -305,31 +366,35 @@ def _backward(cfg: _Config, res, cts):
     dx = _gemm(s, g_q, g_sinv, w_q, w_sinv, sizes, (bwd, fwd), x_dt, "split", "rows", ("grad", "w"))
     if ex is not None and cfg.exchange_input:
         dx = _exchange.to_tokens(ex, plan, dx)
-    x_t, x_t_sinv = _transposed(s, x_q, x_sinv, sizes, fwd, "x")
-    g_t, g_t_sinv = _transposed(s, g_q, g_sinv, sizes, bwd, "grad")
-    dw = _gemm(
-        s,
-        x_t,
-        x_t_sinv,
-        g_t,
-        g_t_sinv,
-        sizes,
-        (fwd, bwd),
-        w_dt,
-        "split",
-        "contracting",
-        ("x", "grad"),
-    )
+    if cfg.pad:  # as the padded layout and the GEMM read them alike
+        sizes = clamped(sizes, x_q.shape[0])
+    x_t, x_t_sinv = _transposed(s, x_q, x_sinv, sizes, fwd, "x", cfg.pad)
+    g_t, g_t_sinv = _transposed(s, g_q, g_sinv, sizes, bwd, "grad", cfg.pad)
+
+    def wgrad(g_t, g_t_sinv):
+        return _gemm(s, x_t, x_t_sinv, g_t, g_t_sinv, sizes, (fwd, bwd), w_dt, "split",
+                     "contracting", ("x", "grad"), cfg.pad)  # fmt: skip
+
+    if cfg.pair:  # each half's gradient written by its own GEMM: no split of a [G, K, 2N] one
+        n = g_t.shape[0] // 2
+        rows = lambda v, half: v if s.blocks is None and v.ndim == 1 else v[half]
+        halves = (slice(0, n), slice(n, 2 * n))
+        dw, dw1 = (wgrad(g_t[h], rows(g_t_sinv, h)) for h in halves)
+    else:
+        dw, dw1 = wgrad(g_t, g_t_sinv), None
     observed = _observed(cfg, x_amax, w_amax, g_amax, first)
     if ex is not None:  # typed as the probe it is the cotangent of: varying over every token axis
         observed = varying(observed, (*ex.data_axes, *ex.axes))
-    return (dx, dw, dbias), observed
+    return (dx, dw, dw1, dbias), observed
 
 
 _grouped = core.layer_vjp(_forward, _backward, "grouped_dense")
 
 
 def _check(where, x, kernel, group_sizes, bias, dtype):
+    if isinstance(kernel, tuple):  # a gated pair: checked as the kernel it concatenates to
+        kernel = jax.ShapeDtypeStruct((*kernel[0].shape[:2], 2 * kernel[0].shape[2]),
+                                      jnp.result_type(*kernel))  # fmt: skip
     for name, v in (("x", x), ("kernel", kernel)):
         if not hasattr(v, "dtype") or not jnp.issubdtype(v.dtype, jnp.floating):
             raise TypeError(f"{where}: {name} must be a floating-point array, got {v!r:.60}")
@@ -428,13 +493,27 @@ def grouped_dense_observed(
     (expert parallelism, inside a ``shard_map``): the rows of ``x`` (``exchange_input``) or of
     the output are on the token side; ``group_sizes`` are then the expert side's and
     ``n_experts`` the global expert count (the state's, ``3 n_experts`` rows)."""
-    if dtype is None and hasattr(x, "dtype") and hasattr(kernel, "dtype"):
-        dtype = jnp.result_type(x, kernel)
-    group_sizes = _check(where, x, kernel, group_sizes, bias, dtype)
+    pair = kernel if isinstance(kernel, tuple) else None
+    if pair is not None:
+        if (
+            len(pair) != 2
+            or any(not hasattr(h, "shape") for h in pair)
+            or (pair[0].shape != pair[1].shape)
+        ):
+            raise ValueError(f"{where}: a kernel pair must be two [G, K, N] arrays alike")
+        kernel = None
+    if dtype is None and hasattr(x, "dtype"):
+        dtype = jnp.result_type(x, *(pair or (kernel,)))
+    group_sizes = _check(where, x, pair or kernel, group_sizes, bias, dtype)
     dtype = jnp.dtype(dtype)
-    n = n_experts if n_experts is not None else kernel.shape[0]
+    lead = pair[0] if pair is not None else kernel
+    n = n_experts if n_experts is not None else lead.shape[0]
     setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, 3 * n)
+    if pair is not None and not pair_casts_apart(setup, pair[0].shape[-1]):
+        kernel, pair = jnp.concatenate(pair, axis=-1), None
     if setup is None:
+        if pair is not None:
+            kernel = jnp.concatenate(pair, axis=-1)
         if exchange is not None and exchange_input:
             x = _exchange.to_experts(exchange, plan, x)
         y = _reference(x, kernel, group_sizes, bias, dtype)
@@ -443,18 +522,21 @@ def grouped_dense_observed(
         return core.LayerOutput(y, None, None)
     if jnp.dtype(x.dtype) not in core.WIDE:
         x = x.astype(dtype)
-    if jnp.dtype(kernel.dtype) not in core.WIDE:
-        kernel = kernel.astype(dtype)
+    ws = pair if pair is not None else (kernel, None)
+    wide = lambda w: w if w is None or jnp.dtype(w.dtype) in core.WIDE else w.astype(dtype)
+    ws = tuple(wide(w) for w in ws)
     cfg = _Config(
         setup,
         bias is not None,
         dtype,
-        (x.dtype, kernel.dtype, None if bias is None else bias.dtype),
+        (x.dtype, ws[0].dtype, None if bias is None else bias.dtype),
         exchange,
         bool(exchange_input),
         n,
+        pair is not None,
+        _pad(setup),
     )
     if plan is None:
         plan = _exchange.ExchangePlan(*(jnp.zeros((0,), jnp.int32),) * 4, jnp.int32(0))
-    (y, seen) = _grouped(cfg, (x, kernel, bias), scale, probe, (group_sizes, plan))
+    (y, seen) = _grouped(cfg, (x, *ws, bias), scale, probe, (group_sizes, plan))
     return core.LayerOutput(y, None, seen)

@@ -272,7 +272,9 @@ def experts_ffn(
 ):
     """The gated expert MLP on dispatched rows (step 3): ``(y, observed or None)``. With an
     exchange, ``x`` and ``y`` are on the token side, ``sizes`` the expert side's."""
-    wi = jnp.concatenate([params["wi_0"], params["wi_1"]], axis=-1)
+    # the gated pair as one GEMM [E, H, 2 I]; in FP8 its halves are cast apart and only their
+    # codes concatenated (grouped_dense's kernel pair), never the high-precision kernels
+    wi = (params["wi_0"], params["wi_1"])
     bi = None
     if params.get("wi_0_bias") is not None:
         bi = jnp.concatenate([params["wi_0_bias"], params["wi_1_bias"]], axis=-1)

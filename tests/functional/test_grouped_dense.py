@@ -255,3 +255,30 @@ def test_traced_negative_group_sizes_read_as_zero_fp8_on_and_off(name):
                                 enabled=recipe is not None)  # fmt: skip
     np.testing.assert_array_equal(got, want)
     assert not np.any(np.asarray(got)[6:])
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("pair", [False, True])
+def test_the_tensor_core_option_keeps_the_cpu_numbers(name, pair):
+    """``gemm_options(grouped_tensor_cores=True)`` lays the wgrad operands out as the tensor-core
+    path reads them (transpose_padded, the segment-block cast's padded layout) and the GEMMs
+    gather them back where that path does not run: on CPU the values and gradients are those
+    without the option, bit for bit, under every recipe, for a kernel and a gated pair."""
+    x, w, b = _operands()
+    w1 = rand((G, K, N), 9, 0.2)
+    kernel = (w, w1) if pair else w
+    c = rand((T, 2 * N if pair else N), 4, 1e-3)
+    meta = _meta_for(x, w, c[:, :N], SIZES) if name == "delayed" else None
+
+    probe = jnp.zeros((3 * G,), jnp.float32)
+
+    def loss(x, kernel, b, p):
+        b = jnp.concatenate([b, b], axis=-1) if pair else b
+        y = fp8jax.grouped_dense(x, kernel, SIZES, b, meta, RECIPES[name], probe=p)
+        return jnp.sum(y * c)
+
+    want = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3)))(x, kernel, b, probe)
+    with fp8jax.ops.gemm_options(grouped_tensor_cores=True):
+        got = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3)))(x, kernel, b, probe)
+    for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(h))

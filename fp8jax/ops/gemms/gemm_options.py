@@ -1,7 +1,7 @@
 """How fp8jax runs its FP8 GEMMs on a GPU: algorithm autotuning, the MLP's fused GELU epilogues,
-and which GEMMs are too small for FP8 to pay.
+the grouped GEMM's tensor cores, and which GEMMs are too small for FP8 to pay.
 
-Three choices, made in code with :func:`gemm_options` and held like
+Four choices, made in code with :func:`gemm_options` and held like
 :func:`~fp8jax.ops.implementation`'s: in a :func:`jax.make_user_context` context (thread-local,
 read while tracing, part of :func:`jax.jit`'s cache key, so a function traced under one choice
 is traced again under another). No environment variable.
@@ -20,6 +20,13 @@ is traced again under another). No environment variable.
   (:mod:`fp8jax.ops.gemms.gemm_epilogue`), where that is the same computation: a ``"gelu"``
   activation, delayed scaling, bfloat16/float16 compute, no dropout, the ``"kernel"``
   implementation of the ``gemm`` family. ``False``: the separate activation kernels.
+* ``grouped_tensor_cores`` (default ``False``: opt-in until a GPU run has checked its bits and
+  speed): the ragged grouped GEMM of a mixture of experts (:func:`~fp8jax.ops.grouped_gemm`) runs
+  on Hopper's tensor cores, CUTLASS's grouped GEMM with problem shapes and pointers written on
+  the device (``cpp/sm90/grouped_gemm.cu``), where this install was built with CUTLASS, the GPU
+  is an sm_90 one, the dtypes are among its instantiations and the dims are 16-aligned; anywhere
+  else the CUDA-core kernel runs, as without the option. Its numerics are the tensor cores' (not
+  the CUDA-core kernel's bits; docs/design.md states the tolerance).
 * ``min_fp8_flops`` (default ``0``: off): a layer call (``dense``, ``layernorm_dense``,
   ``layernorm_mlp`` and their modules) whose largest GEMM does fewer than this many FLOPs
   (``2 * M * N * K``) runs in its high-precision dtype, exactly as with FP8 off, because FP8
@@ -31,8 +38,9 @@ is traced again under another). No environment variable.
 
 >>> import fp8jax
 >>> with fp8jax.ops.gemm_options(autotune=False, min_fp8_flops=2**36):
-...     fp8jax.ops.get_gemm_options()
-GemmOptions(autotune=False, fused_epilogues=True, min_fp8_flops=68719476736)
+...     fp8jax.ops.get_gemm_options()  # doctest: +NORMALIZE_WHITESPACE
+GemmOptions(autotune=False, fused_epilogues=True, min_fp8_flops=68719476736,
+            grouped_tensor_cores=False)
 >>> fp8jax.ops.get_gemm_options().autotune
 True
 """
@@ -58,6 +66,7 @@ class GemmOptions:
     autotune: bool = True
     fused_epilogues: bool = True
     min_fp8_flops: int = 0
+    grouped_tensor_cores: bool = False
 
 
 # Created once, at import (jax.make_user_context must not run concurrently with other JAX APIs).
@@ -106,7 +115,8 @@ def gemm_options(**changes: Any) -> contextlib.AbstractContextManager[None]:
     """Context manager setting the GEMM options (module docstring) for the code traced inside.
 
     Args:
-      **changes: ``autotune`` (bool), ``fused_epilogues`` (bool), ``min_fp8_flops`` (int >= 0);
+      **changes: ``autotune`` (bool), ``fused_epilogues`` (bool), ``min_fp8_flops`` (int >= 0),
+        ``grouped_tensor_cores`` (bool);
         an option not named keeps the enclosing block's value (outside any block: the defaults
         of :class:`GemmOptions`).
 
@@ -115,7 +125,7 @@ def gemm_options(**changes: Any) -> contextlib.AbstractContextManager[None]:
 
     Raises:
       ValueError: an unknown option, or ``min_fp8_flops`` negative or not an int.
-      TypeError: ``autotune`` or ``fused_epilogues`` not a bool.
+      TypeError: ``autotune``, ``fused_epilogues`` or ``grouped_tensor_cores`` not a bool.
 
     Enter it around the whole traced step (its backward pass too); blocks nest.
     """

@@ -82,6 +82,8 @@ from fp8jax.ops.block.grouped_scaling import (
     segment_block_dequantize,
     segment_grid_size,
 )
+from fp8jax.ops.gemms import _grouped_tensor_cores as tensor_core
+from fp8jax.ops.gemms._grouped_tensor_cores import per_group
 
 __all__ = ["grouped_gemm", "grouped_gemm_reference"]
 
@@ -176,10 +178,6 @@ def _validate(
     return a, b, group_sizes, a_scale_inv, b_scale_inv, (ragged, a_block, b_block, out_dt)
 
 
-def _per_group(s: jax.Array, groups: int) -> jax.Array:
-    return jnp.broadcast_to(jnp.reshape(s, (-1,)), (groups,)) if s.size == 1 else s
-
-
 def _reference(a, b, group_sizes, a_scale_inv, b_scale_inv, *, ragged, a_block, b_block, out_dtype):
     """The definition (see the module docstring), on checked arguments."""
     groups = group_sizes.shape[0]
@@ -198,7 +196,7 @@ def _reference(a, b, group_sizes, a_scale_inv, b_scale_inv, *, ragged, a_block, 
         a_f, b_f, sizes, dims, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
     )
     if a_block is None:
-        s = _per_group(a_scale_inv, groups) * _per_group(b_scale_inv, groups)
+        s = per_group(a_scale_inv, groups) * per_group(b_scale_inv, groups)
         if ragged == "rows":
             row = jnp.take(s, group_ids(sizes, m), mode="fill", fill_value=0.0)
             acc = acc * row[:, None]
@@ -265,7 +263,7 @@ def ffi_operands(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
     ragged, a_block, b_block, _ = config
     groups = group_sizes.shape[0]
     if a_block is None:
-        a_scale_inv, b_scale_inv = _per_group(a_scale_inv, groups), _per_group(b_scale_inv, groups)
+        a_scale_inv, b_scale_inv = per_group(a_scale_inv, groups), per_group(b_scale_inv, groups)
     ab, bb = a_block or (0, 0), b_block or (0, 0)
     attrs = dict(
         ragged=np.int64(ragged == "contracting"),
@@ -301,10 +299,11 @@ def has_cuda_kernel() -> bool:
     return cuda is not None and "fp8jax_grouped_gemm" in cuda.registrations()
 
 
-def _local(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
+def _local(config, tc, a, b, group_sizes, a_scale_inv, b_scale_inv):
     """The op on one device's blocks (``group_sizes``: the groups within its rows): fp8jax's
     kernel on CPU and CUDA (the same FFI target, each platform's handler), the reference
-    elsewhere; nothing to run for an empty operand."""
+    elsewhere; nothing to run for an empty operand. ``tc``: ``None``, or (fast accumulation,
+    the operands' padding) for the tensor-core path on CUDA."""
     ragged, a_block, b_block, out_dtype = config
 
     def reference(*args):
@@ -313,10 +312,23 @@ def _local(config, a, b, group_sizes, a_scale_inv, b_scale_inv):
         )
 
     args = (a, b, group_sizes, a_scale_inv, b_scale_inv)
+    kernel = functools.partial(_kernel_call, config, args)
+    if tc is not None and tc[1]:  # padded operands: the other paths gather them back first
+        width = tc[1]
+        unpad = lambda fn: (
+            lambda a, b, gs, sa, sb: fn(
+                tensor_core.unpadded(a, gs, width),
+                tensor_core.unpadded(b, gs, width),
+                clamped(gs, a.shape[1]),
+                sa,
+                sb,
+            )
+        )
+        kernel, reference = unpad(kernel), unpad(reference)
     if 0 in a.shape or 0 in b.shape:
         return reference(*args)
-    kernel = functools.partial(_kernel_call, config, args)
-    return lax.platform_dependent(*args, cpu=kernel, cuda=kernel, default=reference)
+    cuda = kernel if tc is None else functools.partial(tensor_core.call, config, *tc, args)
+    return lax.platform_dependent(*args, cpu=kernel, cuda=cuda, default=reference)
 
 
 def _dims(x) -> tuple[tuple[str, ...], ...]:
@@ -342,7 +354,7 @@ def _plan_splits(mesh, config, a, b):
 
 
 @functools.cache
-def _partitioned(config, a_scale_ndim, b_scale_ndim):
+def _partitioned(config, a_scale_ndim, b_scale_ndim, tc):
     ragged, a_block, _, _ = config
     rows = ragged == "rows"
     blocks = a_block is not None
@@ -351,7 +363,7 @@ def _partitioned(config, a_scale_ndim, b_scale_ndim):
         if rows and m_axes:  # this device's rows: the groups' sizes within them
             start = lax.axis_index(m_axes) * a.shape[0]
             group_sizes = local_group_sizes(group_sizes, start, a.shape[0])
-        return (_local(config, a, b, group_sizes, sa, sb),)
+        return (_local(config, tc, a, b, group_sizes, sa, sb),)
 
     def plan(mesh, args):
         a, b = args[0], args[1]
@@ -417,9 +429,9 @@ def _one_call_per_element(fn):
 
 
 @functools.cache
-def _batchable(config, a_scale_ndim, b_scale_ndim):
+def _batchable(config, a_scale_ndim, b_scale_ndim, tc):
     def call(a, b, group_sizes, sa, sb):
-        op = _partitioned(config, a_scale_ndim, b_scale_ndim)
+        op = _partitioned(config, a_scale_ndim, b_scale_ndim, tc)
         if not partition.explicit_mesh():
             return op(a, b, group_sizes, sa, sb)
         spec = _explicit_spec(config, a, b)
@@ -449,6 +461,7 @@ def grouped_gemm(
     b_block: tuple[int, int] | None = None,
     out_dtype: Any = jnp.bfloat16,
     accumulate: str = "fast",
+    padded: int = 0,
     implementation: str | None = None,
 ) -> jax.Array:
     """The ragged grouped FP8 GEMM (see the module docstring for the forms and scales).
@@ -468,6 +481,14 @@ def grouped_gemm(
       out_dtype: bfloat16 (default), float16 or float32.
       accumulate: ``"fast"`` (forward) or ``"split"`` (dgrad, wgrad): as for
         :func:`~fp8jax.ops.gemm`.
+      padded: ``"contracting"`` only: ``a``'s and ``b``'s columns are in the padded layout of
+        this width (:func:`~fp8jax.ops.transpose_padded`'s, or
+        :func:`~fp8jax.ops.segment_block_quantize`'s with ``padded=True``: group ``g``'s
+        ``group_sizes[g]`` columns start at a multiple of ``padded``, the columns between are
+        ignored), ``M`` its padded width, a multiple of ``padded``; under block scales
+        ``padded`` is the blocks' width and the grids are ``[K, M / padded]`` and ``[N, M /
+        padded]``. The tensor-core path reads the operands as they are; every other path
+        gathers the columns back first. ``0`` (default): not padded.
       implementation: ``"kernel"`` or ``"xla"`` (:func:`grouped_gemm_reference`, jitted);
         default: the enclosing :func:`fp8jax.ops.implementation` choice for ``"gemm"``.
 
@@ -482,6 +503,9 @@ def grouped_gemm(
     >>> fp8jax.ops.grouped_gemm(a, b, sizes, one, one, out_dtype=jnp.float32).tolist()
     [[4.0, 4.0], [8.0, 8.0], [0.0, 0.0]]
     """
+    a_scale_inv, b_scale_inv = tensor_core.padded_grids(
+        a, b, group_sizes, a_scale_inv, b_scale_inv, padded, ragged, a_block
+    )
     a, b, gs, sa, sb, config = _validate(
         "grouped_gemm",
         a,
@@ -495,7 +519,32 @@ def grouped_gemm(
         out_dtype,
         accumulate,
     )
-    if switch.choose("grouped_gemm", _FAMILY, implementation) == "xla":
+    padded = _check_padded("grouped_gemm", padded, config, a)
+    xla = switch.choose("grouped_gemm", _FAMILY, implementation) == "xla"
+    tc = not xla and tensor_core.tensor_cores(config, a, b, sa, accumulate)
+    if padded and not tc:  # the other paths read the columns gathered back
+        a, b, gs = (tensor_core.unpadded(a, gs, padded), tensor_core.unpadded(b, gs, padded),
+                    clamped(gs, a.shape[1]))  # fmt: skip
+        padded = 0
+    if xla:
         return _xla_batchable(config)(a, b, gs, sa, sb)
     _ffi.ensure_registered()
-    return _batchable(config, jnp.ndim(sa), jnp.ndim(sb))(a, b, gs, sa, sb)
+    tc_key = (accumulate == "fast" and config[1] is None, padded) if tc else None
+    return _batchable(config, jnp.ndim(sa), jnp.ndim(sb), tc_key)(a, b, gs, sa, sb)
+
+
+def _check_padded(op: str, padded: Any, config, a) -> int:
+    if not isinstance(padded, (int, np.integer)) or isinstance(padded, bool) or padded < 0:
+        raise ValueError(f"{op}: padded must be an int >= 0, got {padded!r}")
+    if not padded:
+        return 0
+    ragged, a_block, _, _ = config
+    if ragged != "contracting":
+        raise ValueError(f"{op}: padded applies to ragged='contracting' only")
+    want = tensor_core.SM90_PAD if a_block is None else a_block[1]  # checked by padded_grids
+    if padded % want or a.shape[1] % padded:
+        raise ValueError(
+            f"{op}: padded must be a multiple of {want} that divides a's and b's columns "
+            f"({a.shape[1]}), got {padded}"
+        )
+    return int(padded)
