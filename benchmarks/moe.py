@@ -11,7 +11,7 @@ On a GPU it times the three variants in one run (bfloat16 compute, float32 weigh
 precision as Flax's ``dtype=bfloat16``; the router in float32, included); without one,
 ``predicted()`` is the cost model's time of each variant at the same sizes
 (benchmarks/cost_model.py, from the program lowered for CUDA), and ``tests/benchmarks/
-test_moe.py`` holds its ratios.
+test_moe_benchmark.py`` holds its ratios.
 
   python benchmarks/moe.py [--json PATH] [--allow-cpu]   # --allow-cpu: tiny sizes, CPU timings
 """

@@ -63,9 +63,8 @@ from fp8jax.ops.block.grouped_scaling import (
 )
 from fp8jax.ops.casts.cast_transpose import transpose
 from fp8jax.ops.casts.quantize import quantize
-from fp8jax.ops.gemms._grouped_tensor_cores import SM90_PAD
 from fp8jax.ops.gemms.gemm_options import get_gemm_options
-from fp8jax.ops.gemms.grouped_gemm import grouped_gemm
+from fp8jax.ops.gemms.grouped_gemm import TENSOR_CORE_PAD, grouped_gemm
 from fp8jax.recipe import Recipe
 from fp8jax.state import Fp8Meta, gemm_roles
 
@@ -223,7 +222,7 @@ def _pad(s: core.Fp8Setup) -> int:
     for MXFP8, which has no tensor-core grouped path)."""
     if not get_gemm_options().grouped_tensor_cores or s.mxfp8:
         return 0
-    return SM90_PAD if s.blocks is None else s.block("x")[0][1]
+    return TENSOR_CORE_PAD if s.blocks is None else s.block("x")[0][1]
 
 
 def pair_casts_apart(s: core.Fp8Setup | None, n: int) -> bool:

@@ -87,6 +87,11 @@ from fp8jax.ops.gemms._grouped_tensor_cores import per_group
 
 __all__ = ["grouped_gemm", "grouped_gemm_reference"]
 
+#: Where each group's wgrad columns start in the padded layout the tensor-core path reads
+#: (``grouped_gemm(padded=...)`` under per-group scales): a multiple of 16 FP8 codes, the
+#: 16-byte alignment its TMA loads need. Callers that build that layout ask for it here.
+TENSOR_CORE_PAD: int = tensor_core.SM90_PAD
+
 #: The two forms of :func:`grouped_gemm` (see the module docstring).
 RAGGED_FORMS = ("rows", "contracting")
 ACCUMULATE_MODES = ("fast", "split")
