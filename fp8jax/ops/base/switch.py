@@ -3,11 +3,12 @@ op's ``jnp`` reference.
 
 Every op belongs to a *family* (``"cast"``: quantize, dequantize, cast_transpose(_dbias);
 ``"activation"``: the activations and their FP8 forms; ``"scaling"``: the delayed-scaling state
-update; ``"gemm"``: the FP8 GEMM). For each family a program picks
+update; ``"gemm"``: the FP8 GEMM; ``"norm"``; ``"attention"``: the FP8 attention). For each
+family a program picks
 
 * ``"kernel"`` (the default of every family today, :data:`DEFAULTS`): the fp8jax custom call (on
-  CPU the C++ kernel, on CUDA the CUDA kernel or cuBLASLt), split over a mesh by fp8jax's own
-  sharding rules;
+  CPU the C++ kernel, on CUDA the CUDA kernel, cuBLASLt or cuDNN), split over a mesh by
+  fp8jax's own sharding rules;
 * ``"xla"``: the op's ``*_reference`` function, compiled by XLA like any other ``jnp`` code. XLA
   fuses it with its neighbours and partitions it itself; no fp8jax extension is loaded for it.
   Numerics are those of the reference, which the kernels match bit for bit (the GEMM within its
@@ -45,6 +46,7 @@ DEFAULTS: dict[str, str] = {
     "scaling": "kernel",
     "gemm": "kernel",
     "norm": "kernel",
+    "attention": "kernel",
 }
 """What each family runs outside any :func:`implementation` block (a family missing here: its
 kernel). The one place to change a default: the GPU runs of docs/performance.md measured XLA's
@@ -142,7 +144,8 @@ def implementation(
       **families: the choice for one family, overriding ``default``: ``cast`` (quantize,
         dequantize, cast_transpose(_dbias)), ``activation`` (activation, dactivation and their
         FP8 forms), ``scaling`` (update_fp8_state(s)), ``gemm``, ``norm`` (norm_forward(_fp8),
-        norm_backward, layernorm, rmsnorm).
+        norm_backward, layernorm, rmsnorm), ``attention`` (the FP8 attention: cuDNN's, or its
+        reference).
 
     Returns:
       A context manager (also a decorator, reusable); the arguments are checked here.
