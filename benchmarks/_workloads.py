@@ -298,16 +298,24 @@ def _flax_init(
 
 
 def build(
-    name: str, sizes: dict[str, Any], attention: str = "xla", update: bool = True
+    name: str,
+    sizes: dict[str, Any],
+    attention: str = "xla",
+    update: bool = True,
+    fp8_dpa: bool = False,
 ) -> Workload:
     """The workload ``name`` (of ``WORKLOADS``) at ``sizes`` (``SIZES[name]["gpu"]`` or
-    ``["cpu"]``, or your own)."""
+    ``["cpu"]``, or your own); ``fp8_dpa``: fp8jax's variants run FP8 attention (the Flax
+    ones cannot)."""
     if name not in SIZES:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {name!r}")
     if attention not in ("xla", "cudnn"):
         raise ValueError(f"attention must be 'xla' or 'cudnn', got {attention!r}")
+    if fp8_dpa and name == "layernorm_mlp":
+        raise ValueError("fp8_dpa: layernorm_mlp has no attention")
+    dpa = {"fp8_dpa": True} if fp8_dpa else {}
     if name.startswith("gpt"):
-        return _gpt(name, sizes, attention, update)
+        return _gpt(name, sizes, attention, update, dpa)
     key = jax.random.key(0)
     if name == "layernorm_mlp":
         shape = (sizes["tokens"], sizes["hidden"])
@@ -338,6 +346,7 @@ def build(
             param_dtype=BF16,
             enable_rotary_pos_emb=sizes.get("rotary", False),
             **_attention_kw(attention),
+            **dpa,
         )
         call = {"deterministic": True}
 
@@ -372,7 +381,9 @@ def build(
     return Workload(name, dict(sizes), tokens, attention, steps, init, batches)
 
 
-def _gpt(name: str, sizes: dict[str, Any], attention: str, update: bool) -> Workload:
+def _gpt(
+    name: str, sizes: dict[str, Any], attention: str, update: bool, dpa: dict[str, Any]
+) -> Workload:
     cfg = train_gpt.Config(**sizes)
     tx = train_gpt.make_tx(cfg)
     tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
@@ -381,6 +392,7 @@ def _gpt(name: str, sizes: dict[str, Any], attention: str, update: bool) -> Work
         hidden_size=cfg.hidden,
         **train_gpt.layer_config(cfg),
         **_attention_kw(attention),
+        **dpa,
     )
 
     def fp8_init() -> Fp8TrainState:

@@ -27,7 +27,8 @@ XLA optimises it, with fp8jax's custom calls as a GPU runs them. The model, in o
 
 The measured numbers are those of ``docs/performance.md``'s H100 run (2026-11-26, commit 5276131,
 JAX 0.11.2): ``MEASURED`` below, each with the benchmark that produced it. What is not calibrated
-(no measurement yet) says so: TF32/FP32 dots, cuDNN attention, collectives, the launch gap.
+(no measurement yet) says so: TF32/FP32 dots, collectives, the launch gap, and cuDNN's fused
+attention, priced from published H100 figures (:data:`CUDNN_ATTENTION_TFLOPS`).
 
     python benchmarks/cost_model.py      # the calibration and its residuals
 """
@@ -36,7 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
+import re
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -263,14 +266,83 @@ def _custom_unit(g: Graph, node: Node, bw: Bandwidths) -> Unit:
         t = max(gemm_seconds(flops, "fp8_kernel"), nbytes / bw.copy) + LAUNCH_S
         return Unit("gemm:fp8_kernel", node.name, nbytes, flops, t)
     nbytes = sum(a.nbytes for a in ins) + sum(a.nbytes for a in outs)
-    if node.target.startswith("__cudnn$fmha"):  # q, k, v [B, S, N, D]: uncalibrated
-        q, kk = ins[0], ins[1]
-        flops = 4 * q.numel * kk.dims[-3] * (2.5 if "Backward" in node.target else 1.0)
-        t = max(gemm_seconds(flops, "bf16"), nbytes / bw.copy) + LAUNCH_S
-        return Unit("cudnn_attention", node.name, nbytes, int(flops), t)
+    if node.target.startswith("__cudnn$fmha"):
+        return cudnn_attention_unit(node, ins, nbytes, bw)
     kind = "fp8jax" if node.target.startswith("fp8jax_") else "custom"
     band = bw.kernel(node.target) if kind == "fp8jax" else bw.copy
     return Unit(f"{kind}:{node.target}", node.name, nbytes, 0, nbytes / band + LAUNCH_S)
+
+
+# ------------------------------------------------------------------- cuDNN attention (assumed)
+
+#: cuDNN's fused flash attention on one H100 80GB SXM5 at head dim 128, TFLOP/s by sequence
+#: length: the cuDNN bars of FlashAttention-3's figures (Shah, Bikshandi, Zhang, Thakkar, Ramani,
+#: Dao, arXiv:2407.08608, 2024: BF16 forward with and without a causal mask, BF16 backward, FP8
+#: forward). Published, never measured by fp8jax: assumed until a GPU run (issue 52). NVIDIA's
+#: own figure ("Accelerating Transformers with NVIDIA cuDNN 9", NVIDIA technical blog, 2024: up
+#: to 1.2 PFLOP/s FP8 on an H200) agrees in scale. FLOPs as the paper counts them: forward
+#: ``4 B H Sq Skv D``, halved with a causal mask; the backward 2.5 times the forward's.
+CUDNN_ATTENTION_TFLOPS: dict[tuple[str, str, str], dict[int, float]] = {
+    ("bf16", "forward", "causal"): {512: 315, 1024: 410, 2048: 484, 4096: 518, 8192: 529,
+                                    16384: 539},
+    ("bf16", "forward", "no_mask"): {512: 497, 1024: 574, 2048: 617, 4096: 609, 8192: 600,
+                                     16384: 595},
+    ("bf16", "backward", "no_mask"): {512: 305, 1024: 408, 2048: 465, 4096: 499, 8192: 518,
+                                      16384: 516},
+    ("fp8", "forward", "no_mask"): {512: 617, 1024: 751, 2048: 886, 4096: 864, 8192: 971,
+                                    16384: 1005},
+}  # fmt: skip
+
+
+def _interpolated(points: dict[int, float], seq: int) -> float:
+    """``points`` (TFLOP/s by sequence length) at ``seq``, linear in log2(seq), clamped."""
+    xs = sorted(points)
+    x = min(max(math.log2(max(seq, 1)), math.log2(xs[0])), math.log2(xs[-1]))
+    for lo, hi in itertools.pairwise(xs):
+        a, b = math.log2(lo), math.log2(hi)
+        if a <= x <= b:
+            return points[lo] + (points[hi] - points[lo]) * (x - a) / (b - a)
+    return points[xs[0]]
+
+
+def cudnn_attention_tflops(kind: str, direction: str, causal: bool, seq: int) -> float:
+    """The assumed rate of :data:`CUDNN_ATTENTION_TFLOPS` for ``kind`` (``"bf16"``/``"fp8"``),
+    ``direction`` (``"forward"``/``"backward"``), mask and sequence length. Figures not
+    published are derived (assumed too): a causal backward scales the backward by the causal
+    forward's share of the unmasked one, and FP8 scales BF16 by the unmasked forward's FP8/BF16
+    ratio (the backward's FP8 gain is not published)."""
+
+    def at(k: str, d: str, mask: str) -> float:
+        return _interpolated(CUDNN_ATTENTION_TFLOPS[(k, d, mask)], seq)
+
+    mask = "causal" if causal else "no_mask"
+    if direction == "forward":
+        rate = at("bf16", "forward", mask)
+    else:
+        rate = at("bf16", "backward", "no_mask")
+        rate *= at("bf16", "forward", mask) / at("bf16", "forward", "no_mask")
+    if kind == "fp8":
+        rate *= at("fp8", "forward", "no_mask") / at("bf16", "forward", "no_mask")
+    return rate
+
+
+def is_cudnn_attention(node: Node) -> bool:
+    """Whether ``node`` is a cuDNN fused attention custom call (``__cudnn$fmha*``)."""
+    return node.op == "custom-call" and node.target.startswith("__cudnn$fmha")
+
+
+def cudnn_attention_unit(node: Node, ins: list[Array], nbytes: int, bw: Bandwidths) -> Unit:
+    """A cuDNN fused attention custom call (``__cudnn$fmha*``: q, k, v ``[B, S, N, D]`` first),
+    at :func:`cudnn_attention_tflops` (FP8 when its q is)."""
+    q, kk = ins[0], ins[1]
+    direction = "backward" if "Backward" in node.target else "forward"
+    causal = re.search(r"mask_type\W+(PADDING_)?CAUSAL", node.attrs) is not None
+    kind = "fp8" if q.dtype in FP8 else "bf16"
+    flops = 4 * q.numel * kk.dims[-3] * (0.5 if causal else 1.0)
+    flops *= 2.5 if direction == "backward" else 1.0
+    rate = cudnn_attention_tflops(kind, direction, causal, q.dims[-3]) * 1e12
+    t = max(flops / rate, nbytes / bw.copy) + LAUNCH_S
+    return Unit(f"cudnn_attention:{kind}", node.name, nbytes, int(flops), t)
 
 
 def predict_graph(g: Graph, bw: Bandwidths | None = None) -> Prediction:
@@ -308,7 +380,9 @@ def predict_graph(g: Graph, bw: Bandwidths | None = None) -> Prediction:
 def _transposes_into_layouts(g: Graph, fp8: dict[int, Any]) -> None:
     """Transposes of a GEMM's result, or read only by BF16/F32 GEMMs, become layouts (XLA's
     layout assignment: cuBLAS takes and writes either order), so they cost nothing: made
-    bitcasts here. (FP8 GEMMs need K-major operands: ``_k_major`` charges those.)"""
+    bitcasts here. (FP8 GEMMs need K-major operands: ``_k_major`` charges those.) So does the
+    transpose JAX writes after cuDNN's attention, whose custom call states its result's layout
+    (:func:`is_cudnn_attention`)."""
     readers: dict[int, list[int]] = {}
     for i, node in enumerate(g.nodes):
         for v in node.inputs:
@@ -318,8 +392,10 @@ def _transposes_into_layouts(g: Graph, fp8: dict[int, Any]) -> None:
             continue
         src = g.producer(g.resolve(node.inputs[0]))
         users = readers.get(i, [])
-        if src.op == "dot" or (
-            users and all(g.nodes[u].op == "dot" and not fp8.get(u) for u in users)
+        if (
+            src.op == "dot"
+            or is_cudnn_attention(src)
+            or (users and all(g.nodes[u].op == "dot" and not fp8.get(u) for u in users))
         ):
             node.op = "bitcast"
 
@@ -581,6 +657,7 @@ def calibration() -> dict[str, Any]:
             "tf32_over_bf16": TF32_OVER_BF16,
             "f32_over_bf16": F32_OVER_BF16,
             "link_gbps": LINK_BYTES_S / 1e9,
+            "cudnn_attention_tflops": {"/".join(k): v for k, v in CUDNN_ATTENTION_TFLOPS.items()},
         },
     }
 
