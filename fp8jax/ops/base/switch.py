@@ -48,11 +48,12 @@ DEFAULTS: dict[str, str] = {
     "norm": "kernel",
     "attention": "kernel",
 }
-"""What each family runs outside any :func:`implementation` block (a family missing here: its
-kernel). The one place to change a default: the GPU runs of docs/performance.md measured XLA's
-fusion faster than quantize/dequantize (0.81x-0.86x) and the norm backward (0.82x, before its
-grid was widened), and the kernels faster elsewhere; a default changes here only with a GPU run
-that decides it (docs/gpu-tuning.md, "Defaults")."""
+"""What each family runs outside any :func:`implementation` block, on CPU and on a GPU (a
+family missing here: its kernel). The one place to change a default. On a GPU each entry is
+the one the H100 figures of docs/performance.md and the whole-step predictions of
+benchmarks/structure.py (``--families``: each family on XLA in turn) favour, every one the
+kernel; docs/gpu-tuning.md ("Defaults") names the run or prediction behind each. A default
+changes here only with a GPU run or a prediction that decides it."""
 
 
 def register_family(name: str, op: str) -> str:
