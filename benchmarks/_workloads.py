@@ -205,6 +205,21 @@ def fp8_step(objective: Callable[..., jax.Array], call: dict[str, Any], update: 
     return step
 
 
+def with_cudnn_fp8(fn: Callable[..., Any], fp8_dpa: bool) -> Callable[..., Any]:
+    """``fn`` traced with cuDNN's FP8 attention opted into (``implementation(attention=
+    "kernel")``: its backward is not the reference's; fp8jax/ops/attention/fp8_attention.py)
+    when ``fp8_dpa``, else ``fn``."""
+    if not fp8_dpa:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        with fp8jax.ops.implementation(attention="kernel"):
+            return fn(*args)
+
+    return traced
+
+
 def under_xla(step: Callable[..., Any]) -> Callable[..., Any]:
     """``step`` traced with every fp8jax op as XLA's compilation of its reference."""
 
@@ -306,7 +321,7 @@ def build(
 ) -> Workload:
     """The workload ``name`` (of ``WORKLOADS``) at ``sizes`` (``SIZES[name]["gpu"]`` or
     ``["cpu"]``, or your own); ``fp8_dpa``: fp8jax's variants run FP8 attention (the Flax
-    ones cannot)."""
+    ones cannot), cuDNN's where the step is lowered for a GPU (:func:`with_cudnn_fp8`)."""
     if name not in SIZES:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {name!r}")
     if attention not in ("xla", "cudnn"):
@@ -371,7 +386,8 @@ def build(
         )
 
     step = fp8_step(_mse, call, update)
-    steps = {"fp8": step, "fp8_xla": under_xla(step)}
+    steps = {"fp8": with_cudnn_fp8(step, fp8_dpa), "fp8_xla": under_xla(step)}
+    fp8_init = with_cudnn_fp8(fp8_init, fp8_dpa)
     init: dict[str, Callable[[], Any]] = {"fp8": fp8_init, "fp8_xla": fp8_init}
     for variant, dg in (("flax_fp8", fp8_ops.Fp8DirectDotGeneralOp), ("bf16", None)):
         model = flax_model(dg)
@@ -412,7 +428,9 @@ def _gpt(
         return [train_gpt.batch_at(data["train"], cfg, i) for i in range(n)]
 
     step = fp8_step(train_gpt.loss_of, {}, update)
-    steps = {"fp8": step, "fp8_xla": under_xla(step)}
+    dpa = bool(dpa)
+    steps = {"fp8": with_cudnn_fp8(step, dpa), "fp8_xla": under_xla(step)}
+    fp8_init = with_cudnn_fp8(fp8_init, dpa)
     init: dict[str, Callable[[], Any]] = {"fp8": fp8_init, "fp8_xla": fp8_init}
     for variant, dg in (("flax_fp8", fp8_ops.Fp8DirectDotGeneralOp), ("bf16", None)):
         layer = functools.partial(

@@ -27,8 +27,8 @@ the step as a GPU would compile it, fp8jax's custom calls and XLA's own ops), pe
   FP8/BF16, FP8/fp8jax-``xla`` and FP8/Flax-FP8 (speedups), and, where a GPU measured the same
   step, the measured time beside the predicted one (``validation``); then the TransformerLayer
   and the GPT ``gpu-small`` preset with cuDNN's fused attention in every variant
-  (``<workload>/cudnn``), fp8jax's two also with ``fp8_dpa`` (``fp8_dpa``, ``fp8_xla_dpa``),
-  lowered with :func:`cudnn_lowering.cudnn_without_gpu`;
+  (``<workload>/cudnn``), fp8jax's FP8 step also with ``fp8_dpa`` (cuDNN's FP8 attention,
+  opted into), lowered with :func:`cudnn_lowering.cudnn_without_gpu`;
 * ``fp8_dpa_lowering``: a small TransformerLayer train step with ``fp8_dpa`` lowered for CUDA
   (the same substitution): cuDNN's FP8 attention forward and backward custom calls, and no
   ``[..., seq, seq]`` array in the program (target 0: the scores stay inside cuDNN).
@@ -329,20 +329,16 @@ def predict_steps(
 
 def attention_predictions() -> dict[str, Any]:
     """Per workload of :data:`ATTENTION_WORKLOADS`, as ``"<name>/cudnn"``: the four variants
-    with cuDNN's fused attention, fp8jax's two also with ``fp8_dpa`` (``fp8_dpa``,
-    ``fp8_xla_dpa``: under ``implementation("xla")`` the FP8 attention is its reference), and
-    the speedups of each of fp8jax's FP8 steps over the others."""
+    with cuDNN's fused attention, fp8jax's FP8 step also with ``fp8_dpa`` (cuDNN's FP8
+    attention, opted into), and the speedups of both of fp8jax's FP8 steps over the others."""
     out = {}
     for name in ATTENTION_WORKLOADS:
         base = predict_steps(name, attention="cudnn")
-        dpa = predict_steps(name, attention="cudnn", fp8_dpa=True, variants=("fp8", "fp8_xla"))
-        ms = dict(base["predicted_ms"])
-        where = dict(base["predicted_ms_by_kind"])
-        for v in ("fp8", "fp8_xla"):
-            ms[f"{v}_dpa"] = dpa["predicted_ms"][v]
-            where[f"{v}_dpa"] = dpa["predicted_ms_by_kind"][v]
+        dpa = predict_steps(name, attention="cudnn", fp8_dpa=True, variants=("fp8",))
+        ms = dict(base["predicted_ms"], fp8_dpa=dpa["predicted_ms"]["fp8"])
+        where = dict(base["predicted_ms_by_kind"], fp8_dpa=dpa["predicted_ms_by_kind"]["fp8"])
         ratios = dict(base["predicted_ratios"])
-        for v in ("bf16", "flax_fp8", "fp8_xla", "fp8", "fp8_xla_dpa"):
+        for v in ("bf16", "flax_fp8", "fp8_xla", "fp8"):
             ratios[f"fp8_dpa_vs_{v}"] = ms[v] / ms["fp8_dpa"]
         out[f"{name}/cudnn"] = {
             "predicted_ms": ms, "predicted_ratios": ratios, "predicted_ms_by_kind": where,
@@ -396,7 +392,7 @@ def fp8_dpa_lowering(
     # initialised here (it runs: the CPU's path), then traced and lowered as on an H100
     state = Fp8TrainState.from_model(_Model(), jax.random.key(0), x, tx=optax.sgd(0.1),
                                      recipe=RECIPE)  # fmt: skip
-    with cudnn_without_gpu():
+    with cudnn_without_gpu(), fp8jax.ops.implementation(attention="kernel"):  # cuDNN's, opted in
         hlo = cost_model.lowered_hlo(_step, state, x, jnp.zeros_like(x, jnp.float32))
     calls = Counter(re.findall(r'custom_call_target="(__cudnn\$fmha\w*)"', hlo))
     scores = re.findall(rf"\b\w+\[(?:\d+,)+{seq},{seq}\]", hlo)
@@ -559,7 +555,7 @@ def prediction_table(p: dict[str, Any]) -> str:
         cells += [f"{ra[k]:.2f}x" for k in ("fp8_vs_bf16", "fp8_vs_fp8_xla", "fp8_vs_flax_fp8")]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("\nwith cuDNN's fused attention (assumed rates), fp8jax's also with fp8_dpa:")
-    cols = (*VARIANTS, "fp8_dpa", "fp8_xla_dpa")
+    cols = (*VARIANTS, "fp8_dpa")
     lines += ["| workload | " + " | ".join(f"{c} ms" for c in cols)
               + " | FP8/BF16 | fp8_dpa/BF16 | fp8_dpa/Flax-FP8 | fp8_dpa/FP8 |",
               "|---" * (len(cols) + 5) + "|"]  # fmt: skip

@@ -133,13 +133,16 @@ def fp8_dpa_refusal(
     bias: Any,
     window: Any,
     dropout: bool,
+    implementation: str = "xla",
 ) -> str | None:
     """Why the FP8 attention cannot run this call, or ``None``: it has no bias, padding or
     segment mask, sliding window or active dropout (its reference and cuDNN's take none), a
-    per-tensor recipe, and on a GPU cuDNN's FP8 attention must take it
-    (:func:`~fp8jax.ops.cudnn_fp8_attention_refusal`) with delayed scaling (``stateless``:
-    current scaling, whose scales of the tensors cuDNN makes exist only after it runs). On any
-    other backend the reference runs, any shape."""
+    per-tensor recipe, and on a GPU the attention family's ``implementation`` is ``"kernel"``
+    (cuDNN's FP8 attention, opted into: its backward is not the reference's, and the reference
+    would keep ``[B, H, S, S]``), cuDNN must take the call
+    (:func:`~fp8jax.ops.cudnn_fp8_attention_refusal`) and the scaling is delayed
+    (``stateless``: current scaling, whose scales of the tensors cuDNN makes exist only after it
+    runs). On any other backend the reference runs, any shape."""
     if hasattr(recipe, "block"):  # a block-scaled recipe (it has the blocks of each operand)
         return f"{type(recipe).__name__} is block-scaled; FP8 attention scales per tensor"
     for what, present in (("bias", bias is not None), ("padding or segment mask", padded),
@@ -149,6 +152,11 @@ def fp8_dpa_refusal(
             return f"the FP8 attention takes no {what}"
     if not cuda_default_backend():
         return None
+    if implementation != "kernel":
+        return ("on a GPU the FP8 attention is cuDNN's, whose backward takes the softmax "
+                "gradient's row sums from its FP8 output, not the reference's (emulated on CPU "
+                "it trained the GPT demo 22-31% worse than BF16); opt in with "
+                "fp8jax.ops.implementation(attention='kernel')")  # fmt: skip
     if stateless:
         return ("cuDNN's FP8 attention needs the scales of the tensors it makes (P, O, dS, dQ, "
                 "dK, dV) before it runs, which current scaling has only after; use "

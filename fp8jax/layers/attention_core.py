@@ -22,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.functional.attention import dot_product_attention_observed
 from fp8jax.layers.attention_backend import choose_attention, fp8_dpa_refusal, refuse_or_warn
+from fp8jax.ops.base.switch import get_implementation
 from fp8jax.ops.base.switch import implementation as op_implementation
 
 __all__ = [
@@ -429,8 +430,10 @@ def _fp8_attention(q, k, v, fp8: Any, implementation: Any, *, scale: float, is_c
     after the fallback's warning (:func:`~fp8jax.layers.attention_backend.refuse_or_warn`).
     ``implementation="xla"``: the FP8 reference, compiled by XLA."""
     where = getattr(fp8, "where", "") or "DotProductAttention"
+    family = "xla" if implementation == "xla" else get_implementation("attention")
     reason = fp8_dpa_refusal(q, k, v, recipe=fp8.recipe, stateless=fp8.meta is None,
-                             scale=scale, is_causal=is_causal, **refusal)  # fmt: skip
+                             scale=scale, is_causal=is_causal, implementation=family,
+                             **refusal)  # fmt: skip
     if reason is not None:
         refuse_or_warn(where, reason)
         return None

@@ -1,6 +1,7 @@
-"""FP8 scaled dot-product attention on FP8 codes: cuDNN's fused FP8 flash attention through XLA
-(JAX's ``dot_product_attention(use_fp8=True)``), and the ``jnp`` reference that defines its
-numerics and runs everywhere else (CPU, ``implementation("xla")``).
+"""FP8 scaled dot-product attention on FP8 codes: the ``jnp`` reference that defines fp8jax's
+numerics (the default, ``implementation("xla")``, what a CPU runs), and cuDNN's fused FP8 flash
+attention through XLA (JAX's ``dot_product_attention(use_fp8=True)``, ``"kernel"`` on a GPU),
+whose backward differs in one term (below).
 
 Layout ``[batch, seq, heads, head_dim]``; queries have ``h`` heads, keys and values ``g``
 (grouped-query attention: ``g`` divides ``h``). Every tensor is ``float8_e4m3fn``: XLA's cuDNN
@@ -19,15 +20,23 @@ Backward, from the output gradient's codes ``dO8`` (scale ``s_do``)::
 
     P, fp8(P s_s) recomputed from q, k (cuDNN keeps the softmax statistics instead)
     dV  = (fp8(P s_s) / s_s)^T (dO8 / s_do)                  (summed over a group's heads)
-    dP  = (dO8 / s_do)(v / s_v)^T,  D = rowsum((dO8 / s_do) * (O8 / s_o))
+    dP  = (dO8 / s_do)(v / s_v)^T,  D = rowsum(P * dP)
     dS  = P * (dP - D)                       amax_dp = max |dS|
     dQ  = scale * (fp8(dS s_dp) / s_dp)(k / s_k),  dK = scale * (...)^T (q / s_q)
     amax_dq, amax_dk, amax_dv; each returned as fp8(. s_.)
 
+``D`` is the softmax gradient's row sum for the P that ``dS`` uses, so a row of dS sums to 0 as
+the softmax's gradient does. cuDNN, as flash attention does, takes it from the forward's output
+instead: ``D = rowsum((dO8 / s_do) * (O8 / s_o))`` (``delta="output"`` of the reference
+emulates it). With FP8 that output is not ``P v``: it was made from the quantized P and is
+quantized itself, so each row of dS gains ``P * (dO . (P v - O8))``, which dQ multiplies by the
+row's attention-weighted mean key and dK by the queries; emulated on CPU it trained the GPT demo
+22% and 31% worse than BF16 (two seeds; the reference's D: docs/convergence.md), which is why
+``"xla"`` is the default. cuDNN agrees with ``delta="output"`` to a tolerance, not bit for bit
+(its tiles sum in another order and apply the softmax online), unmeasured on a GPU.
+
 A scale given as ``None`` (the reference only) is the tensor's own: ``448 / amax`` (1 when the
-amax is 0 or not finite), current scaling of a tensor the kernel makes itself. cuDNN agrees with
-the reference to a tolerance, not bit for bit (its tiles sum in another order and apply the
-softmax online); the tolerance on a GPU is unmeasured.
+amax is 0 or not finite), current scaling of a tensor the kernel makes itself.
 """
 
 from __future__ import annotations
@@ -158,9 +167,14 @@ def fp8_attention_forward_reference(q, k, v, scales: AttentionScales, *, scale: 
 
 
 def fp8_attention_backward_reference(residuals, do, do_scale_inv, scales: AttentionScales, *,
-                                     scale: float, causal: bool) -> AttentionBackward:  # fmt: skip
+                                     scale: float, causal: bool,
+                                     delta: str = "probs") -> AttentionBackward:  # fmt: skip
     """The backward of the module docstring from the forward's ``residuals`` and the output
-    gradient's codes ``do`` with their inverse scale."""
+    gradient's codes ``do`` with their inverse scale. ``delta``: ``"probs"`` (fp8jax's D,
+    ``rowsum(P * dP)``) or ``"output"`` (cuDNN's, from the FP8 output)."""
+    if delta not in ("probs", "output"):
+        raise ValueError(f"fp8_attention_backward_reference: delta must be 'probs' or 'output', "
+                         f"got {delta!r}")  # fmt: skip
     codes, s_scale, o_inv = residuals
     q, k, v, o8 = (jax.lax.bitcast_convert_type(c, FP8_ATTENTION_DTYPE) for c in codes)
     inv = [1.0 / jnp.asarray(s, jnp.float32) for s in (scales.q, scales.k, scales.v)]
@@ -173,8 +187,12 @@ def fp8_attention_backward_reference(residuals, do, do_scale_inv, scales: Attent
     dof = _read(do, do_scale_inv).reshape(b, sq, g, r, d)
     dv = jnp.einsum("bgrqk,bqgrd->bkgd", pf, dof, precision=_HIGHEST)
     dp = jnp.einsum("bqgrd,bkgd->bgrqk", dof, vf, precision=_HIGHEST)
-    delta = jnp.sum(dof * of.reshape(b, sq, g, r, d), axis=-1)  # [b, sq, g, r]
-    ds = p * (dp - jnp.transpose(delta, (0, 2, 3, 1))[..., None])
+    if delta == "probs":
+        row = jnp.sum(p * dp, axis=-1, keepdims=True)  # [b, g, r, sq, 1]
+    else:
+        row = jnp.sum(dof * of.reshape(b, sq, g, r, d), axis=-1)  # [b, sq, g, r]
+        row = jnp.transpose(row, (0, 2, 3, 1))[..., None]
+    ds = p * (dp - row)
     ds8, _, ds_inv, amax_dp = _cast(ds, scales.dp)
     dsf = _read(ds8, ds_inv) * jnp.float32(scale)
     dq = jnp.einsum("bgrqk,bkgd->bqgrd", dsf, kf, precision=_HIGHEST).reshape(b, sq, h, d)
@@ -296,8 +314,9 @@ def fp8_attention_forward(q, k, v, scales: AttentionScales, *, scale: float, cau
                           implementation: str | None = None) -> AttentionForward:  # fmt: skip
     """The FP8 attention's forward (module docstring) on FP8 codes: ``(out codes, 1 / s_o,
     amax_s, amax_o, residuals)``. ``implementation`` (default: the ``"attention"`` family's,
-    :func:`fp8jax.ops.implementation`): ``"kernel"`` is cuDNN's where JAX's default backend is
-    a GPU and the reference elsewhere (as the GEMM on CPU), ``"xla"`` the reference."""
+    :func:`fp8jax.ops.implementation`, itself ``"xla"`` by default): ``"xla"`` the reference,
+    ``"kernel"`` cuDNN's where JAX's default backend is a GPU (its backward's D is not the
+    reference's: module docstring) and the reference elsewhere, as the GEMM on CPU."""
     op = "fp8_attention_forward"
     _check(op, q, k, v)
     if _runs_cudnn(implementation):

@@ -6,9 +6,9 @@ Every op belongs to a *family* (``"cast"``: quantize, dequantize, cast_transpose
 update; ``"gemm"``: the FP8 GEMM; ``"norm"``; ``"attention"``: the FP8 attention). For each
 family a program picks
 
-* ``"kernel"`` (the default of every family today, :data:`DEFAULTS`): the fp8jax custom call (on
-  CPU the C++ kernel, on CUDA the CUDA kernel, cuBLASLt or cuDNN), split over a mesh by
-  fp8jax's own sharding rules;
+* ``"kernel"`` (the default of every family but the FP8 attention, :data:`DEFAULTS`): the fp8jax
+  custom call (on CPU the C++ kernel, on CUDA the CUDA kernel, cuBLASLt or cuDNN), split over a
+  mesh by fp8jax's own sharding rules;
 * ``"xla"``: the op's ``*_reference`` function, compiled by XLA like any other ``jnp`` code. XLA
   fuses it with its neighbours and partitions it itself; no fp8jax extension is loaded for it.
   Numerics are those of the reference, which the kernels match bit for bit (the GEMM within its
@@ -46,14 +46,17 @@ DEFAULTS: dict[str, str] = {
     "scaling": "kernel",
     "gemm": "kernel",
     "norm": "kernel",
-    "attention": "kernel",
+    "attention": "xla",
 }
 """What each family runs outside any :func:`implementation` block, on CPU and on a GPU (a
 family missing here: its kernel). The one place to change a default. On a GPU each entry is
 the one the H100 figures of docs/performance.md and the whole-step predictions of
 benchmarks/structure.py (``--families``: each family on XLA in turn) favour, every one the
-kernel; docs/gpu-tuning.md ("Defaults") names the run or prediction behind each. A default
-changes here only with a GPU run or a prediction that decides it."""
+kernel; docs/gpu-tuning.md ("Defaults") names the run or prediction behind each. The FP8
+attention is the exception, on its reference: cuDNN's backward takes a term from its FP8
+output that the reference does not, and emulated on CPU that trained the GPT demo 22-31% worse
+(fp8jax/ops/attention/fp8_attention.py; ``implementation(attention="kernel")`` opts in). A
+default changes here only with a GPU run or a prediction that decides it."""
 
 
 def register_family(name: str, op: str) -> str:
@@ -154,7 +157,8 @@ def implementation(
     Raises:
       ValueError: a value that is not ``"kernel"`` or ``"xla"``, or an unknown family.
 
-    Outside any block each family runs its :data:`DEFAULTS` entry (today every one its kernel).
+    Outside any block each family runs its :data:`DEFAULTS` entry (every one its kernel but the
+    FP8 attention).
     Blocks nest; an op's own
     ``implementation=`` argument overrides them all. The choice is part of :func:`jax.jit`'s
     cache key, so switching retraces instead of reusing a stale trace.
