@@ -205,6 +205,21 @@ def fp8_step(objective: Callable[..., jax.Array], call: dict[str, Any], update: 
     return step
 
 
+def with_cudnn_fp8(fn: Callable[..., Any], fp8_dpa: bool) -> Callable[..., Any]:
+    """``fn`` traced with cuDNN's FP8 attention opted into (``implementation(attention=
+    "kernel")``: its backward is not the reference's; fp8jax/ops/attention/fp8_attention.py)
+    when ``fp8_dpa``, else ``fn``."""
+    if not fp8_dpa:
+        return fn
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        with fp8jax.ops.implementation(attention="kernel"):
+            return fn(*args)
+
+    return traced
+
+
 def under_xla(step: Callable[..., Any]) -> Callable[..., Any]:
     """``step`` traced with every fp8jax op as XLA's compilation of its reference."""
 
@@ -298,16 +313,24 @@ def _flax_init(
 
 
 def build(
-    name: str, sizes: dict[str, Any], attention: str = "xla", update: bool = True
+    name: str,
+    sizes: dict[str, Any],
+    attention: str = "xla",
+    update: bool = True,
+    fp8_dpa: bool = False,
 ) -> Workload:
     """The workload ``name`` (of ``WORKLOADS``) at ``sizes`` (``SIZES[name]["gpu"]`` or
-    ``["cpu"]``, or your own)."""
+    ``["cpu"]``, or your own); ``fp8_dpa``: fp8jax's variants run FP8 attention (the Flax
+    ones cannot), cuDNN's where the step is lowered for a GPU (:func:`with_cudnn_fp8`)."""
     if name not in SIZES:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {name!r}")
     if attention not in ("xla", "cudnn"):
         raise ValueError(f"attention must be 'xla' or 'cudnn', got {attention!r}")
+    if fp8_dpa and name == "layernorm_mlp":
+        raise ValueError("fp8_dpa: layernorm_mlp has no attention")
+    dpa = {"fp8_dpa": True} if fp8_dpa else {}
     if name.startswith("gpt"):
-        return _gpt(name, sizes, attention, update)
+        return _gpt(name, sizes, attention, update, dpa)
     key = jax.random.key(0)
     if name == "layernorm_mlp":
         shape = (sizes["tokens"], sizes["hidden"])
@@ -338,6 +361,7 @@ def build(
             param_dtype=BF16,
             enable_rotary_pos_emb=sizes.get("rotary", False),
             **_attention_kw(attention),
+            **dpa,
         )
         call = {"deterministic": True}
 
@@ -362,7 +386,8 @@ def build(
         )
 
     step = fp8_step(_mse, call, update)
-    steps = {"fp8": step, "fp8_xla": under_xla(step)}
+    steps = {"fp8": with_cudnn_fp8(step, fp8_dpa), "fp8_xla": under_xla(step)}
+    fp8_init = with_cudnn_fp8(fp8_init, fp8_dpa)
     init: dict[str, Callable[[], Any]] = {"fp8": fp8_init, "fp8_xla": fp8_init}
     for variant, dg in (("flax_fp8", fp8_ops.Fp8DirectDotGeneralOp), ("bf16", None)):
         model = flax_model(dg)
@@ -372,7 +397,9 @@ def build(
     return Workload(name, dict(sizes), tokens, attention, steps, init, batches)
 
 
-def _gpt(name: str, sizes: dict[str, Any], attention: str, update: bool) -> Workload:
+def _gpt(
+    name: str, sizes: dict[str, Any], attention: str, update: bool, dpa: dict[str, Any]
+) -> Workload:
     cfg = train_gpt.Config(**sizes)
     tx = train_gpt.make_tx(cfg)
     tokens = jnp.zeros((cfg.batch, cfg.seq), jnp.int32)
@@ -381,6 +408,7 @@ def _gpt(name: str, sizes: dict[str, Any], attention: str, update: bool) -> Work
         hidden_size=cfg.hidden,
         **train_gpt.layer_config(cfg),
         **_attention_kw(attention),
+        **dpa,
     )
 
     def fp8_init() -> Fp8TrainState:
@@ -400,7 +428,9 @@ def _gpt(name: str, sizes: dict[str, Any], attention: str, update: bool) -> Work
         return [train_gpt.batch_at(data["train"], cfg, i) for i in range(n)]
 
     step = fp8_step(train_gpt.loss_of, {}, update)
-    steps = {"fp8": step, "fp8_xla": under_xla(step)}
+    dpa = bool(dpa)
+    steps = {"fp8": with_cudnn_fp8(step, dpa), "fp8_xla": under_xla(step)}
+    fp8_init = with_cudnn_fp8(fp8_init, dpa)
     init: dict[str, Callable[[], Any]] = {"fp8": fp8_init, "fp8_xla": fp8_init}
     for variant, dg in (("flax_fp8", fp8_ops.Fp8DirectDotGeneralOp), ("bf16", None)):
         layer = functools.partial(

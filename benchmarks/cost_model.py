@@ -23,14 +23,15 @@ XLA optimises it, with fp8jax's custom calls as a GPU runs them. The model, in o
    to XLA's compilations of the same ops' references (one value for fusions with a transpose, one
    for the rest; the GEMM rewriter's FP8 operand transposes at the latter: at the former, the
    model put Flax's FP8 LayerNormMLP at 15.3 ms, measured 13.68); ``LAUNCH_S`` per kernel, small
-   fusions sharing one. ``calibration()`` reproduces each fit and its residuals.
+   fusions sharing one. ``calibration.py`` reproduces each fit and its residuals.
 
 The measured numbers are those of ``docs/performance.md``'s H100 run (2026-11-26, commit 5276131,
 JAX 0.11.2): ``MEASURED`` below, each with the benchmark that produced it. What is not calibrated
-(no measurement yet) says so: TF32/FP32 dots, cuDNN attention, collectives, the launch gap,
-the grouped GEMMs' tile padding and per-group overhead.
+(no measurement yet) says so: TF32/FP32 dots, collectives, the launch gap, the grouped GEMMs'
+tile padding and per-group overhead, and cuDNN's fused attention, priced from published H100
+figures (``attention_rates.py``).
 
-    python benchmarks/cost_model.py      # the calibration and its residuals
+    python benchmarks/calibration.py      # the calibration and its residuals
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import statistics
+import re
 from collections.abc import Callable
 from typing import Any
 
+from attention_rates import cudnn_attention_tflops
 from hlo_graph import COLLECTIVE, FP8, REDUCTION, Array, Graph, Node, attr, dims, kind_of
 
 # the ops XLA's FP8 GEMM rewrite looks through between a dot and its FP8 operand
@@ -314,19 +316,41 @@ def _custom_unit(g: Graph, node: Node, bw: Bandwidths) -> Unit:
         t = max(gemm_seconds(flops, "fp8_kernel"), nbytes / bw.copy) + LAUNCH_S
         return Unit("gemm:fp8_kernel", node.name, nbytes, flops, t)
     nbytes = sum(a.nbytes for a in ins) + sum(a.nbytes for a in outs)
-    if node.target.startswith("__cudnn$fmha"):  # q, k, v [B, S, N, D]: uncalibrated
-        q, kk = ins[0], ins[1]
-        flops = 4 * q.numel * kk.dims[-3] * (2.5 if "Backward" in node.target else 1.0)
-        t = max(gemm_seconds(flops, "bf16"), nbytes / bw.copy) + LAUNCH_S
-        return Unit("cudnn_attention", node.name, nbytes, int(flops), t)
+    if node.target.startswith("__cudnn$fmha"):
+        return cudnn_attention_unit(node, ins, nbytes, bw)
     kind = "fp8jax" if node.target.startswith("fp8jax_") else "custom"
     band = bw.kernel(node.target) if kind == "fp8jax" else bw.copy
     return Unit(f"{kind}:{node.target}", node.name, nbytes, 0, nbytes / band + LAUNCH_S)
 
 
+# ------------------------------------------------------------------- cuDNN attention (assumed)
+
+
+def is_cudnn_attention(node: Node) -> bool:
+    """Whether ``node`` is a cuDNN fused attention custom call (``__cudnn$fmha*``)."""
+    return node.op == "custom-call" and node.target.startswith("__cudnn$fmha")
+
+
+def cudnn_attention_unit(node: Node, ins: list[Array], nbytes: int, bw: Bandwidths) -> Unit:
+    """A cuDNN fused attention custom call (``__cudnn$fmha*``: q, k, v ``[B, S, N, D]`` first),
+    at :func:`cudnn_attention_tflops` (FP8 when its q is)."""
+    q, kk = ins[0], ins[1]
+    direction = "backward" if "Backward" in node.target else "forward"
+    causal = re.search(r"mask_type\W+(PADDING_)?CAUSAL", node.attrs) is not None
+    kind = "fp8" if q.dtype in FP8 else "bf16"
+    flops = 4 * q.numel * kk.dims[-3] * (0.5 if causal else 1.0)
+    flops *= 2.5 if direction == "backward" else 1.0
+    rate = cudnn_attention_tflops(kind, direction, causal, q.dims[-3]) * 1e12
+    t = max(flops / rate, nbytes / bw.copy) + LAUNCH_S
+    return Unit(f"cudnn_attention:{kind}", node.name, nbytes, int(flops), t)
+
+
 def predict_graph(g: Graph, bw: Bandwidths | None = None) -> Prediction:
     """The units of ``g`` and their times (see the module docstring)."""
-    bw = bw or bandwidths()
+    if bw is None:  # the calibrated bandwidths (calibration.py imports this module)
+        from calibration import bandwidths
+
+        bw = bandwidths()
     fp8 = {i: _fp8_operands(g, nd) for i, nd in enumerate(g.nodes) if nd.op == "dot"}
     _transposes_into_layouts(g, fp8)
     units: list[Unit] = []
@@ -361,7 +385,9 @@ def predict_graph(g: Graph, bw: Bandwidths | None = None) -> Prediction:
 def _transposes_into_layouts(g: Graph, fp8: dict[int, Any]) -> None:
     """Transposes of a GEMM's result, or read only by BF16/F32 GEMMs, become layouts (XLA's
     layout assignment: cuBLAS takes and writes either order), so they cost nothing: made
-    bitcasts here. (FP8 GEMMs need K-major operands: ``_k_major`` charges those.)"""
+    bitcasts here. (FP8 GEMMs need K-major operands: ``_k_major`` charges those.) So does the
+    transpose JAX writes after cuDNN's attention, whose custom call states its result's layout
+    (:func:`is_cudnn_attention`)."""
     readers: dict[int, list[int]] = {}
     for i, node in enumerate(g.nodes):
         for v in node.inputs:
@@ -371,8 +397,10 @@ def _transposes_into_layouts(g: Graph, fp8: dict[int, Any]) -> None:
             continue
         src = g.producer(g.resolve(node.inputs[0]))
         users = readers.get(i, [])
-        if src.op == "dot" or (
-            users and all(g.nodes[u].op == "dot" and not fp8.get(u) for u in users)
+        if (
+            src.op == "dot"
+            or is_cudnn_attention(src)
+            or (users and all(g.nodes[u].op == "dot" and not fp8.get(u) for u in users))
         ):
             node.op = "bitcast"
 
@@ -520,125 +548,3 @@ def lowered_hlo(fn: Callable[..., Any], *args: Any) -> str:
     import jax
 
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text(dialect="hlo")
-
-
-# ---------------------------------------------------------------------------------- calibration
-
-
-def op_programs() -> dict[tuple[str, str], str]:
-    """The HLO of each measured op (``MEASURED["ops_ms"]``) on bf16[8192, 8192], as the
-    benchmarks called it, under each implementation."""
-    import jax
-    import jax.numpy as jnp
-
-    from fp8jax import ops
-
-    e4m3, bf16 = jnp.float8_e4m3fn, jnp.bfloat16
-    x = jax.ShapeDtypeStruct((8192, 8192), bf16)
-    q = jax.ShapeDtypeStruct((8192, 8192), e4m3)
-    s = jax.ShapeDtypeStruct((), jnp.float32)
-    row = jax.ShapeDtypeStruct((8192,), jnp.float32)
-    h = jax.ShapeDtypeStruct((8192,), jnp.float32)
-    norm = dict(norm_type="layernorm", epsilon=1e-5)
-    cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
-        "quantize": (lambda x, s: ops.quantize(x, s, e4m3), (x, s)),
-        "dequantize": (lambda q, s: ops.dequantize(q, s, bf16), (q, s)),
-        "cast_transpose": (lambda x, s: ops.cast_transpose(x, s, e4m3), (x, s)),
-        "cast_transpose_dbias": (lambda g, s: ops.cast_transpose_dbias(g, s, e4m3), (x, s)),
-        "norm_forward_fp8": (
-            lambda x, g, b, s: ops.norm_forward_fp8(x, g, b, s, e4m3, **norm),
-            (x, h, h, s),
-        ),
-        "norm_forward": (lambda x, g, b: ops.norm_forward(x, g, b, **norm), (x, h, h)),
-        "norm_backward": (
-            lambda dy, x, mu, rs, g: ops.norm_backward(dy, x, mu, rs, g, norm_type="layernorm"),
-            (x, x, row, row, h),
-        ),
-    }
-    out = {}
-    for op, (fn, args) in cases.items():
-        for impl in ("kernel", "xla"):
-            with ops.implementation(impl):
-                out[(op, impl)] = lowered_hlo(fn, *args)
-    return out
-
-
-@functools.cache
-def bandwidths() -> Bandwidths:
-    """The bandwidths fitted on ``MEASURED["ops_ms"]`` (see :func:`calibration`)."""
-    return _fit(op_programs())[0]
-
-
-def _launch_s(units: list[Unit]) -> float:
-    """The launch time inside a prediction's total (small fusions share one launch)."""
-    small = [u for u in units if u.kind.endswith("fusion") and u.bytes < SMALL_BYTES]
-    return LAUNCH_S * (len(units) - len(small) + bool(small))
-
-
-def _fit(programs: dict[tuple[str, str], str]) -> tuple[Bandwidths, dict[str, Any]]:
-    """XLA's two fusion bandwidths from the references' times, then each kernel's from its own
-    time less what its program runs besides it (at XLA's bandwidths) and the launches."""
-    probe = Bandwidths(1.0, 1.0, ())  # only the units' bytes are used
-    units = {key: predict(text, probe).units for key, text in programs.items()}
-
-    def split(us: list[Unit]) -> tuple[int, int, int]:  # plain, transposing, fp8jax bytes
-        return (sum(u.bytes for u in us if u.kind == "fusion"),
-                sum(u.bytes for u in us if u.kind == "fusion:transpose"),
-                sum(u.bytes for u in us if u.kind.startswith("fp8jax:")))  # fmt: skip
-
-    def seconds(key: tuple[str, str]) -> float:  # the measured time less the launches
-        return MEASURED["ops_ms"][key] * 1e-3 - _launch_s(units[key])
-
-    xla_runs = [(split(us), seconds(k)) for k, us in units.items() if k[1] == "xla"]
-    xla = statistics.median(pb / t for (pb, tb, _), t in xla_runs if not tb)
-    xla_t = statistics.median(tb / (t - pb / xla) for (pb, tb, _), t in xla_runs if tb)
-    kernels = {}
-    for (op, impl), us in units.items():
-        if impl == "kernel":
-            pb, tb, kb = split(us)
-            kernels[op] = kb / (seconds((op, impl)) - pb / xla - tb / xla_t)
-    bw = Bandwidths(xla, xla_t, tuple(sorted(kernels.items(), key=lambda kv: -len(kv[0]))))
-    residuals = {
-        f"{op}[{impl}]": {
-            "measured_ms": MEASURED["ops_ms"][(op, impl)],
-            "predicted_ms": predict(text, bw).total_s * 1e3,
-        }
-        for (op, impl), text in programs.items()
-    }
-    return bw, residuals
-
-
-def calibration() -> dict[str, Any]:
-    """What calibrates what: the GEMM fits (and the held-out shapes), the bandwidths, and the
-    residual of every measured op under the fitted model."""
-    bw, residuals = _fit(op_programs())
-    gemm = {}
-    for kind, (rate, t0) in gemm_fits().items():
-        held = {
-            "x".join(map(str, s)): {
-                "measured_tflops": tf,
-                "predicted_tflops": 2 * math.prod(s) / gemm_seconds(2 * math.prod(s), kind) / 1e12,
-            }
-            for s, tf in MEASURED["gemm_held_out"].get(kind, {}).items()
-        }
-        gemm[kind] = {"tflops_peak": rate / 1e12, "t0_us": t0 * 1e6, "held_out": held}
-    return {
-        "source": "docs/performance.md, H100 80GB HBM3, 2026-11-26, commit 5276131",
-        "gemm": gemm,
-        "xla_fusion_gbps": bw.xla / 1e9,
-        "xla_transpose_fusion_gbps": bw.xla_transpose / 1e9,
-        "fp8jax_kernel_gbps": {k: v / 1e9 for k, v in bw.kernels},
-        "ops": residuals,
-        "assumed": {
-            "launch_us": LAUNCH_S * 1e6,
-            "tf32_over_bf16": TF32_OVER_BF16,
-            "f32_over_bf16": F32_OVER_BF16,
-            "link_gbps": LINK_BYTES_S / 1e9,
-        },
-    }
-
-
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(calibration(), indent=2, default=str))

@@ -133,6 +133,7 @@ def run(args: argparse.Namespace, gpu: bool, names: list[str]) -> dict[str, Any]
             "inner": args.inner,
             "warmup": args.warmup,
             "attention": args.attention,
+            "fp8_dpa": args.fp8_dpa,
             "recipe": repr(RECIPE),
             "gpu_sizes": gpu,
         },
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace, gpu: bool, names: list[str]) -> dict[str, Any]
     )
     for name in names:
         sizes = SIZES[name]["gpu" if gpu else "cpu"]
-        wl = build(name, sizes, args.attention)
+        dpa = args.fp8_dpa and name != "layernorm_mlp"  # (no attention there)
+        wl = build(name, sizes, args.attention, fp8_dpa=dpa)
         out = report["workloads"][name] = {
             "sizes": sizes,
             "tokens_per_step": wl.tokens_per_step,
@@ -243,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("xla", "cudnn"),
         default="xla",
         help="jax.nn.dot_product_attention's implementation, in every variant",
+    )
+    p.add_argument(
+        "--fp8-dpa",
+        action="store_true",
+        help="fp8jax's variants with FP8 attention (TransformerLayer(fp8_dpa=True))",
     )
     p.add_argument(
         "--deadline", type=float, help="epoch seconds: nothing starts that would end later"

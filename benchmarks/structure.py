@@ -25,7 +25,13 @@ the step as a GPU would compile it, fp8jax's custom calls and XLA's own ops), pe
 * ``predicted``: the H100 time ``cost_model.py`` predicts for each variant of the LayerNormMLP
   and TransformerLayer train steps that ``e2e.py`` times (at its GPU sizes), their ratios
   FP8/BF16, FP8/fp8jax-``xla`` and FP8/Flax-FP8 (speedups), and, where a GPU measured the same
-  step, the measured time beside the predicted one (``validation``).
+  step, the measured time beside the predicted one (``validation``); then the TransformerLayer
+  and the GPT ``gpu-small`` preset with cuDNN's fused attention in every variant
+  (``<workload>/cudnn``), fp8jax's FP8 step also with ``fp8_dpa`` (cuDNN's FP8 attention,
+  opted into), lowered with :func:`cudnn_lowering.cudnn_without_gpu`;
+* ``fp8_dpa_lowering``: a small TransformerLayer train step with ``fp8_dpa`` lowered for CUDA
+  (the same substitution): cuDNN's FP8 attention forward and backward custom calls, and no
+  ``[..., seq, seq]`` array in the program (target 0: the scores stay inside cuDNN).
 
 ``--check`` exits non-zero when a target (or a recorded known value, ``KNOWN``) regresses, or a
 predicted ratio falls more than ``PREDICTION_TOLERANCE`` below ``KNOWN_PREDICTED``; CI runs it.
@@ -45,6 +51,7 @@ if __name__ == "__main__" and "jax" not in sys.modules:  # 8 CPU devices for the
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 
 import argparse
+import contextlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -58,6 +65,7 @@ import numpy as np
 import optax
 from _common import environment, write_json
 from _workloads import SIZES, VARIANTS, build
+from cudnn_lowering import cudnn_without_gpu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -94,9 +102,25 @@ KNOWN_PREDICTED = {
     ("transformer_layer", "fp8_vs_bf16"): 1.19,
     ("transformer_layer", "fp8_vs_fp8_xla"): 1.089,
     ("transformer_layer", "fp8_vs_flax_fp8"): 0.961,
+    # cuDNN's fused attention in every variant (assumed rates: cost_model.CUDNN_ATTENTION_TFLOPS)
+    ("transformer_layer/cudnn", "fp8_vs_bf16"): 1.36,
+    ("transformer_layer/cudnn", "fp8_vs_flax_fp8"): 0.925,
+    ("transformer_layer/cudnn", "fp8_dpa_vs_bf16"): 1.372,
+    ("transformer_layer/cudnn", "fp8_dpa_vs_flax_fp8"): 0.934,
+    ("transformer_layer/cudnn", "fp8_dpa_vs_fp8"): 1.009,
+    ("gpt-small/cudnn", "fp8_vs_bf16"): 1.118,
+    ("gpt-small/cudnn", "fp8_vs_flax_fp8"): 1.008,
 }
 PREDICTION_TOLERANCE = 0.03
 PREDICTED_WORKLOADS = ("layernorm_mlp", "transformer_layer")
+# Predicted with cuDNN's fused attention in every variant, without and with fp8_dpa.
+ATTENTION_WORKLOADS = ("transformer_layer", "gpt-small")
+#: Issue 48's targets for the predicted TransformerLayer step with fp8_dpa (reported, not held:
+#: KNOWN_PREDICTED holds what the model predicts).
+ATTENTION_TARGETS = {
+    ("transformer_layer/cudnn", "fp8_dpa_vs_bf16"): 1.5,
+    ("transformer_layer/cudnn", "fp8_dpa_vs_flax_fp8"): 1.15,
+}
 
 
 class _TwoDense(nn.Module):
@@ -279,24 +303,106 @@ def block_report() -> dict[str, Any]:
     return out
 
 
-def predict_steps(name: str, update: bool = True) -> dict[str, Any]:
+def predict_steps(
+    name: str,
+    update: bool = True,
+    attention: str = "xla",
+    fp8_dpa: bool = False,
+    variants: tuple[str, ...] = VARIANTS,
+) -> dict[str, Any]:
     """The predicted H100 milliseconds of each variant of ``e2e.py``'s workload ``name`` (at its
     GPU sizes; ``update=False``: gradients and FP8 state without the optimizer, as
-    ``mlp.py`` times it), the ratios, and where the time goes."""
-    wl = build(name, SIZES[name]["gpu"], update=update)
+    ``mlp.py`` times it), the ratios, and where the time goes. ``attention="cudnn"``: cuDNN's
+    fused attention, lowered without a GPU (:func:`cudnn_lowering.cudnn_without_gpu`)."""
+    wl = build(name, SIZES[name]["gpu"], attention=attention, update=update, fp8_dpa=fp8_dpa)
     ms, where = {}, {}
-    for variant in VARIANTS:
-        state, batch = wl.abstract(variant)
-        pred = cost_model.predict(cost_model.lowered_hlo(wl.steps[variant], state, batch))
-        ms[variant] = pred.total_s * 1e3
-        where[variant] = {k: round(v * 1e3, 3) for k, v in pred.by_kind().items()}
-    ratios = {f"fp8_vs_{v}": ms[v] / ms["fp8"] for v in VARIANTS[1:]}
+    device = cudnn_without_gpu() if attention == "cudnn" else contextlib.nullcontext()
+    with device:
+        for variant in variants:
+            state, batch = wl.abstract(variant)
+            pred = cost_model.predict(cost_model.lowered_hlo(wl.steps[variant], state, batch))
+            ms[variant] = pred.total_s * 1e3
+            where[variant] = {k: round(v * 1e3, 3) for k, v in pred.by_kind().items()}
+    ratios = {f"fp8_vs_{v}": ms[v] / ms["fp8"] for v in variants[1:]}
     return {"predicted_ms": ms, "predicted_ratios": ratios, "predicted_ms_by_kind": where}
+
+
+def attention_predictions() -> dict[str, Any]:
+    """Per workload of :data:`ATTENTION_WORKLOADS`, as ``"<name>/cudnn"``: the four variants
+    with cuDNN's fused attention, fp8jax's FP8 step also with ``fp8_dpa`` (cuDNN's FP8
+    attention, opted into), and the speedups of both of fp8jax's FP8 steps over the others."""
+    out = {}
+    for name in ATTENTION_WORKLOADS:
+        base = predict_steps(name, attention="cudnn")
+        dpa = predict_steps(name, attention="cudnn", fp8_dpa=True, variants=("fp8",))
+        ms = dict(base["predicted_ms"], fp8_dpa=dpa["predicted_ms"]["fp8"])
+        where = dict(base["predicted_ms_by_kind"], fp8_dpa=dpa["predicted_ms_by_kind"]["fp8"])
+        ratios = dict(base["predicted_ratios"])
+        for v in ("bf16", "flax_fp8", "fp8_xla", "fp8"):
+            ratios[f"fp8_dpa_vs_{v}"] = ms[v] / ms["fp8_dpa"]
+        out[f"{name}/cudnn"] = {
+            "predicted_ms": ms, "predicted_ratios": ratios, "predicted_ms_by_kind": where,
+        }  # fmt: skip
+    return out
+
+
+def family_predictions(families: tuple[str, ...] = ("cast", "norm", "activation", "gemm",
+                                                      "scaling")) -> dict[str, Any]:  # fmt: skip
+    """The predicted fp8 step (ms) of LayerNormMLP, and of the TransformerLayer and the GPT
+    ``gpu-small`` preset with cuDNN's attention, with every family on its kernel and with each
+    family in turn on XLA's compilation of its references: what ``DEFAULTS``' GPU entries
+    (fp8jax/ops/base/switch.py) were chosen from (``--families``; not in what CI checks)."""
+    out: dict[str, Any] = {}
+    for name, attention in (("layernorm_mlp", "xla"), ("transformer_layer", "cudnn"),
+                            ("gpt-small", "cudnn")):  # fmt: skip
+        wl = build(name, SIZES[name]["gpu"], attention=attention)
+        state, batch = None, None
+        device = cudnn_without_gpu() if attention == "cudnn" else contextlib.nullcontext()
+        row = {}
+        with device:
+            state, batch = wl.abstract("fp8")
+            for family in ("none", *families):
+                choice = {} if family == "none" else {family: "xla"}
+                with fp8jax.ops.implementation("kernel", **choice):
+                    hlo = cost_model.lowered_hlo(wl.steps["fp8"], state, batch)
+                row[family] = cost_model.predict(hlo).total_s * 1e3
+        out[name] = row
+    return out
+
+
+def fp8_dpa_lowering(
+    seq: int = 256, heads: int = 3, batch: int = 2, fp8_dpa: bool = True
+) -> dict[str, Any]:
+    """A TransformerLayer train step with ``fp8_dpa`` (head dim 128, cuDNN's FP8 training
+    shapes) lowered for CUDA without a GPU: its cuDNN attention custom calls by target, and
+    the arrays of the program whose last two dims are ``seq x seq`` (rank 3 or more)."""
+    hidden = 128 * heads
+    config = dict(
+        hidden_size=hidden, mlp_hidden_size=2 * hidden, num_attention_heads=heads,
+        hidden_dropout=0.0, attention_dropout=0.0, intermediate_dropout=0.0,
+        enable_relative_embedding=False, dtype=jnp.bfloat16, fp8_dpa=fp8_dpa,
+    )  # fmt: skip
+
+    class _Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return TransformerLayer(**config)(x, deterministic=True)
+
+    x = jnp.zeros((batch, seq, hidden), jnp.bfloat16)
+    # initialised here (it runs: the CPU's path), then traced and lowered as on an H100
+    state = Fp8TrainState.from_model(_Model(), jax.random.key(0), x, tx=optax.sgd(0.1),
+                                     recipe=RECIPE)  # fmt: skip
+    with cudnn_without_gpu(), fp8jax.ops.implementation(attention="kernel"):  # cuDNN's, opted in
+        hlo = cost_model.lowered_hlo(_step, state, x, jnp.zeros_like(x, jnp.float32))
+    calls = Counter(re.findall(r'custom_call_target="(__cudnn\$fmha\w*)"', hlo))
+    scores = re.findall(rf"\b\w+\[(?:\d+,)+{seq},{seq}\]", hlo)
+    return {"cudnn_calls": dict(calls), "seq_x_seq_arrays": len(scores)}
 
 
 def predictions() -> dict[str, Any]:
     """The predicted steps, and the measured ones beside their predictions."""
     out: dict[str, Any] = {name: predict_steps(name) for name in PREDICTED_WORKLOADS}
+    out.update(attention_predictions())
     mlp = predict_steps("layernorm_mlp", update=False)
     measured = cost_model.MEASURED["layernorm_mlp_ms"]
     out["validation"] = {
@@ -333,6 +439,7 @@ def report() -> dict[str, Any]:
         "residual_ratio": residual_ratios(),
         "block_recipes": block_report(),
         "predicted": predictions(),
+        "fp8_dpa_lowering": fp8_dpa_lowering(),
     }
 
 
@@ -385,7 +492,22 @@ def failures(r: dict[str, Any]) -> list[str]:
     for name, ratio in r["residual_ratio"].items():
         if ratio > limits[name]:
             out.append(f"{name}: residual bytes {ratio:.2f}x BF16, target <= {limits[name]}")
-    return out + block_failures(r) + prediction_failures(r)
+    return out + block_failures(r) + prediction_failures(r) + fp8_dpa_failures(r)
+
+
+def fp8_dpa_failures(r: dict[str, Any]) -> list[str]:
+    """The lowered ``fp8_dpa`` step has cuDNN's FP8 forward and backward and no seq x seq
+    array."""
+    low = r.get("fp8_dpa_lowering")
+    if low is None:
+        return []
+    out = []
+    for target in ("__cudnn$fmhaSoftmaxF8", "__cudnn$fmhaSoftmaxBackwardF8"):
+        if not low["cudnn_calls"].get(target):
+            out.append(f"fp8_dpa: no {target} in the lowered TransformerLayer step")
+    if low["seq_x_seq_arrays"]:
+        out.append(f"fp8_dpa: {low['seq_x_seq_arrays']} seq x seq arrays in the step, target 0")
+    return out
 
 
 def table(r: dict[str, Any]) -> str:
@@ -412,6 +534,10 @@ def table(r: dict[str, Any]) -> str:
         lines.append(
             f"  layernorm_mlp residual bytes per token vs BF16: {b['residual_ratio']:.2f}x"
         )
+    if "fp8_dpa_lowering" in r:
+        low = r["fp8_dpa_lowering"]
+        lines.append(f"\nfp8_dpa TransformerLayer step lowered for CUDA: {low['cudnn_calls']}, "
+                     f"{low['seq_x_seq_arrays']} seq x seq arrays")  # fmt: skip
     if "predicted" in r:
         lines.append("\n" + prediction_table(r["predicted"]))
     return "\n".join(lines)
@@ -428,6 +554,21 @@ def prediction_table(p: dict[str, Any]) -> str:
         cells = [f"{ms[v]:.2f}" for v in VARIANTS]
         cells += [f"{ra[k]:.2f}x" for k in ("fp8_vs_bf16", "fp8_vs_fp8_xla", "fp8_vs_flax_fp8")]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("\nwith cuDNN's fused attention (assumed rates), fp8jax's also with fp8_dpa:")
+    cols = (*VARIANTS, "fp8_dpa")
+    lines += ["| workload | " + " | ".join(f"{c} ms" for c in cols)
+              + " | FP8/BF16 | fp8_dpa/BF16 | fp8_dpa/Flax-FP8 | fp8_dpa/FP8 |",
+              "|---" * (len(cols) + 5) + "|"]  # fmt: skip
+    for name in ATTENTION_WORKLOADS:
+        ms, ra = p[f"{name}/cudnn"]["predicted_ms"], p[f"{name}/cudnn"]["predicted_ratios"]
+        cells = [f"{ms[c]:.2f}" for c in cols] + [
+            f"{ra[k]:.2f}x" for k in ("fp8_vs_bf16", "fp8_dpa_vs_bf16", "fp8_dpa_vs_flax_fp8",
+                                      "fp8_dpa_vs_fp8")]  # fmt: skip
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for (name, key), target in ATTENTION_TARGETS.items():
+        got = p[name]["predicted_ratios"][key]
+        lines.append(f"  {name} {key}: {got:.2f}x (target {target}x: "
+                     f"{'met' if got >= target else 'not met'})")  # fmt: skip
     v = p["validation"]
     lines.append(f"\n{v['what']}: predicted vs measured")
     for variant, measured in v["measured_ms"].items():
@@ -441,7 +582,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--check", action="store_true", help="exit 1 when a target regresses")
+    p.add_argument(
+        "--families",
+        action="store_true",
+        help="only the fp8 step, each op family on XLA in turn (the GPU defaults' basis)",
+    )
     args = p.parse_args(argv)
+    if args.families:
+        fam = family_predictions()
+        for name, row in fam.items():
+            cells = [f"{'all kernels' if f == 'none' else f + ' on xla'} {ms:.2f} ms"
+                     for f, ms in row.items()]  # fmt: skip
+            print(f"{name}: " + ", ".join(cells))
+        write_json(args.json, fam)
+        return fam
     r = report()
     print(table(r))
     write_json(args.json, r)

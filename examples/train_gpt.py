@@ -61,7 +61,7 @@ PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
     "gpu-medium": dict(layers=24, hidden=1024, heads=16, mlp=4096, seq=1024, batch=32,
                        steps=5000, lr=3e-4),
 }  # fmt: skip
-RECIPE_NAMES = ("fp8", "bf16", "current", "block", "mxfp8")  # RECIPES below
+RECIPE_NAMES = ("fp8", "bf16", "current", "block", "mxfp8", "fp8-dpa")  # RECIPES below
 OPTIMIZER_NAMES = ("adamw", "adamw_fp8", "adamw_bf16", "adamw_fp8_bf16")  # OPTIMIZERS below
 API_NAMES = ("linen", "nnx")  # APIS below
 
@@ -113,7 +113,13 @@ RECIPES = {
     "current": Float8CurrentScaling(),
     "block": Float8BlockScaling(),
     "mxfp8": MXFP8BlockScaling(),
-}
+    # "fp8" with FP8 attention too (TransformerLayer(fp8_dpa=True): E4M3 Q, K, V, P, O and
+    # gradients; cuDNN's FP8 attention on a GPU, its reference on CPU)
+    "fp8-dpa": DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16,
+                              amax_compute_algo="max"),
+}  # fmt: skip
+#: The recipes whose runs set ``fp8_dpa`` on the layers.
+FP8_DPA_RECIPES = ("fp8-dpa",)
 #: optimizer -> (FP8 moments? None: optax.adamw itself, dtype of the params)
 OPTIMIZERS = {
     "adamw": (None, jnp.float32),
@@ -145,6 +151,7 @@ class Config:
     topk: int = 2
     optimizer: str = "adamw"  # a key of OPTIMIZERS
     remat: str = "none"  # a key of REMAT_POLICIES (Linen)
+    fp8_dpa: bool = False  # FP8 attention (a run of FP8_DPA_RECIPES)
 
 
 # ------------------------------------------------------------------------------------- data
@@ -205,7 +212,7 @@ def layer_config(cfg: Config) -> dict:
         mlp_hidden_size=cfg.mlp, num_attention_heads=cfg.heads, hidden_dropout=0.0,
         attention_dropout=0.0, intermediate_dropout=0.0, self_attn_mask_type="causal",
         enable_relative_embedding=False, enable_rotary_pos_emb=True, mlp_activations=("gelu",),
-        dtype=jnp.bfloat16, **moe,
+        dtype=jnp.bfloat16, **moe, **({"fp8_dpa": True} if cfg.fp8_dpa else {}),
     )  # fmt: skip
 
 
@@ -645,7 +652,8 @@ def main(argv: list[str] | None = None) -> dict:
         for opt in optimizers:
             for recipe in recipes:
                 name = recipe if opt == "adamw" else f"{recipe}+{opt}"
-                run_cfg = dataclasses.replace(cfg, optimizer=opt)
+                run_cfg = dataclasses.replace(cfg, optimizer=opt,
+                                              fp8_dpa=recipe in FP8_DPA_RECIPES)  # fmt: skip
                 results[name] = run(name, RECIPES[recipe], run_cfg, train, val, out, args.resume,
                                     progress, args.api, log)  # fmt: skip
     summary = write_reports(out, results, cfg, desc, args.api)

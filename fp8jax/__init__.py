@@ -13,6 +13,7 @@ import importlib as _importlib
 from fp8jax import ops, sharding
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
+from fp8jax.functional.attention import ATTENTION_ROLES, dot_product_attention
 from fp8jax.functional.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
 from fp8jax.functional.grouped_dense import grouped_dense, grouped_roles
 from fp8jax.functional.layernorm import layernorm_dense
@@ -40,6 +41,7 @@ from fp8jax.state import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ATTENTION_ROLES",
     "CHECKPOINT_NAMES",
     "MLP_ROLES",
     "DelayedScaling",
@@ -53,6 +55,7 @@ __all__ = [
     "autocast",
     "cast_to_representable",
     "dense",
+    "dot_product_attention",
     "fp8_autocast",
     "fp8_support",
     "gemm_roles",

@@ -232,7 +232,9 @@ class DelayedScaling(Recipe):
         before it enters the history, so that all of them compute the same scale. Must be
         ``True``: fp8jax keeps one FP8 state, replicated on every device, which per-device
         amaxes would break. (Each step's reductions are merged into one all-reduce.)
-      fp8_dpa: FP8 dot-product attention. Not implemented yet: must be ``False``.
+      fp8_dpa: FP8 dot-product attention: in fp8jax an attribute of the attention modules
+        (``DotProductAttention``, ``MultiHeadAttention``, ``TransformerLayer``), so here it
+        must be ``False``.
       fp8_mha: FP8 multi-head attention (projections kept in FP8). Not implemented yet: must be
         ``False``.
       backward_override: TransformerEngine's backward precision mode; ``None`` only (as TE
@@ -329,7 +331,11 @@ class DelayedScaling(Recipe):
                 "replicated on every device, so every amax is reduced over the devices that "
                 "share its tensor (allowed: True)"
             )
-        _check_no_fp8_attention(owner, self, "not implemented yet in this version of fp8jax")
+        _check_no_fp8_attention(
+            owner, self, "set on the attention modules in fp8jax, not on the recipe "
+            "(fp8_dpa=True of DotProductAttention, MultiHeadAttention, TransformerLayer; "
+            "fp8_mha is not implemented)",
+        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

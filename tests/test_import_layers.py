@@ -33,12 +33,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recipe", ("fp8jax.recipe",)),
     # the ops, one package per family (fp8jax/ops/<family>/), lowest first: the OpDef machinery,
     # the mesh plans, the kernel/XLA switch and the shared checks; the per-tensor casts; the
-    # block-scaled casts; the norms, activations and fused casts; the GEMMs
+    # block-scaled casts; the norms, activations and fused casts; the GEMMs; the FP8 attention
     ("ops base", ("fp8jax.ops.base",)),
     ("ops casts", ("fp8jax.ops.casts",)),
     ("ops block", ("fp8jax.ops.block",)),
     ("ops fused", ("fp8jax.ops.fused",)),
     ("ops gemms", ("fp8jax.ops.gemms",)),
+    # FP8 attention on FP8 codes (cuDNN's through XLA, and its reference)
+    ("ops attention", ("fp8jax.ops.attention",)),
     ("ops", ("fp8jax.ops",)),  # fp8jax/ops/__init__.py: every family's public names
     # the FP8 state and its update (ops.scaling), its update on variable trees (framework
     # neutral, for fp8jax.flax and fp8jax.nnx), the autocast context, TE's MeshResource
@@ -256,12 +258,31 @@ _PRIVATE = [
 ]
 
 
+#: Private JAX/Flax API used anyway, by file and the exact source line, with the reason.
+PRIVATE_API_ALLOWED: dict[tuple[str, str], str] = {
+    ("fp8_attention.py", "from jax._src.cudnn import fused_attention_stablehlo"): (
+        "cuDNN's FP8 attention (fp8_dpa) exists in JAX only in this private module (0.10.2 to "
+        "0.12.0.1, the newest on PyPI); jax.nn.dot_product_attention is BF16/FP16 only. One "
+        "lazy import, in fp8jax/ops/attention/fp8_attention.py; its reference runs without it"
+    ),
+}
+
+
 def _private_api(path: Path) -> list[str]:
     hits = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         code = line.split("#", 1)[0]
+        if (path.name, line.strip()) in PRIVATE_API_ALLOWED:
+            continue
         hits += [f"{path.name}:{n}: {line.strip()}" for p in _PRIVATE if p.search(code)]
     return hits
+
+
+def test_each_private_api_allowance_is_used():
+    """An allowance names a line that exists (a stale one would hide nothing)."""
+    lines = {(p.name, line.strip()) for p in _modules().values()
+             for line in p.read_text().splitlines()}  # fmt: skip
+    assert set(PRIVATE_API_ALLOWED) <= lines
 
 
 def test_no_private_flax_or_jax_api():
@@ -363,7 +384,7 @@ def test_private_modules_stay_in_their_package():
 
 
 #: The ops' families, lowest first: each a package of fp8jax/ops/ and a layer of its own.
-OPS_FAMILIES = ("base", "casts", "block", "fused", "gemms")
+OPS_FAMILIES = ("base", "casts", "block", "fused", "gemms", "attention")
 
 
 def test_ops_are_family_packages_in_layer_order():
@@ -377,7 +398,7 @@ def test_ops_are_family_packages_in_layer_order():
     layers = [_layer(f"fp8jax.ops.{f}") for f in OPS_FAMILIES]
     assert layers == sorted(set(layers))
     assert _layer("fp8jax.recipe") < layers[0] and layers[-1] < _layer("fp8jax.ops")
-    assert _layer("fp8jax.ops.gemms.gemm") == layers[-1]
+    assert _layer("fp8jax.ops.gemms.gemm") == layers[-2]
 
 
 def test_fp8jax_ops_exports_each_modules_all():

@@ -144,8 +144,8 @@ def test_delayed_scaling_defaults_match_transformer_engine():
         (dict(reduce_amax=1), TypeError, r"DelayedScaling\.reduce_amax .*bool.*got 1"),
         (dict(reduce_amax=False), ValueError, r"DelayedScaling\.reduce_amax=False .*replicated"),
         (dict(fp8_dpa=1), TypeError, r"DelayedScaling\.fp8_dpa .*bool"),
-        (dict(fp8_dpa=True), ValueError, r"DelayedScaling\.fp8_dpa.*not implemented"),
-        (dict(fp8_mha=True), ValueError, r"DelayedScaling\.fp8_mha.*not implemented"),
+        (dict(fp8_dpa=True), ValueError, r"DelayedScaling\.fp8_dpa.*fp8_dpa=True of DotProd"),
+        (dict(fp8_mha=True), ValueError, r"DelayedScaling\.fp8_mha.*fp8_mha is not implemented"),
     ],
 )
 def test_delayed_scaling_validation(kwargs, error, match):

@@ -38,9 +38,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fp8jax.flax._variables import fp8_call
 from fp8jax.flax.dense import DenseGeneral
 from fp8jax.flax.layernorm import LayerNormDenseGeneral
 from fp8jax.flax.relative_position import RelativePositionBiases
+from fp8jax.functional.attention import ATTENTION_ROLES
 from fp8jax.layers.attention import MultiHeadAttentionConfig, decode_step
 from fp8jax.layers.attention_core import attention_core
 from fp8jax.layers.checks import check_no_score_mod, check_off
@@ -54,6 +56,8 @@ __all__ = [
     "default_mha_kernel_init",
 ]
 
+
+_N_ROLES = len(ATTENTION_ROLES)
 
 # TE arguments accepted only at their defaults.
 _TE_OFF = (
@@ -109,8 +113,8 @@ class DotProductAttention(nn.Module):
     and ``softmax_type``, ``score_mod``, ``score_mod_bprop``, are accepted at TE's defaults
     only, ValueError otherwise); fully masked rows
     average the values; the dropout mask layout differs from TE's kernels (same distribution).
-    ``recipe.fp8_dpa`` is rejected by :class:`~fp8jax.recipe.DelayedScaling` (no FP8 attention
-    core yet).
+    FP8 attention is this module's ``fp8_dpa`` (TE has it on the recipe, whose ``fp8_dpa``
+    fp8jax rejects).
 
     Attributes:
       head_dim, num_attention_heads: per-head width and query heads (checked against inputs).
@@ -133,6 +137,15 @@ class DotProductAttention(nn.Module):
         defaults only (see above).
       implementation: ``None`` (cuDNN where it can run, else XLA; see above), ``"xla"`` or
         ``"cudnn"``: the :func:`jax.nn.dot_product_attention` implementation (fp8jax's).
+      fp8_dpa: TE's name; default ``False``. With FP8 on (``fp8jax.autocast``, a per-tensor
+        recipe) the attention takes E4M3 operands (:func:`fp8jax.dot_product_attention`:
+        cuDNN's FP8 flash attention on a GPU, its reference elsewhere) and, under
+        DelayedScaling, keeps 15 FP8 roles (:data:`fp8jax.ATTENTION_ROLES`) in this module's
+        ``fp8_meta``/``fp8_probe``. A call it cannot take (a bias, a padding mask, a window,
+        dropout; on a GPU what cuDNN refuses) runs as without it, with one
+        :class:`~fp8jax.layers.attention_backend.Fp8AttentionFallback` warning (a ValueError
+        inside :func:`~fp8jax.layers.attention_backend.strict_fp8_attention`). Never run on a
+        GPU yet: opt-in.
     """
 
     head_dim: int
@@ -157,6 +170,7 @@ class DotProductAttention(nn.Module):
     score_mod: Any = None
     score_mod_bprop: Any = None
     implementation: str | None = None
+    fp8_dpa: bool = False
 
     @nn.compact
     def __call__(
@@ -189,6 +203,7 @@ class DotProductAttention(nn.Module):
             window_size=self.window_size, context_checkpoint_name=self.context_checkpoint_name,
             implementation=self.implementation, segment_ids=segment_ids,
             dropout_rng=None if deterministic else lambda: self.make_rng(self.dropout_rng_name),
+            fp8_dpa=self.fp8_dpa, fp8=fp8_call(self, _N_ROLES) if self.fp8_dpa else None,
         )  # fmt: skip
 
 
@@ -273,9 +288,9 @@ class MultiHeadAttention(MultiHeadAttentionConfig, nn.Module):
     ``apply_residual_connection_post_layernorm``, ``fuse_qkv``) are accepted at TE's defaults
     only (ValueError otherwise); in decode
     steps rotary embeddings use the cached position (TE's use position 0) and sliding windows
-    and ``segment_ids`` are rejected; the attention core is not FP8
-    (``recipe.fp8_mha``/``fp8_dpa`` are rejected); rotary embeddings are applied in float32
-    and cast back (as TE).
+    and ``segment_ids`` are rejected; FP8 attention is the ``fp8_dpa`` field, not the
+    recipe's (``recipe.fp8_mha``/``fp8_dpa`` are rejected); rotary embeddings are applied in
+    float32 and cast back (as TE).
 
     Attributes:
       head_dim, num_attention_heads, num_gqa_groups: as :class:`DotProductAttention`.
@@ -297,6 +312,8 @@ class MultiHeadAttention(MultiHeadAttentionConfig, nn.Module):
         projected width; the fused kernels get ``None`` for their stacking dim),
         qkv_bias_axes (1), out_kernel_axes (2), out_bias_axes (1): logical axis names.
       attention_implementation: ``implementation`` of the attention core.
+      fp8_dpa: FP8 attention in the core (:class:`DotProductAttention`'s ``fp8_dpa``; its FP8
+        state is the ``attention`` submodule's). Default ``False``.
       low_rank_adaptation_scope, low_rank_adaptation_dim, low_rank_adaptation_alpha,
         enable_sequence_parallel, softmax_type, score_mod, score_mod_bprop, num_heads,
         dropout_rate, output_layernorm, apply_residual_connection_post_layernorm, fuse_qkv:

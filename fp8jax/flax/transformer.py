@@ -108,6 +108,12 @@ class TransformerLayer(TransformerLayerConfig, nn.Module):
         parallelism, ``("embed", "data")`` added for FSDP, ``("length", "model")`` for sequence
         parallelism. ``init`` then returns :class:`flax.linen.LogicallyPartitioned` params
         (``nn.unbox`` them, or use ``nn.get_partition_spec`` for their shardings).
+      attention_implementation: the attention cores' ``implementation`` (``None``: cuDNN where
+        JAX can lower it, else XLA; see :class:`DotProductAttention`).
+      fp8_dpa: FP8 attention in the attention cores (:class:`DotProductAttention`'s
+        ``fp8_dpa``); default ``False``. Not with the relative position bias (the FP8
+        attention takes no bias): set ``enable_relative_embedding=False`` (a rotary embedding
+        is fine).
 
     Decoding (``decode=True``): the self-attention keeps TE's autoregressive key/value cache
     in the ``"cache"`` collection (see :class:`MultiHeadAttention`). ``init`` (or a first call)

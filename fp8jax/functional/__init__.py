@@ -1,6 +1,7 @@
 """fp8jax's functional layers: each a ``jax.custom_vjp`` over the ops, built from one shared core.
 
 - :func:`dense` (``dense.py``): an FP8 dense layer.
+- :func:`dot_product_attention` (``attention.py``): attention with FP8 operands (``fp8_dpa``).
 - :func:`layernorm_dense` (``layernorm.py``): a norm fused into an FP8 dense layer.
 - :func:`layernorm_mlp` (``mlp.py``): a whole Transformer MLP block.
 - :func:`grouped_dense` (``grouped_dense.py``): a mixture of experts' ragged expert GEMM.
@@ -13,6 +14,11 @@ input path ``_norm.py``; expert parallelism's exchange ``_exchange.py``. The pub
 re-exported from :mod:`fp8jax` (``fp8jax.dense``, ...), where users find them.
 """
 
+from fp8jax.functional.attention import (
+    ATTENTION_ROLES,
+    dot_product_attention,
+    dot_product_attention_observed,
+)
 from fp8jax.functional.dense import CHECKPOINT_NAMES, dense, dense_observed, save_fp8_operands
 from fp8jax.functional.grouped_dense import grouped_dense, grouped_dense_observed, grouped_roles
 from fp8jax.functional.layernorm import layernorm_dense, layernorm_dense_observed
@@ -20,12 +26,15 @@ from fp8jax.functional.mlp import MLP_ROLES, layernorm_mlp, layernorm_mlp_observ
 from fp8jax.functional.moe import MoEConfig, MoEOutput, moe, moe_roles
 
 __all__ = [
+    "ATTENTION_ROLES",
     "CHECKPOINT_NAMES",
     "MLP_ROLES",
     "MoEConfig",
     "MoEOutput",
     "dense",
     "dense_observed",
+    "dot_product_attention",
+    "dot_product_attention_observed",
     "grouped_dense",
     "grouped_dense_observed",
     "grouped_roles",

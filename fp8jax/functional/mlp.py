@@ -13,8 +13,8 @@ output (the activation's input). The six roles of the FP8 state are
 ``gemm_roles("fc1", "fc2")``: input, kernel and output-grad of each GEMM, as in
 :func:`fp8jax.dense`.
 
-**Fused GELU epilogues** (:mod:`fp8jax.ops.gemms.gemm_epilogue`, on by default,
-``fp8jax.ops.gemm_options(fused_epilogues=False)`` turns them off): with a ``"gelu"`` activation,
+**Fused GELU epilogues** (:mod:`fp8jax.ops.gemms.gemm_epilogue`, opt-in:
+``fp8jax.ops.gemm_options(fused_epilogues=True)``): with a ``"gelu"`` activation,
 delayed scaling, a bfloat16/float16 ``dtype``, no dropout, the ``"kernel"`` implementation of the
 ``gemm`` and ``activation`` families and no explicit mesh axes, GEMM1 runs with cuBLASLt's GELU
 epilogue (its output is the activation in FP8, with its amax, and the float16 GELU input that the
@@ -22,7 +22,8 @@ backward keeps instead of GEMM1's output) and GEMM2's dgrad with the DGELU epilo
 activation's gradient in FP8 with its amax and the first bias gradient, rounded to ``dtype``).
 Each FP8 tensor's transposed copy is a transpose of its codes. Nothing is rounded to ``dtype``
 between a GEMM and its cast there (see that module for the numerics and the bytes saved); on CPU
-the same definition runs as XLA ops.
+the same definition runs as XLA ops, which hold more float32 temporaries than the separate
+kernels (docs/performance.md): one reason they are opt-in, the other that no GPU has run them.
 """
 
 from __future__ import annotations

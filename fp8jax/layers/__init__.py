@@ -12,12 +12,15 @@ of :mod:`fp8jax.nnx` holds its config as ``config`` and draws the params itself,
 Linen would use (:func:`fp8jax.layers.params.param_key`), so the same key gives the same params
 in both APIs and the two cannot drift apart in what they accept or compute.
 
-Also here: the attention core (:mod:`fp8jax.layers.attention_core`), the key/value cache step,
+Also here: the attention core (:mod:`fp8jax.layers.attention_core`; with ``fp8_dpa``, what it
+does where FP8 attention cannot run: :class:`Fp8AttentionFallback`,
+:func:`strict_fp8_attention`), the key/value cache step,
 the argument checks (:mod:`fp8jax.layers.checks`) and the activation layout helpers
 (:mod:`fp8jax.layers.layout`). Nothing here is a Flax module.
 """
 
 from fp8jax.layers.attention import MultiHeadAttentionConfig
+from fp8jax.layers.attention_backend import Fp8AttentionFallback, strict_fp8_attention
 from fp8jax.layers.dense import DenseGeneralConfig
 from fp8jax.layers.layernorm import LayerNormConfig, LayerNormDenseGeneralConfig
 from fp8jax.layers.mlp import LayerNormMLPConfig
@@ -28,6 +31,7 @@ from fp8jax.layers.transformer import TransformerLayerConfig, TransformerLayerTy
 
 __all__ = [
     "DenseGeneralConfig",
+    "Fp8AttentionFallback",
     "LayerNormConfig",
     "LayerNormDenseGeneralConfig",
     "LayerNormMLPConfig",
@@ -37,4 +41,5 @@ __all__ = [
     "RelativePositionBiasesConfig",
     "TransformerLayerConfig",
     "TransformerLayerType",
+    "strict_fp8_attention",
 ]

@@ -153,6 +153,7 @@ class MultiHeadAttentionConfig:
     out_kernel_axes: tuple[str | None, ...] = ()
     out_bias_axes: tuple[str | None, ...] = ()
     attention_implementation: str | None = None
+    fp8_dpa: bool = False
     low_rank_adaptation_scope: str = "none"
     low_rank_adaptation_dim: int = 32
     low_rank_adaptation_alpha: float | None = None
@@ -240,7 +241,7 @@ class MultiHeadAttentionConfig:
             attn_bias_type=self.attn_bias_type, dtype=dtype,
             scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
             transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
-            implementation=self.attention_implementation,
+            implementation=self.attention_implementation, fp8_dpa=self.fp8_dpa,
         )  # fmt: skip
 
     def cache_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:

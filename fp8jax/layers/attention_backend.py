@@ -17,16 +17,33 @@ cuDNN's fused attention too). The two agree to the inputs' precision, not bit fo
 configuration that cuDNN rejects only when compiling (e.g. inputs split along the sequence or
 head dim over a mesh) needs ``implementation="xla"`` given explicitly; ``"cudnn"`` given
 explicitly raises where cuDNN cannot run, as :func:`jax.nn.dot_product_attention` does.
+
+With ``fp8_dpa`` (FP8 on), :func:`fp8_dpa_refusal` says why the FP8 attention
+(:func:`fp8jax.dot_product_attention`) cannot run a call; the core then runs the attention above
+in the input dtype with one :class:`Fp8AttentionFallback` warning naming the reason, or raises
+it as a ValueError inside :func:`strict_fp8_attention`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["choose_attention", "cuda_default_backend"]
+from fp8jax.ops.attention import fp8_attention as fp8_attention_op
+
+__all__ = [
+    "Fp8AttentionFallback",
+    "choose_attention",
+    "cuda_default_backend",
+    "fp8_dpa_refusal",
+    "refuse_or_warn",
+    "strict_fp8_attention",
+]
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -34,10 +51,7 @@ _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 def cuda_default_backend() -> bool:
     """Whether JAX's default backend is a GPU (what JAX's own cuDNN checks look at; on a ROCm
     GPU those checks fail, "cuDNN is not detected", and XLA's path is taken)."""
-    try:
-        return jax.default_backend() in ("gpu", "cuda")
-    except RuntimeError:
-        return False
+    return fp8_attention_op.gpu_backend()
 
 
 def _abstract(x: Any) -> Any:
@@ -82,3 +96,81 @@ def choose_attention(
     if any(jnp.result_type(t) not in _CUDNN_DTYPES for t in (q, k, v)):
         return "xla"
     return "cudnn" if _cudnn_traces(q, k, v, bias, mask, kwargs) else "xla"
+
+
+# ----------------------------------------------------------------------------------- fp8_dpa
+
+
+class Fp8AttentionFallback(UserWarning):
+    """``fp8_dpa`` asked for FP8 attention where it cannot run; the attention ran in the input
+    dtype instead (the message names the reason)."""
+
+
+# Created once, at import; part of jax.jit's cache key, thread-local (as fp8jax.ops.implementation).
+_STRICT = jax.make_user_context(default_value=False)
+
+
+@contextlib.contextmanager
+def strict_fp8_attention(strict: bool = True) -> Iterator[None]:
+    """Within (for the code traced inside): an ``fp8_dpa`` attention that cannot run in FP8 is
+    a ValueError naming the reason instead of a :class:`Fp8AttentionFallback` warning."""
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict_fp8_attention: strict must be a bool, got {strict!r}")
+    with _STRICT(strict):
+        yield
+
+
+def fp8_dpa_refusal(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    recipe: Any,
+    stateless: bool,
+    scale: float,
+    is_causal: bool,
+    padded: bool,
+    bias: Any,
+    window: Any,
+    dropout: bool,
+    implementation: str = "xla",
+) -> str | None:
+    """Why the FP8 attention cannot run this call, or ``None``: it has no bias, padding or
+    segment mask, sliding window or active dropout (its reference and cuDNN's take none), a
+    per-tensor recipe, and on a GPU the attention family's ``implementation`` is ``"kernel"``
+    (cuDNN's FP8 attention, opted into: its backward is not the reference's, and the reference
+    would keep ``[B, H, S, S]``), cuDNN must take the call
+    (:func:`~fp8jax.ops.cudnn_fp8_attention_refusal`) and the scaling is delayed
+    (``stateless``: current scaling, whose scales of the tensors cuDNN makes exist only after it
+    runs). On any other backend the reference runs, any shape."""
+    if hasattr(recipe, "block"):  # a block-scaled recipe (it has the blocks of each operand)
+        return f"{type(recipe).__name__} is block-scaled; FP8 attention scales per tensor"
+    for what, present in (("bias", bias is not None), ("padding or segment mask", padded),
+                          ("sliding window", window is not None),
+                          ("active attention dropout", dropout)):  # fmt: skip
+        if present:
+            return f"the FP8 attention takes no {what}"
+    if not cuda_default_backend():
+        return None
+    if implementation != "kernel":
+        return ("on a GPU the FP8 attention is cuDNN's, whose backward takes the softmax "
+                "gradient's row sums from its FP8 output, not the reference's (emulated on CPU "
+                "it trained the GPT demo 22-31% worse than BF16); opt in with "
+                "fp8jax.ops.implementation(attention='kernel')")  # fmt: skip
+    if stateless:
+        return ("cuDNN's FP8 attention needs the scales of the tensors it makes (P, O, dS, dQ, "
+                "dK, dV) before it runs, which current scaling has only after; use "
+                "DelayedScaling")  # fmt: skip
+    return fp8_attention_op.cudnn_fp8_attention_refusal(q, k, v, scale=scale, causal=is_causal)
+
+
+def refuse_or_warn(where: str, reason: str) -> None:
+    """A refused ``fp8_dpa``: a ValueError inside :func:`strict_fp8_attention`, else one
+    :class:`Fp8AttentionFallback` warning."""
+    message = (f"{where}: fp8_dpa=True, but the FP8 attention cannot run this call: "
+               f"{reason.rstrip('.')}. "
+               "It runs in the input dtype instead.")  # fmt: skip
+    if _STRICT.value:
+        raise ValueError(message.replace("It runs in the input dtype instead.",
+                                         "(strict_fp8_attention)"))  # fmt: skip
+    warnings.warn(message, Fp8AttentionFallback, stacklevel=3)

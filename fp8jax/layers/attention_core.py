@@ -4,10 +4,13 @@ windows, segment ids, biases, attention dropout), computed with
 :func:`jax.nn.dot_product_attention`, in high precision (the input dtype, logits and softmax in
 float32). Masks follow TE's convention: ``True`` means *masked out* (the opposite of
 :func:`jax.nn.dot_product_attention`'s ``mask``). :class:`fp8jax.flax.DotProductAttention` is
-this function as a Linen module."""
+this function as a Linen module. With ``fp8_dpa`` and FP8 on, the attention runs with FP8
+operands (:func:`fp8jax.dot_product_attention`) where it can, else as above with a warning
+(:mod:`fp8jax.layers.attention_backend`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from fp8jax.layers.attention_backend import choose_attention
+from fp8jax.functional.attention import dot_product_attention_observed
+from fp8jax.layers.attention_backend import choose_attention, fp8_dpa_refusal, refuse_or_warn
+from fp8jax.ops.base.switch import get_implementation
+from fp8jax.ops.base.switch import implementation as op_implementation
 
 __all__ = [
     "ATTN_BIAS_TYPES",
@@ -337,11 +343,15 @@ def attention_core(
     implementation: str | None = None,
     segment_ids: Any = None,
     dropout_rng: jax.Array | Callable[[], jax.Array] | None = None,
+    fp8_dpa: bool = False,
+    fp8: Any = None,
 ) -> jax.Array:
     """The attention of :class:`fp8jax.flax.DotProductAttention` as a function (no Flax): the
     arguments are its attributes and its call's, except ``dropout_rng``: the dropout key, or a
     function drawing it (called only when the dropout is active); ``None``: no dropout
-    (deterministic).
+    (deterministic); and ``fp8``: the module's FP8 call (``enabled``, ``recipe``, ``meta``,
+    ``probe``, ``record``: :class:`fp8jax.flax._variables.Fp8Call` or NNX's), read with
+    ``fp8_dpa`` only.
 
     >>> import jax.numpy as jnp
     >>> q = jnp.ones((2, 5, 4, 8))
@@ -392,16 +402,47 @@ def attention_core(
         if left < big or right < big:
             jax_window = (left, right)
 
-    if dropout_rng is not None and attention_dropout > 0.0:
+    dropout = dropout_rng is not None and attention_dropout > 0.0
+    out = None
+    if fp8_dpa and fp8 is not None and fp8.enabled:
+        out = _fp8_attention(
+            q, k, v, fp8, implementation, scale=scale, is_causal=is_causal, dtype=dtype,
+            refusal=dict(padded=keep is not None, bias=bias, window=jax_window, dropout=dropout),
+        )  # fmt: skip
+    if out is None and dropout:
         rng = dropout_rng() if callable(dropout_rng) else dropout_rng
         out = attention_with_dropout(
             q, k, v, bias, keep, is_causal=is_causal, window=jax_window, scale=scale,
             rate=float(attention_dropout), rng=rng,
         )  # fmt: skip
-    else:
+    elif out is None:
         kwargs = dict(scale=scale, is_causal=is_causal, local_window_size=jax_window)
         impl = choose_attention(implementation, q, k, v, bias, keep, **kwargs)
         out = jax.nn.dot_product_attention(q, k, v, bias, keep, implementation=impl, **kwargs)
     if transpose_batch_sequence:
         out = jnp.swapaxes(out, 0, 1)
     return checkpoint_name(out, context_checkpoint_name)
+
+
+def _fp8_attention(q, k, v, fp8: Any, implementation: Any, *, scale: float, is_causal: bool,
+                   dtype: Any, refusal: dict[str, Any]) -> jax.Array | None:  # fmt: skip
+    """``fp8_dpa``'s attention (its observations recorded under calibration), or ``None``
+    after the fallback's warning (:func:`~fp8jax.layers.attention_backend.refuse_or_warn`).
+    ``implementation="xla"``: the FP8 reference, compiled by XLA."""
+    where = getattr(fp8, "where", "") or "DotProductAttention"
+    family = "xla" if implementation == "xla" else get_implementation("attention")
+    reason = fp8_dpa_refusal(q, k, v, recipe=fp8.recipe, stateless=fp8.meta is None,
+                             scale=scale, is_causal=is_causal, implementation=family,
+                             **refusal)  # fmt: skip
+    if reason is not None:
+        refuse_or_warn(where, reason)
+        return None
+    forced = op_implementation(attention="xla") if implementation == "xla" else None
+    with forced or contextlib.nullcontext():
+        result = dot_product_attention_observed(
+            q, k, v, fp8.meta, fp8.recipe, probe=fp8.probe, is_causal=is_causal, scale=scale,
+            dtype=dtype, enabled=True, where=where,
+        )  # fmt: skip
+    if getattr(fp8, "record", None) is not None and result.observed is not None:
+        fp8.record(result.observed)
+    return result.out

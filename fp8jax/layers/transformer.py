@@ -88,6 +88,8 @@ class TransformerLayerConfig:
     logical_axes: bool = False
     mlp: str = "dense"
     moe: MoEBlockConfig | None = None
+    attention_implementation: str | None = None
+    fp8_dpa: bool = False
 
     def _input_axes(self) -> tuple[str, ...]:
         if not self.logical_axes:
@@ -258,6 +260,7 @@ class TransformerLayerConfig:
             fuse_qkv_params=self.fuse_qkv_params,
             kernel_init=self.mha_kernel_init or default_mha_kernel_init,
             transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
+            attention_implementation=self.attention_implementation, fp8_dpa=self.fp8_dpa,
             **common,
             **self._axes(
                 scale_axes=("embed",), ln_bias_axes=("embed",), qkv_kernel_axes=("embed", "heads"),

@@ -2,7 +2,7 @@
 
 - :class:`DenseGeneral`, :class:`LayerNorm`, :class:`LayerNormDenseGeneral`,
   :class:`LayerNormMLP`, :class:`MoEBlock`, :class:`MultiHeadAttention`,
-  :class:`TransformerLayer`: native
+  :class:`TransformerLayer` (and :class:`DotProductAttention`, the attention core): native
   ``nnx.Module``s over fp8jax's layer spec (:mod:`fp8jax.layers`) and functional layers,
   with the params, init and names of the Linen modules of :mod:`fp8jax.flax` (which are built
   on the same spec; sizes positional, options keyword-only, ``rngs=``). Each holds its config
@@ -25,7 +25,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from fp8jax.nnx.attention import MultiHeadAttention
+from fp8jax.nnx.attention import DotProductAttention, MultiHeadAttention
 from fp8jax.nnx.dense import DenseGeneral
 from fp8jax.nnx.layernorm import LayerNorm, LayerNormDenseGeneral
 from fp8jax.nnx.mlp import LayerNormMLP
@@ -44,6 +44,7 @@ from fp8jax.nnx.variables import Fp8MetaVariable, Fp8Probe
 
 __all__ = [
     "DenseGeneral",
+    "DotProductAttention",
     "Fp8MetaVariable",
     "Fp8Probe",
     "LayerNorm",

@@ -1,8 +1,9 @@
 """NNX ``MultiHeadAttention``: a native ``nnx.Module`` composed of the FP8 layers of
 :mod:`fp8jax.nnx` (typed attributes named as the Linen twin's submodules: ``attention.qkv``,
 ``attention.out``, ...), built from :class:`~fp8jax.layers.MultiHeadAttentionConfig`; FP8 in
-every projection inside ``fp8jax.autocast``, the attention core in high precision, a key/value
-cache in ``nnx.Cache`` variables for decoding.
+every projection inside ``fp8jax.autocast``, the attention core in high precision (in FP8 with
+``fp8_dpa``: its state in a :class:`DotProductAttention` child named ``attention``, as Linen's),
+a key/value cache in ``nnx.Cache`` variables for decoding.
 """
 
 from __future__ import annotations
@@ -14,13 +15,46 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.functional.attention import ATTENTION_ROLES
 from fp8jax.layers.attention import MultiHeadAttentionConfig, decode_step
 from fp8jax.layers.attention_core import attention_core
 from fp8jax.layers.checks import positive_int
 from fp8jax.nnx._base import Fp8Module, Keys, check_rngs, keys_for, make_config
 from fp8jax.nnx._children import child_layer
+from fp8jax.nnx._probe import fp8_use
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["DotProductAttention", "MultiHeadAttention"]
+
+
+class DotProductAttention(Fp8Module):
+    """The attention core (:func:`~fp8jax.layers.attention_core.attention_core`, Linen's
+    :class:`fp8jax.flax.DotProductAttention`) as an NNX module: no params; with ``fp8_dpa``
+    and constructed inside ``fp8jax.autocast(enabled=True, recipe=DelayedScaling(...))`` it
+    holds the FP8 state of the attention's 15 roles (:data:`fp8jax.ATTENTION_ROLES`).
+
+    Args:
+      fp8_dpa: FP8 attention (Linen's ``fp8_dpa``); default ``False``.
+      **config: the core's settings (``head_dim``, ``num_attention_heads``,
+        ``attn_mask_type``, ...: :func:`~fp8jax.layers.attention_core.attention_core`'s
+        keywords), which a call's keywords override.
+    """
+
+    def __init__(self, *, fp8_dpa: bool = False, **config: Any) -> None:
+        if not isinstance(fp8_dpa, bool):
+            raise TypeError(f"DotProductAttention: fp8_dpa must be a bool, got {fp8_dpa!r}")
+        self.fp8_dpa = fp8_dpa
+        self.config = tuple(sorted(config.items()))  # static, so hashable
+        self._fp8_state(len(ATTENTION_ROLES) if fp8_dpa else None)
+
+    def __call__(self, query, key, value, sequence_descriptor=None, bias=None, **call: Any):
+        """``attention_core(query, key, value, sequence_descriptor, bias, **config, **call)``
+        with this module's FP8 state."""
+        fp8 = None
+        if self.fp8_dpa:
+            fp8 = fp8_use("DotProductAttention", self._recipe, getattr(self, "fp8_meta", None),
+                          getattr(self, "fp8_probe", None))  # fmt: skip
+        kw = {**dict(self.config), **call, "fp8_dpa": self.fp8_dpa}
+        return attention_core(query, key, value, sequence_descriptor, bias, fp8=fp8, **kw)
 
 
 class _Cache:
@@ -110,6 +144,8 @@ class MultiHeadAttention(Fp8Module):
             layer = child_layer(child, width, keys.child(name), rngs, deterministic)
             setattr(self, name, layer)
         self._projections = tuple(configs)
+        if _config.fp8_dpa:  # the core's FP8 state, where Linen keeps it (``attention``)
+            self.attention = DotProductAttention(fp8_dpa=True)
         self._fp8_state(None)
         self._dropout_stream(rngs, _config.dropout_rng_name, deterministic)
 
@@ -172,7 +208,8 @@ class MultiHeadAttention(Fp8Module):
         dropout_rng = None if deterministic else functools.partial(self._dropout_key, rngs)
 
         def core(q, k, v, mask, bias, mask_type):
-            return attention_core(
+            run = getattr(self, "attention", None) or attention_core
+            return run(
                 q, k, v, mask, bias, **cfg.core_config(mask_type, jnp.result_type(q, k, v)),
                 segment_ids=segment_ids, dropout_rng=dropout_rng,
             )  # fmt: skip

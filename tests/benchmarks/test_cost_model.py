@@ -1,4 +1,5 @@
-"""benchmarks/hlo_graph.py and benchmarks/cost_model.py: the HLO is read as written, the model
+"""benchmarks/hlo_graph.py, cost_model.py, calibration.py and attention_rates.py: the HLO is
+read as written, the model
 counts the bytes and FLOPs it says it counts, and its calibration reproduces the measurements."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+import attention_rates
+import calibration
 import cost_model as cm
 import hlo_graph as hg
 
@@ -178,6 +181,44 @@ ENTRY main {
     assert cast.seconds == pytest.approx(cast.bytes / 2.0 + cm.LAUNCH_S)  # its family's
 
 
+def _fmha(dtype: str, target: str, mask: str) -> str:
+    return f"""HloModule m
+
+ENTRY main {{
+  q = {dtype}[8,2048,32,128]{{3,2,1,0}} parameter(0)
+  s = f32[1,1,1,1]{{3,2,1,0}} parameter(1)
+  a = ({dtype}[8,2048,32,128]{{3,2,1,0}}, u8[0]{{0}}) custom-call(q, q, q, s), custom_call_target="{target}", backend_config={{"cudnn_fmha_backend_config":{{"mask_type":"{mask}"}}}}
+  ROOT o = {dtype}[8,2048,32,128]{{3,2,1,0}} get-tuple-element(a), index=0
+}}
+"""  # noqa: E501
+
+
+def test_cudnn_attention_is_priced_at_the_published_rates():
+    """FLOPs as FlashAttention-3 counts them (4 B H S S D, halved when causal, 2.5x for the
+    backward) at CUDNN_ATTENTION_TFLOPS (2k: BF16 forward 484 causal / 617 without, FP8
+    forward 886 without a mask); FP8 is faster by the forward's FP8/BF16 ratio."""
+    flops = 4 * 8 * 2048 * 32 * 128 * 2048
+    (bf16,) = _units(_fmha("bf16", "__cudnn$fmhaSoftmax", "CAUSAL"))
+    assert bf16.kind == "cudnn_attention:bf16" and bf16.flops == flops // 2
+    assert bf16.seconds == pytest.approx(flops / 2 / 484e12 + cm.LAUNCH_S)
+    (full,) = _units(_fmha("bf16", "__cudnn$fmhaSoftmax", "NO_MASK"))
+    assert full.seconds == pytest.approx(flops / 617e12 + cm.LAUNCH_S)
+    (bwd,) = _units(_fmha("bf16", "__cudnn$fmhaSoftmaxBackward", "NO_MASK"))
+    assert bwd.flops == 2.5 * flops
+    assert bwd.seconds == pytest.approx(2.5 * flops / 465e12 + cm.LAUNCH_S)
+    (fp8,) = _units(_fmha("f8e4m3fn", "__cudnn$fmhaSoftmaxF8", "NO_MASK"))
+    assert fp8.kind == "cudnn_attention:fp8"
+    assert fp8.seconds == pytest.approx(flops / 886e12 + cm.LAUNCH_S)
+    assert attention_rates.cudnn_attention_tflops("fp8", "backward", True, 2048) == pytest.approx(
+        465 * (484 / 617) * (886 / 617)
+    )
+    # between the published lengths: linear in log2(length); outside them: the nearest
+    assert attention_rates.cudnn_attention_tflops("bf16", "forward", True, 1448) == pytest.approx(
+        410 + (484 - 410) * (math.log2(1448) - 10), rel=1e-6
+    )
+    assert attention_rates.cudnn_attention_tflops("bf16", "forward", True, 64) == 315
+
+
 def test_a_loop_costs_its_body_times_its_trip_count():
     text = """HloModule m
 
@@ -224,7 +265,7 @@ def test_the_gemm_fits_pass_through_their_points_and_near_the_held_out_ones():
 def test_calibration_reproduces_the_measured_ops():
     """Each fp8jax kernel's bandwidth is its own measurement (exact); XLA's two fitted
     bandwidths put every reference within 30% of its measured time."""
-    cal = cm.calibration()
+    cal = calibration.calibration()
     for name, r in cal["ops"].items():
         rel = 1e-6 if name.endswith("[kernel]") else 0.3
         assert r["predicted_ms"] == pytest.approx(r["measured_ms"], rel=rel), name

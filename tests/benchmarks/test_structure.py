@@ -108,10 +108,33 @@ def test_per_tensor_residual_bytes_meet_their_targets():
 
 def test_predicted_ratios_hold_their_known_values():
     """The cost model's predicted FP8 speed-ups of the GPU-sized steps stay at their recorded
-    values (``KNOWN_PREDICTED``, less the tolerance), as ``structure.py --check`` holds them."""
+    values (``KNOWN_PREDICTED``, less the tolerance), as ``structure.py --check`` holds them:
+    with XLA's attention, and with cuDNN's in every variant, fp8jax's also with fp8_dpa."""
     predicted = {name: structure.predict_steps(name) for name in structure.PREDICTED_WORKLOADS}
+    predicted.update(structure.attention_predictions())
     assert structure.prediction_failures({"predicted": predicted}) == []
     assert {name for name, _ in structure.KNOWN_PREDICTED} <= set(predicted)
+    cudnn = predicted["transformer_layer/cudnn"]["predicted_ms_by_kind"]
+    assert "attention" not in cudnn["bf16"] and cudnn["bf16"]["cudnn_attention"] > 0
+    assert cudnn["fp8_dpa"]["cudnn_attention"] < cudnn["fp8"]["cudnn_attention"]
+    # (no XLA attention left: the 0.155 ms "attention" is the fused QKV kernel's FP8 transpose,
+    # u8[3, 4096, 4096], which cost_model.is_scores takes for scores by its shape)
+    assert cudnn["fp8_dpa"].get("attention", 0.0) < 0.2
+
+
+def test_fp8_dpa_lowers_to_cudnn_fp8_attention_without_scores():
+    """A TransformerLayer train step with fp8_dpa, lowered for CUDA on this machine (JAX's and
+    fp8jax's device checks substituted: benchmarks/cudnn_lowering.py), calls cuDNN's FP8
+    attention forward and backward and holds no [..., seq, seq] array; without fp8_dpa the same
+    step calls cuDNN's BF16 attention."""
+    low = structure.fp8_dpa_lowering()
+    assert structure.fp8_dpa_failures({"fp8_dpa_lowering": low}) == [], low
+    assert low["cudnn_calls"] == {"__cudnn$fmhaSoftmaxF8": 1, "__cudnn$fmhaSoftmaxBackwardF8": 1}
+    bad = {"cudnn_calls": {}, "seq_x_seq_arrays": 2}
+    assert len(structure.fp8_dpa_failures({"fp8_dpa_lowering": bad})) == 3
+    bf16 = structure.fp8_dpa_lowering(fp8_dpa=False)
+    assert bf16 == {"cudnn_calls": {"__cudnn$fmhaSoftmax": 1, "__cudnn$fmhaSoftmaxBackward": 1},
+                    "seq_x_seq_arrays": 0}  # fmt: skip
 
 
 def test_a_predicted_ratio_below_its_known_value_fails():

@@ -120,6 +120,7 @@ def test_gemm_dgelu_split(layout):
         assert 2 in sizes
 
 
+@fp8jax.ops.gemm_options(fused_epilogues=True)  # opt-in
 def test_layernorm_mlp_fused_path_on_a_mesh():
     """The layer with the fused path (bf16, gelu, delayed scaling) jitted on a 2 x 4 mesh with
     its input split over the batch and GEMM1's kernel over its output columns (tensor

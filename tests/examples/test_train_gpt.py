@@ -97,6 +97,36 @@ def test_moe_preset_trains_a_few_fp8_steps(train_gpt, tmp_path):
     assert scale.shape == (cfg.layers, 6 * cfg.experts)  # scanned layers x (2 GEMMs x 3 E)
 
 
+def test_fp8_dpa_recipe_trains_fp8_attention(train_gpt, tmp_path):
+    """--recipes fp8-dpa: the FP8 run with TransformerLayer(fp8_dpa=True), whose attention keeps
+    its own 15 FP8 roles per layer; two steps learn (the five-seed runs: docs/convergence.md)."""
+    out = tmp_path / "runs"
+    summary = train_gpt.main(["--steps", "2", "--out", str(out), "--max-bytes", "300000",
+                              "--recipes", "fp8-dpa"])  # fmt: skip
+    assert 0 < summary["runs"]["fp8-dpa"]["final_val_loss"] < 5.6
+    cfg = train_gpt.Config(**{**train_gpt.PRESETS["cpu"], "steps": 3}, fp8_dpa=True)
+    state = train_gpt.APIS["linen"].init(cfg, train_gpt.RECIPES["fp8-dpa"])
+    attention = state.fp8_meta["blocks"]["layer"]["attention"]["attention"]
+    assert attention["scale"].shape == (cfg.layers, 15)
+
+
+def test_attention_error_tool():
+    """tools/attention_error.py (docs/numerics.md's per-layer table) on the demo model after
+    two BF16 steps: one row per layer, every error a few percent (FP8's 2**-4 rounding)."""
+    sys.path.insert(0, str(EXAMPLES.parent / "tools"))
+    import attention_error as tool
+
+    train_gpt_module = tool.train_gpt
+    cfg = train_gpt_module.Config(**{**train_gpt_module.PRESETS["cpu"], "steps": 4})
+    train, val, _ = train_gpt_module.load_text(None, 300_000)
+    params = tool.trained(cfg, 2, train)
+    rows = tool.layer_errors(cfg, params, *train_gpt_module.batch_at(val, cfg, 0, salt=1))
+    assert [r["layer"] for r in rows] == list(range(cfg.layers))
+    for r in rows:
+        assert all(0 < r[k] < 0.25 for k in ("out", "dq", "dk", "dv")), r
+    assert "| layer | output |" in tool.table(rows)
+
+
 @pytest.mark.slow  # compiles the NNX MoE train step and two forwards (about a minute on 2 cores)
 def test_nnx_moe_preset_adds_the_load_balancing_loss(train_gpt, tmp_path):
     """--api nnx --preset cpu-moe: two FP8 steps run, and the first step's train loss is the

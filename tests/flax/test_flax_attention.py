@@ -366,6 +366,80 @@ def test_bad_shapes_name_the_argument():
         _dpa(attn_mask_type="padding").apply({}, q, k, v, segment_ids=jnp.ones((B, SQ)))
 
 
+# ---------------------------------------------------------------------------------- fp8_dpa
+
+
+def _dpa_train(module, q, k, v, recipe, steps=2):
+    """``steps`` steps of ``module`` (the mean of its output squared, differentiated with
+    respect to its probes; no params) -> (outputs, fp8_meta, fp8_probe)."""
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        variables = module.init(jax.random.key(0), q, k, v)
+    meta, probes = variables["fp8_meta"], variables["fp8_probe"]
+
+    def loss(probes, meta):
+        with fp8jax.autocast(enabled=True, recipe=recipe):
+            out = module.apply({"fp8_meta": meta, "fp8_probe": probes}, q, k, v)
+        return jnp.mean(out.astype(jnp.float32) ** 2), out
+
+    outs = []
+    for _ in range(steps):
+        (_, out), pg = jax.value_and_grad(loss, has_aux=True)(probes, meta)
+        meta = fp8jax.flax.update_fp8_variables(meta, pg, recipe)
+        outs.append(out)
+    return outs, meta, probes
+
+
+def test_fp8_dpa_keeps_the_attention_roles_and_trains():
+    """DotProductAttention(fp8_dpa=True) under DelayedScaling: 15 FP8 roles in its own
+    fp8_meta/fp8_probe; after a step the scales follow the amaxes, and the output is the
+    high-precision attention's to E4M3 precision."""
+    q, k, v = _qkv(sq=8, skv=8)
+    recipe = fp8jax.DelayedScaling(amax_history_len=4)
+    outs, meta, probes = _dpa_train(_dpa(fp8_dpa=True, attn_mask_type="causal"), q, k, v, recipe)
+    assert meta["scale"].shape == (15,) and probes["call_0"].shape == (15,)
+    assert float(meta["scale"][0]) == np.float32(448.0) / jnp.max(jnp.abs(q))
+    want = _dpa(attn_mask_type="causal").apply({}, q, k, v)
+    assert np.linalg.norm(outs[-1] - want) < 0.1 * np.linalg.norm(want)
+
+
+def test_fp8_dpa_under_current_scaling_has_no_state():
+    q, k, v = _qkv(sq=8, skv=8)
+    with fp8jax.autocast(enabled=True, recipe=fp8jax.Float8CurrentScaling()):
+        module = _dpa(fp8_dpa=True, attn_mask_type="causal")
+        variables = module.init(jax.random.key(0), q, k, v)
+        out = module.apply(variables, q, k, v)
+    assert variables == {}
+    want = _dpa(attn_mask_type="causal").apply({}, q, k, v)
+    assert np.linalg.norm(out - want) < 0.1 * np.linalg.norm(want)
+
+
+def test_fp8_dpa_off_or_without_fp8_is_the_high_precision_core():
+    q, k, v = _qkv()
+    want = _dpa().apply({}, q, k, v)
+    assert _dpa(fp8_dpa=True).init(jax.random.key(0), q, k, v) == {}
+    np.testing.assert_array_equal(_dpa(fp8_dpa=True).apply({}, q, k, v), want)
+
+
+def test_fp8_dpa_refusals_warn_once_or_raise_when_strict():
+    """A call the FP8 attention cannot take (here a bias) runs in high precision with a
+    warning naming the reason; inside strict_fp8_attention it is a ValueError."""
+    from fp8jax.layers.attention_backend import Fp8AttentionFallback, strict_fp8_attention
+
+    q, k, v = _qkv()
+    bias = rand((1, H, SQ, SKV), 5)
+    recipe = fp8jax.Float8CurrentScaling()
+    module = _dpa(fp8_dpa=True)
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        with pytest.warns(Fp8AttentionFallback, match="fp8_dpa=True.*takes no bias"):
+            out = module.apply({}, q, k, v, bias=bias)
+        np.testing.assert_array_equal(out, _dpa().apply({}, q, k, v, bias=bias))
+        with strict_fp8_attention(), pytest.raises(ValueError, match=r"takes no bias.*strict"):
+            module.apply({}, q, k, v, bias=bias)
+    with fp8jax.autocast(enabled=True, recipe=fp8jax.Float8BlockScaling()):
+        with pytest.warns(Fp8AttentionFallback, match="block-scaled"):
+            module.apply({}, q, k, v)
+
+
 def test_fp8_attention_recipe_flags_stay_rejected():
     for flag in ("fp8_dpa", "fp8_mha"):
         with pytest.raises(ValueError, match=flag):

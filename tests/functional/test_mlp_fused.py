@@ -49,6 +49,12 @@ def _setup(recipe=RECIPE):
 
 def test_when_the_fused_path_is_taken():
     s = _setup()
+    assert not fused_path(s, ("gelu",), BF16, False)  # opt-in
+    with ops.gemm_options(fused_epilogues=True):
+        _fused_where_it_applies(s)
+
+
+def _fused_where_it_applies(s):
     assert fused_path(s, ("gelu",), BF16, False)
     assert fused_path(s, ("gelu",), jnp.float16, False)
     assert not fused_path(s, ("gelu",), jnp.float32, False)  # cuBLASLt: a 16-bit epilogue dtype
@@ -87,7 +93,7 @@ def test_the_cuda_lowering_of_a_train_step_has_the_fused_epilogues():
     """The step lowered for CUDA (no GPU needed): GEMM1 is cuBLASLt's GELU epilogue, GEMM2's dgrad
     its DGELU epilogue, and neither activation kernel runs (the activation's transposed copies
     are transposes of FP8 codes); with the option off, the reverse."""
-    fused, plain = _cuda_targets(), _cuda_targets(fused_epilogues=False)
+    fused, plain = _cuda_targets(fused_epilogues=True), _cuda_targets()
     assert fused["fp8jax_gemm_gelu"] == 1 and fused["fp8jax_gemm_dgelu"] == 1
     assert plain["fp8jax_gemm_gelu"] == plain["fp8jax_gemm_dgelu"] == 0
     # the two fused GEMMs replace two plain ones; everything else is the same program
@@ -120,9 +126,9 @@ def test_fused_numerics_match_the_separate_kernels():
         y = fp8jax.layernorm_mlp(*args, meta, RECIPE)
         return y, jax.jit(_step)(*args, meta, probe)
 
-    y_fused, g_fused = run()
-    with ops.gemm_options(fused_epilogues=False):
-        y_plain, g_plain = run()
+    with ops.gemm_options(fused_epilogues=True):
+        y_fused, g_fused = run()
+    y_plain, g_plain = run()
     assert y_fused.dtype == y_plain.dtype == BF16
     assert _rel(y_fused, y_plain) < 0.02
     for got, want in zip(g_fused[:-1], g_plain[:-1], strict=True):
@@ -143,6 +149,11 @@ def test_fused_path_under_remat_and_vmap():
         return jnp.sum(y.astype(jnp.float32))
 
     probe = jnp.zeros((6,), jnp.float32)
+    with ops.gemm_options(fused_epilogues=True):
+        _remat_and_vmap(f, x, w1, probe, gamma, beta, w2, b1, b2, meta)
+
+
+def _remat_and_vmap(f, x, w1, probe, gamma, beta, w2, b1, b2, meta):
     plain = jax.grad(f, argnums=(0, 1, 2))(x, w1, probe)
     remat = jax.checkpoint(f, policy=fp8jax.save_fp8_operands)
     remat = jax.grad(remat, argnums=(0, 1, 2))(x, w1, probe)
@@ -161,7 +172,7 @@ def test_gemm_options_nest_validate_and_key_jit():
     assert ops.get_gemm_options() == ops.GemmOptions()
     with ops.gemm_options(autotune=False):
         with ops.gemm_options(min_fp8_flops=100):
-            assert ops.get_gemm_options() == ops.GemmOptions(False, True, 100)
+            assert ops.get_gemm_options() == ops.GemmOptions(False, False, 100)
         assert ops.get_gemm_options().min_fp8_flops == 0
     with pytest.raises(ValueError, match="unknown option 'auto_tune'"):
         ops.gemm_options(auto_tune=False)
@@ -179,7 +190,7 @@ def test_gemm_options_nest_validate_and_key_jit():
         return x
 
     f(1.0)
-    with ops.gemm_options(fused_epilogues=False):
+    with ops.gemm_options(fused_epilogues=True):
         f(1.0)
     f(1.0)
     assert len(traces) == 2  # the options are part of jit's cache key
@@ -241,3 +252,43 @@ def test_a_small_delayed_scaling_layer_leaves_its_state_as_it_is():
     np.testing.assert_array_equal(np.asarray(probe_grad), np.zeros(3))
     new = fp8jax.update_fp8_meta(meta, probe_grad, RECIPE)
     np.testing.assert_array_equal(np.asarray(new.scale), np.asarray(meta.scale))
+
+
+# ------------------------------------------------------------ compiled memory on CPU
+
+
+def _step_temp_bytes(model, x, fp8: bool) -> int:
+    """XLA:CPU's temporary bytes of ``model``'s compiled gradient step on ``x`` (params and
+    probes differentiated), FP8 under ``RECIPE`` or off."""
+    with fp8jax.autocast(enabled=fp8, recipe=RECIPE):
+        variables = model.init(jax.random.key(0), x)
+
+    def loss(params, probes, x):
+        with fp8jax.autocast(enabled=fp8, recipe=RECIPE):
+            out = model.apply({**variables, "params": params, "fp8_probe": probes}, x)
+        out = out[0] if isinstance(out, tuple) else out
+        return jnp.mean(out.astype(jnp.float32) ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    compiled = grad.lower(variables["params"], variables.get("fp8_probe", {}), x).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("name", ["layernorm_mlp", "transformer_layer"])
+def test_the_fp8_step_holds_less_than_bf16_on_cpu(name):
+    """Issue 48: at B8 S256 H512 (bf16, delayed scaling) the FP8 step's compiled temporaries
+    stay below the same layer's in BF16 with the default options (the fused epilogues, whose
+    CPU reference holds float32 temporaries, are opt-in)."""
+    from fp8jax.flax import LayerNormMLP, TransformerLayer
+
+    x = jnp.zeros((8, 256, 512), BF16)
+    model = {
+        "layernorm_mlp": LayerNormMLP(intermediate_dim=2048, activations=("gelu",), dtype=BF16,
+                                      intermediate_dropout_rate=0.0),
+        "transformer_layer": TransformerLayer(
+            hidden_size=512, mlp_hidden_size=2048, num_attention_heads=8, hidden_dropout=0.0,
+            attention_dropout=0.0, intermediate_dropout=0.0, dtype=BF16,
+        ),
+    }[name]  # fmt: skip
+    fp8, bf16 = _step_temp_bytes(model, x, True), _step_temp_bytes(model, x, False)
+    assert fp8 < bf16, (fp8, bf16)

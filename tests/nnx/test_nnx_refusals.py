@@ -305,3 +305,20 @@ def test_every_refusal_of_the_checks_has_a_case():
         sys.settrace(old)
     missing = sorted(wanted - reached)
     assert not missing, f"refusals of the shared checks with no case in CASES: {missing}"
+
+
+def test_a_refused_fp8_dpa_warns_alike_in_both_apis():
+    """fp8_dpa with a bias (which the FP8 attention does not take): one Fp8AttentionFallback
+    warning naming it, from the Linen and the NNX MultiHeadAttention alike."""
+    from fp8jax.layers import Fp8AttentionFallback
+
+    cfg = dict(head_dim=4, num_attention_heads=2, fp8_dpa=True, attn_mask_type="no_mask")
+    x, bias = jnp.ones((2, 4, 8)), jnp.zeros((1, 2, 4, 4))
+    with fp8jax.autocast(enabled=True, recipe=fp8jax.Float8CurrentScaling()):
+        linen = fflax.MultiHeadAttention(**cfg)
+        variables = linen.init(jax.random.key(0), x, None)
+        with pytest.warns(Fp8AttentionFallback, match="takes no bias"):
+            linen.apply(variables, x, None, bias=bias)
+        model = fnnx.MultiHeadAttention(8, **cfg, rngs=nnx.Rngs(0))
+        with pytest.warns(Fp8AttentionFallback, match="takes no bias"):
+            model(x, bias=bias)

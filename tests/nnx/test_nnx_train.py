@@ -46,14 +46,22 @@ def _mse(model, x, y, **kw):
     return jnp.mean((model(x, **kw) - y) ** 2)
 
 
-def test_five_steps_bit_identical_to_linen():
-    model = _build(lambda: fnnx.TransformerLayer(**TRANSFORMER, rngs=nnx.Rngs(0)))
+# fp8_dpa: FP8 attention (its state in the attention's "attention" child), no relative bias
+FP8_DPA = dict(fp8_dpa=True, enable_relative_embedding=False)
+
+
+@pytest.mark.parametrize("extra", [{}, FP8_DPA], ids=["", "fp8_dpa"])
+def test_five_steps_bit_identical_to_linen(extra):
+    cfg = dict(TRANSFORMER, **extra)
+    model = _build(lambda: fnnx.TransformerLayer(**cfg, rngs=nnx.Rngs(0)))
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     x, y = rand((2, 4, 16), 1), rand((2, 4, 16), 2)
     state = fflax.Fp8TrainState.from_model(
-        fflax.TransformerLayer(**TRANSFORMER), nnx.Rngs(0).params(), x, tx=optax.adam(1e-2),
+        fflax.TransformerLayer(**cfg), nnx.Rngs(0).params(), x, tx=optax.adam(1e-2),
         recipe=RECIPE, deterministic=True,
     )  # fmt: skip
+    if extra:  # the attention's 15 FP8 roles, where Linen keeps them
+        assert state.fp8_meta["attention"]["attention"]["scale"].shape == (15,)
 
     @jax.jit
     def linen_step(state, x, y):

@@ -3,11 +3,12 @@ op's ``jnp`` reference.
 
 Every op belongs to a *family* (``"cast"``: quantize, dequantize, cast_transpose(_dbias);
 ``"activation"``: the activations and their FP8 forms; ``"scaling"``: the delayed-scaling state
-update; ``"gemm"``: the FP8 GEMM). For each family a program picks
+update; ``"gemm"``: the FP8 GEMM; ``"norm"``; ``"attention"``: the FP8 attention). For each
+family a program picks
 
-* ``"kernel"`` (the default of every family today, :data:`DEFAULTS`): the fp8jax custom call (on
-  CPU the C++ kernel, on CUDA the CUDA kernel or cuBLASLt), split over a mesh by fp8jax's own
-  sharding rules;
+* ``"kernel"`` (the default of every family but the FP8 attention, :data:`DEFAULTS`): the fp8jax
+  custom call (on CPU the C++ kernel, on CUDA the CUDA kernel, cuBLASLt or cuDNN), split over a
+  mesh by fp8jax's own sharding rules;
 * ``"xla"``: the op's ``*_reference`` function, compiled by XLA like any other ``jnp`` code. XLA
   fuses it with its neighbours and partitions it itself; no fp8jax extension is loaded for it.
   Numerics are those of the reference, which the kernels match bit for bit (the GEMM within its
@@ -45,12 +46,17 @@ DEFAULTS: dict[str, str] = {
     "scaling": "kernel",
     "gemm": "kernel",
     "norm": "kernel",
+    "attention": "xla",
 }
-"""What each family runs outside any :func:`implementation` block (a family missing here: its
-kernel). The one place to change a default: the GPU runs of docs/performance.md measured XLA's
-fusion faster than quantize/dequantize (0.81x-0.86x) and the norm backward (0.82x, before its
-grid was widened), and the kernels faster elsewhere; a default changes here only with a GPU run
-that decides it (docs/gpu-tuning.md, "Defaults")."""
+"""What each family runs outside any :func:`implementation` block, on CPU and on a GPU (a
+family missing here: its kernel). The one place to change a default. On a GPU each entry is
+the one the H100 figures of docs/performance.md and the whole-step predictions of
+benchmarks/structure.py (``--families``: each family on XLA in turn) favour, every one the
+kernel; docs/gpu-tuning.md ("Defaults") names the run or prediction behind each. The FP8
+attention is the exception, on its reference: cuDNN's backward takes a term from its FP8
+output that the reference does not, and emulated on CPU that trained the GPT demo 22-31% worse
+(fp8jax/ops/attention/fp8_attention.py; ``implementation(attention="kernel")`` opts in). A
+default changes here only with a GPU run or a prediction that decides it."""
 
 
 def register_family(name: str, op: str) -> str:
@@ -142,7 +148,8 @@ def implementation(
       **families: the choice for one family, overriding ``default``: ``cast`` (quantize,
         dequantize, cast_transpose(_dbias)), ``activation`` (activation, dactivation and their
         FP8 forms), ``scaling`` (update_fp8_state(s)), ``gemm``, ``norm`` (norm_forward(_fp8),
-        norm_backward, layernorm, rmsnorm).
+        norm_backward, layernorm, rmsnorm), ``attention`` (the FP8 attention: cuDNN's, or its
+        reference).
 
     Returns:
       A context manager (also a decorator, reusable); the arguments are checked here.
@@ -150,7 +157,8 @@ def implementation(
     Raises:
       ValueError: a value that is not ``"kernel"`` or ``"xla"``, or an unknown family.
 
-    Outside any block each family runs its :data:`DEFAULTS` entry (today every one its kernel).
+    Outside any block each family runs its :data:`DEFAULTS` entry (every one its kernel but the
+    FP8 attention).
     Blocks nest; an op's own
     ``implementation=`` argument overrides them all. The choice is part of :func:`jax.jit`'s
     cache key, so switching retraces instead of reusing a stale trace.

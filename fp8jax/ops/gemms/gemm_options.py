@@ -13,13 +13,16 @@ is traced again under another). No environment variable.
   fp8jax did before. It is the ``autotune`` attribute of the custom call: it changes the
   algorithm, never the definition of the result (different algorithms may sum in a different
   order, within the GEMM's stated tolerance). No effect on CPU, where the GEMM is XLA's dot.
-* ``fused_epilogues`` (default ``True``): :func:`fp8jax.layernorm_mlp` (and the Flax/NNX
-  ``LayerNormMLP``) runs its first GEMM with cuBLASLt's GELU epilogue writing the FP8
+* ``fused_epilogues`` (default ``False``: opt-in): :func:`fp8jax.layernorm_mlp` (and the
+  Flax/NNX ``LayerNormMLP``) runs its first GEMM with cuBLASLt's GELU epilogue writing the FP8
   activation, its amax and the float16 GELU input, and its second GEMM's dgrad with the DGELU
   epilogue writing the FP8 activation gradient, its amax and the bias gradient
   (:mod:`fp8jax.ops.gemms.gemm_epilogue`), where that is the same computation: a ``"gelu"``
   activation, delayed scaling, bfloat16/float16 compute, no dropout, the ``"kernel"``
-  implementation of the ``gemm`` family. ``False``: the separate activation kernels.
+  implementation of the ``gemm`` family. ``False``: the separate activation kernels. Off by
+  default: never run on a GPU yet, and on CPU, where its reference runs, the compiled step holds
+  more temporaries than with the separate kernels (docs/performance.md, "The fused epilogues
+  on CPU").
 * ``grouped_tensor_cores`` (default ``False``: opt-in until a GPU run has checked its bits and
   speed): the ragged grouped GEMM of a mixture of experts (:func:`~fp8jax.ops.grouped_gemm`) runs
   on Hopper's tensor cores, CUTLASS's grouped GEMM with problem shapes and pointers written on
@@ -39,7 +42,7 @@ is traced again under another). No environment variable.
 >>> import fp8jax
 >>> with fp8jax.ops.gemm_options(autotune=False, min_fp8_flops=2**36):
 ...     fp8jax.ops.get_gemm_options()  # doctest: +NORMALIZE_WHITESPACE
-GemmOptions(autotune=False, fused_epilogues=True, min_fp8_flops=68719476736,
+GemmOptions(autotune=False, fused_epilogues=False, min_fp8_flops=68719476736,
             grouped_tensor_cores=False)
 >>> fp8jax.ops.get_gemm_options().autotune
 True
@@ -64,7 +67,7 @@ class GemmOptions:
     """The GEMM choices of :func:`gemm_options` (hashable: part of jit's cache key)."""
 
     autotune: bool = True
-    fused_epilogues: bool = True
+    fused_epilogues: bool = False
     min_fp8_flops: int = 0
     grouped_tensor_cores: bool = False
 
