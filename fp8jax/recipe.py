@@ -6,6 +6,8 @@ arguments to :func:`jax.jit` and are part of the :mod:`fp8jax.autocast` state, w
 of jit's cache key.
 
 The field names and defaults follow NVIDIA TransformerEngine, so TE code ports by changing imports.
+What a recipe means to the rest of fp8jax (state or none, per-tensor or block scales) it says
+itself (:class:`Recipe`); nothing outside this module tests a recipe's type.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,8 @@ __all__ = [
     "MXFP8BlockScaling",
     "QParams",
     "Recipe",
+    "Scaling",
+    "check_recipe",
     "fp8_max",
     "is_fp8_dtype",
 ]
@@ -118,13 +122,50 @@ class Format(enum.Enum):
         return _FP8_MAX[self.bwd_dtype]
 
 
+class Scaling(str, enum.Enum):
+    """How a recipe chooses its scales (:attr:`Recipe.scaling`).
+
+    - ``DELAYED``: one scale per tensor, from a history of past amaxes kept as FP8 state.
+    - ``CURRENT``: one scale per tensor, from the tensor's own amax (no state).
+    - ``BLOCK``: one float32 scale per block (1 x 128 or 128 x 128) from the block's amax.
+    - ``MXFP8``: one E8M0 (power-of-two) scale per block of 32 (or 32 x 32).
+    """
+
+    DELAYED = "delayed"
+    CURRENT = "current"
+    BLOCK = "block"
+    MXFP8 = "mxfp8"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+
+_ROLES = ("x", "w", "grad")
+
+
 class Recipe:
     """Common base class of the scaling recipes; use one of its subclasses.
 
-    Every subclass has a ``fp8_format: Format`` field.
+    A recipe describes itself; the layers, the FP8 state, autocast, the train helpers and the ops
+    ask it rather than test its type. The protocol, which a new recipe class defines (class
+    attributes and fields) or inherits (properties and methods):
+
+    - ``fp8_format: Format`` (a field): the FP8 dtypes, read through :attr:`fwd_dtype`,
+      :attr:`bwd_dtype` and :meth:`fp8_max`.
+    - ``scaling: ClassVar[Scaling]``: how its scales are chosen.
+    - :attr:`keeps_state`: whether layers keep FP8 state (amax history, scale) under it: with
+      ``Scaling.DELAYED``, which then also defines ``amax_history_len``, ``margin``,
+      ``amax_compute_algo`` and ``scaling_factor_compute_algo`` (read by the state update).
+    - :attr:`block_scaled`: whether its scales are per block (``Scaling.BLOCK``, ``MXFP8``).
+    - :meth:`block` and :meth:`qparams`: per operand role (``"x"``, ``"w"``, ``"grad"``) the
+      block shape and the :class:`QParams` (``None`` for a per-tensor recipe).
+    - ``margin`` (optional field): divides per-tensor scales by ``2**margin`` (default 0).
+
+    Arguments are checked to be recipes in one place, :func:`check_recipe`.
     """
 
     fp8_format: Format
+    scaling: ClassVar[Scaling]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Recipe:
         if cls is Recipe:
@@ -147,6 +188,57 @@ class Recipe:
     def fp8_max(self, backward: bool = False) -> float:
         """The largest finite value of the backward (``backward=True``) or forward FP8 dtype."""
         return self.fp8_format.bwd_max if backward else self.fp8_format.fwd_max
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether layers keep FP8 state (an amax history and a scale per tensor) under this
+        recipe: delayed scaling."""
+        return self.scaling is Scaling.DELAYED
+
+    @property
+    def block_scaled(self) -> bool:
+        """Whether each block of a tensor gets its own scale (:meth:`block`)."""
+        return self.scaling in (Scaling.BLOCK, Scaling.MXFP8)
+
+    def _role(self, method: str, role: str) -> None:
+        if role not in _ROLES:
+            owner = f"{type(self).__name__}.{method}"
+            raise ValueError(f"{owner}: role must be x, w or grad, got {role!r}")
+
+    def block(self, role: str) -> tuple[int, int] | None:
+        """The block shape of operand ``role`` (``"x"``, ``"w"`` or ``"grad"``); ``None``: one
+        scale per tensor."""
+        self._role("block", role)
+        return None
+
+    def qparams(self, role: str) -> QParams | None:
+        """The :class:`QParams` of operand ``role`` under block scaling; ``None`` otherwise."""
+        self._role("qparams", role)
+        return None
+
+
+def check_recipe(value: Any, argname: str, *, default: Recipe | None = None,
+                 keeps_state: bool = False) -> Recipe:  # fmt: skip
+    """``value`` if it is a :class:`Recipe`, else ``TypeError`` naming ``argname`` (e.g.
+    ``"autocast: recipe"``): the one place fp8jax checks that an argument is a recipe.
+
+    ``default``: what ``None`` stands for (``None`` is then allowed). ``keeps_state``: the
+    recipe must keep FP8 state (:attr:`Recipe.keeps_state`: DelayedScaling).
+    """
+    if value is None and default is not None:
+        return default
+    if keeps_state and not (isinstance(value, Recipe) and value.keeps_state):
+        raise TypeError(
+            f"{argname} must be a DelayedScaling (the recipe that keeps FP8 state: an amax "
+            f"history per tensor), got {value!r} of type {type(value).__name__}"
+        )
+    if not isinstance(value, Recipe):
+        raise TypeError(
+            f"{argname} must be {'None or ' if default is not None else ''}a "
+            "fp8jax.recipe.Recipe (DelayedScaling, Float8CurrentScaling, Float8BlockScaling or "
+            f"MXFP8BlockScaling), got {value!r} of type {type(value).__name__}"
+        )
+    return value
 
 
 # --- field validation shared by the recipes ---------------------------------------------------
@@ -279,6 +371,7 @@ class DelayedScaling(Recipe):
     57344.0
     """
 
+    scaling: ClassVar[Scaling] = Scaling.DELAYED
     margin: int = 0
     fp8_format: Format = Format.HYBRID
     amax_history_len: int = 1024
@@ -357,6 +450,7 @@ class Float8CurrentScaling(Recipe):
     Float8CurrentScaling(fp8_format=Format.HYBRID, margin=0)
     """
 
+    scaling: ClassVar[Scaling] = Scaling.CURRENT
     fp8_format: Format = Format.HYBRID
     margin: int = 0
     backward_override: str | None = dataclasses.field(default=None, repr=False)
@@ -463,6 +557,7 @@ class Float8BlockScaling(Recipe):
         x_block_scaling_dim=1, w_block_scaling_dim=2, grad_block_scaling_dim=1)
     """
 
+    scaling: ClassVar[Scaling] = Scaling.BLOCK
     use_f32_scales: bool = False
     fp8_format: Format = Format.E4M3
     fp8_quant_fwd_inp: QParams | None = None
@@ -527,12 +622,16 @@ class Float8BlockScaling(Recipe):
     def block(self, role: str) -> tuple[int, int]:
         """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 128)`` or
         ``(128, 128)``."""
-        dims = {"x": self.x_block_scaling_dim, "w": self.w_block_scaling_dim,
-                "grad": self.grad_block_scaling_dim}  # fmt: skip
-        if role not in dims:
-            raise ValueError(f"Float8BlockScaling.block: role must be x, w or grad, got {role!r}")
-        dim = dims[role]
+        self._role("block", role)
+        dim = getattr(self, f"{role}_block_scaling_dim")
         return (1, 128) if dim == 1 else (128, 128)
+
+    def qparams(self, role: str) -> QParams:
+        """The :class:`QParams` of ``role``: ``fp8_quant_fwd_inp`` (``"x"``),
+        ``fp8_quant_fwd_weight`` (``"w"``) or ``fp8_quant_bwd_grad`` (``"grad"``)."""
+        self._role("qparams", role)
+        name = {"x": "fwd_inp", "w": "fwd_weight", "grad": "bwd_grad"}[role]
+        return getattr(self, f"fp8_quant_{name}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -557,6 +656,7 @@ class MXFP8BlockScaling(Recipe):
     MXFP8BlockScaling(margin=0, fp8_format=Format.E4M3, enable_2d_quantization=False)
     """
 
+    scaling: ClassVar[Scaling] = Scaling.MXFP8
     margin: int = 0
     fp8_format: Format = Format.E4M3
     enable_2d_quantization: bool = False
@@ -579,6 +679,10 @@ class MXFP8BlockScaling(Recipe):
     def block(self, role: str) -> tuple[int, int]:
         """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 32)``, or
         ``(32, 32)`` for ``"w"`` with ``enable_2d_quantization``."""
-        if role not in ("x", "w", "grad"):
-            raise ValueError(f"MXFP8BlockScaling.block: role must be x, w or grad, got {role!r}")
+        self._role("block", role)
         return (32, 32) if role == "w" and self.enable_2d_quantization else (1, 32)
+
+    def qparams(self, role: str) -> QParams:
+        """The :class:`QParams` of ``role``: power-of-two (E8M0) scales, no epsilon, any role."""
+        self._role("qparams", role)
+        return QParams(power_2_scale=True)
