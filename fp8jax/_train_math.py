@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.recipe import DelayedScaling, Recipe
+from fp8jax.recipe import Recipe, check_recipe
 from fp8jax.state import Fp8Meta, backward_roles, merge_observations, update_fp8_metas
 
 #: Collection of the delayed-scaling state (``amax_history``, ``scale``).
@@ -113,11 +113,8 @@ def update_fp8_variables(fp8_meta: Any, probe_grads: Any, recipe: Recipe) -> Any
     nodes = _meta_nodes(fp8_meta)
     if not nodes:
         return fp8_meta
-    if not isinstance(recipe, DelayedScaling):
-        raise TypeError(
-            "update_fp8_variables: fp8_meta holds delayed-scaling state, so recipe must be a "
-            f"DelayedScaling, got {recipe!r}"
-        )
+    # fp8_meta holds delayed-scaling state, so the recipe must keep it
+    check_recipe(recipe, "update_fp8_variables: recipe", keeps_state=True)
     metas, observed, flags, shapes = [], [], [], []
     for path, node in nodes:
         hist = jnp.asarray(node["amax_history"])
@@ -144,14 +141,10 @@ def update_fp8_variables(fp8_meta: Any, probe_grads: Any, recipe: Recipe) -> Any
     return _rebuild(fp8_meta, (), new)
 
 
-def check_recipe(owner: str, recipe: Any, fp8_meta: Any) -> Recipe:
-    if not isinstance(recipe, Recipe):
-        raise TypeError(
-            f"{owner}: recipe must be a fp8jax Recipe (DelayedScaling, Float8CurrentScaling, ...), "
-            f"got {recipe!r}"
-        )
+def check_train_recipe(owner: str, recipe: Any, fp8_meta: Any) -> Recipe:
+    recipe = check_recipe(recipe, f"{owner}: recipe")
     nodes = _meta_nodes(fp8_meta)
-    if nodes and not isinstance(recipe, DelayedScaling):
+    if nodes and not recipe.keeps_state:
         raise ValueError(
             f"{owner}: the variables hold delayed-scaling state ({FP8_META!r}) but the recipe is "
             f"{type(recipe).__name__}; initialise the model under the recipe you train with"

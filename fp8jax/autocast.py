@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fp8jax.recipe import DelayedScaling, Recipe
+from fp8jax.recipe import DelayedScaling, Recipe, check_recipe
 from fp8jax.sharding import MeshResource
 
 __all__ = ["autocast", "fp8_autocast", "get_recipe", "is_fp8_enabled"]
@@ -127,13 +127,7 @@ def _checked(
     if not isinstance(enabled, (bool, np.bool_)):
         raise TypeError(f"{fn}: enabled must be a bool, got {enabled!r}")
     _check_mesh_resource(fn, mesh_resource)
-    if recipe is None:
-        recipe = DelayedScaling()
-    elif not isinstance(recipe, Recipe):
-        raise TypeError(
-            f"{fn}: {recipe_arg} must be None or a fp8jax.recipe.Recipe (e.g. DelayedScaling()), "
-            f"got {recipe!r} of type {type(recipe).__name__}"
-        )
+    recipe = check_recipe(recipe, f"{fn}: {recipe_arg}", default=DelayedScaling())
     return _AutocastContext(AutocastState(enabled=bool(enabled), recipe=recipe))
 
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.ops.casts.scaling import update_fp8_states
-from fp8jax.recipe import DelayedScaling
+from fp8jax.recipe import DelayedScaling, check_recipe
 
 __all__ = [
     "DENSE_BACKWARD",
@@ -99,8 +99,7 @@ def init_fp8_meta(recipe: DelayedScaling, n_roles: int = len(DENSE_ROLES)) -> Fp
     >>> m.amax_history.shape, m.scale.tolist()
     ((3, 16), [1.0, 1.0, 1.0])
     """
-    if not isinstance(recipe, DelayedScaling):
-        raise TypeError(f"init_fp8_meta: recipe must be a DelayedScaling, got {recipe!r}")
+    check_recipe(recipe, "init_fp8_meta: recipe", keeps_state=True)
     if not isinstance(n_roles, int) or n_roles < 1:
         raise ValueError(f"init_fp8_meta: n_roles must be a positive int, got {n_roles!r}")
     return Fp8Meta(

@@ -1,15 +1,23 @@
 """Tests of what a recipe says about itself (the protocol of :class:`fp8jax.recipe.Recipe`:
-``scaling``, ``keeps_state``, ``block_scaled``, ``block``, ``qparams``) and of
-:func:`fp8jax.recipe.check_recipe`."""
+``scaling``, ``keeps_state``, ``block_scaled``, ``block``, ``qparams``), of
+:func:`fp8jax.recipe.check_recipe`, and that no module of fp8jax but ``fp8jax/recipe.py`` tests
+a recipe's type (it asks the recipe instead; docs/design.md, "Adding a recipe")."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from pathlib import Path
+from typing import ClassVar
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import fp8jax
+from fp8jax.flax import DenseGeneral
 from fp8jax.recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -85,6 +93,66 @@ def test_scaling_is_a_str_enum():
         Scaling("rowwise")
 
 
+# --- a recipe the package has never seen ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutsideCurrent(Recipe):
+    """A recipe defined outside fp8jax, of an existing kind: current scaling, E4M3 forward."""
+
+    scaling: ClassVar[Scaling] = Scaling.CURRENT
+    fp8_format: Format = Format.HYBRID
+    margin: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutsideMXFP8(Recipe):
+    """A block-scaled one: MXFP8's 1 x 32 blocks, 32 x 32 for the weights."""
+
+    scaling: ClassVar[Scaling] = Scaling.MXFP8
+    fp8_format: Format = Format.E4M3
+
+    def block(self, role: str) -> tuple[int, int]:
+        super().block(role)
+        return (32, 32) if role == "w" else (1, 32)
+
+    def qparams(self, role: str) -> QParams:
+        super().qparams(role)
+        return QParams(power_2_scale=True)
+
+
+@pytest.mark.parametrize(
+    "outside, twin",
+    [
+        (OutsideCurrent(), Float8CurrentScaling(margin=1)),
+        (OutsideMXFP8(), MXFP8BlockScaling(enable_2d_quantization=True)),
+    ],
+)
+def test_a_recipe_defined_outside_the_package_runs_as_its_twin(outside, twin):
+    """The protocol is all the package reads: a new recipe of an existing kind needs no change
+    outside fp8jax/recipe.py (docs/design.md, "Adding a recipe")."""
+    kx, kk = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (32, 64), jnp.float32) * 3
+    kernel = jax.random.normal(kk, (64, 64), jnp.float32) * 0.1
+
+    def loss_and_grads(recipe):
+        f = lambda x, kernel: jnp.sum(fp8jax.dense(x, kernel, recipe=recipe) ** 2)
+        return jax.value_and_grad(f, argnums=(0, 1))(x, kernel)
+
+    got, want = loss_and_grads(outside), loss_and_grads(twin)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def linen(recipe):
+        with fp8jax.autocast(enabled=True, recipe=recipe):
+            variables = DenseGeneral(features=64).init(jax.random.key(1), x)
+            return set(variables), DenseGeneral(features=64).apply(variables, x)
+
+    (got_collections, got), (want_collections, want) = linen(outside), linen(twin)
+    assert got_collections == want_collections == {"params"}  # no FP8 state
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 # --- check_recipe -------------------------------------------------------------------------------
 
 
@@ -114,3 +182,67 @@ def test_check_recipe_keeps_state(bad):
     assert check_recipe(DelayedScaling(), "g: recipe", keeps_state=True) == DelayedScaling()
     with pytest.raises(TypeError, match=r"^g: recipe must be a DelayedScaling \(the recipe that"):
         check_recipe(bad, "g: recipe", keeps_state=True)
+
+
+# --- nothing outside fp8jax/recipe.py tests a recipe's type -------------------------------------
+
+
+def _names(node: ast.AST) -> set[str]:
+    """The names (plain or the last part of a dotted one) anywhere in ``node``."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            found.add(n.attr)
+    return found
+
+
+def recipe_type_tests(source: str) -> list[int]:
+    """Lines of ``source`` that test a value against a recipe class: ``isinstance`` or
+    ``issubclass`` with one as the second argument, or ``type(v)`` compared with one."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+            and _names(node.args[1]) & RECIPE_NAMES
+        ):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            calls_type = any(
+                isinstance(s, ast.Call) and isinstance(s.func, ast.Name) and s.func.id == "type"
+                for s in sides
+            )
+            if calls_type and any(_names(s) & RECIPE_NAMES for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_scan_finds_type_tests():
+    source = (
+        "from fp8jax import recipe\n"
+        "a = isinstance(r, DelayedScaling)\n"
+        "b = isinstance(r, (Float8BlockScaling, recipe.MXFP8BlockScaling))\n"
+        "c = type(r) is Float8CurrentScaling\n"
+        "d = issubclass(type(r), Recipe)\n"
+        "e = isinstance(r.amax_compute_algo, str) or isinstance(r, Format)\n"
+    )
+    assert recipe_type_tests(source) == [2, 3, 4, 5]
+
+
+def test_no_module_but_recipe_tests_a_recipe_type():
+    found = {
+        f"{path.relative_to(ROOT.parent)}:{line}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if path != ROOT / "recipe.py"
+        for line in recipe_type_tests(path.read_text())
+    }
+    assert len(found) == 0, (
+        f"{len(found)} type tests of recipes outside fp8jax/recipe.py: {sorted(found)}; ask the "
+        "recipe (Recipe.scaling, keeps_state, block_scaled, block, qparams) or validate an "
+        "argument with fp8jax.recipe.check_recipe"
+    )

@@ -62,13 +62,7 @@ import jax.numpy as jnp
 
 from fp8jax._train_math import FP8_META, FP8_PROBE
 from fp8jax.autocast import get_recipe, is_fp8_enabled, register_block_context
-from fp8jax.recipe import (
-    DelayedScaling,
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    MXFP8BlockScaling,
-    Recipe,
-)
+from fp8jax.recipe import DelayedScaling, Recipe, check_recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles, state_gradient_link
 
 __all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "fp8_call", "next_call_index"]
@@ -347,14 +341,9 @@ def fp8_call(module: nn.Module, n_roles: int = _N_ROLES) -> Fp8Call:
     recipe = get_recipe()
     if not is_fp8_enabled():
         return Fp8Call(enabled=False, recipe=recipe, meta=None, probe=None, where=_where(module))
-    if isinstance(recipe, (Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling)):
-        # stateless recipes: no FP8 variables, no probe
+    recipe = check_recipe(recipe, f"{_where(module)}: the autocast recipe")
+    if not recipe.keeps_state:  # no FP8 variables, no probe
         return Fp8Call(enabled=True, recipe=recipe, meta=None, probe=None, where=_where(module))
-    if not isinstance(recipe, DelayedScaling):
-        raise TypeError(
-            f"{_where(module)}: the autocast recipe must be DelayedScaling, "
-            f"Float8CurrentScaling, Float8BlockScaling or MXFP8BlockScaling, got {recipe!r}"
-        )
     backward_roles(n_roles)  # validates: GEMM triples
     meta = _meta(module, recipe, n_roles)
     probe, record, index = _probe(module, n_roles)

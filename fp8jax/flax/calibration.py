@@ -23,7 +23,7 @@ import jax
 from fp8jax.autocast import autocast
 from fp8jax.flax._variables import FP8_META, FP8_PROBE
 from fp8jax.flax.train import update_fp8_variables
-from fp8jax.recipe import DelayedScaling
+from fp8jax.recipe import DelayedScaling, check_recipe
 
 __all__ = ["calibrate"]
 
@@ -64,11 +64,7 @@ def calibrate(
     >>> float(meta["amax_history"][0, 0]), float(meta["scale"][0]) == 448.0 / 700.0
     (700.0, True)
     """
-    if not isinstance(recipe, DelayedScaling):
-        raise TypeError(
-            "calibrate: recipe must be a DelayedScaling (the only recipe with state to "
-            f"calibrate), got {recipe!r}"
-        )
+    check_recipe(recipe, "calibrate: recipe", keeps_state=True)
     if not isinstance(variables, Mapping) or "params" not in variables:
         raise ValueError("calibrate: variables must hold 'params' (and 'fp8_meta')")
     if FP8_META not in variables:

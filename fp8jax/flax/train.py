@@ -63,7 +63,7 @@ from flax.training import train_state
 from fp8jax._train_math import (
     accumulate_gradients,
     all_finite,
-    check_recipe,
+    check_train_recipe,
     update_fp8_variables,
     zero_probes,
 )
@@ -140,7 +140,7 @@ class Fp8TrainState(train_state.TrainState):
                 f"{FP8_META} and {FP8_PROBE} are carried (subclass Fp8TrainState for others)"
             )
         fp8_meta = variables.get(FP8_META, {})
-        recipe = check_recipe("Fp8TrainState.from_variables", recipe, fp8_meta)
+        recipe = check_train_recipe("Fp8TrainState.from_variables", recipe, fp8_meta)
         return cls.create(
             apply_fn=apply_fn,
             params=variables["params"],
@@ -172,7 +172,7 @@ class Fp8TrainState(train_state.TrainState):
         >>> jax.tree.map(jnp.shape, state.fp8_meta), state.recipe.amax_history_len
         ({'amax_history': (3, 8), 'scale': (3,)}, 8)
         """
-        check_recipe("Fp8TrainState.from_model", recipe, {})
+        check_train_recipe("Fp8TrainState.from_model", recipe, {})
         with autocast(enabled=True, recipe=recipe):
             variables = model.init(rng, *args, **init_kwargs)
         return cls.from_variables(apply_fn=model.apply, variables=variables, tx=tx, recipe=recipe)

@@ -59,15 +59,7 @@ from fp8jax.ops.fused.block_fused import (
 from fp8jax.ops.gemms import fixed_groups
 from fp8jax.ops.gemms.blockwise import block_gemm
 from fp8jax.ops.gemms.gemm import gemm_codes
-from fp8jax.recipe import (
-    DelayedScaling,
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    Format,
-    MXFP8BlockScaling,
-    Recipe,
-    fp8_max,
-)
+from fp8jax.recipe import DelayedScaling, Format, Recipe, Scaling, check_recipe, fp8_max
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
 #: Checkpoint names of everything an FP8 GEMM layer saves for its backward pass, for
@@ -160,18 +152,13 @@ def resolve(
         return None, None, None
     if recipe is None:
         recipe = state.recipe if state.recipe is not None else DelayedScaling()
-    block_recipe = isinstance(recipe, (Float8BlockScaling, MXFP8BlockScaling))
-    if not block_recipe and not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
-        raise TypeError(
-            f"{where}: recipe must be DelayedScaling, Float8CurrentScaling, Float8BlockScaling "
-            f"or MXFP8BlockScaling, got {recipe!r}"
-        )
+    recipe = check_recipe(recipe, f"{where}: recipe")
     if recipe.fp8_format is Format.E5M2:
         raise ValueError(
             f"{where}: Format.E5M2 cannot run GEMMs (FP8 tensor cores have no E5M2 x E5M2 "
             "matmul); use Format.HYBRID or Format.E4M3"
         )
-    current = isinstance(recipe, Float8CurrentScaling) or block_recipe
+    current = not recipe.keeps_state
     if current:
         scale = jnp.ones((n_roles,), jnp.float32)
     else:
@@ -196,21 +183,16 @@ def resolve(
         margin=getattr(recipe, "margin", 0),
         impl=tuple((f, get_implementation(f)) for f in ("cast", "gemm", *families)),
         where=where,
-        blocks=_blocks(recipe) if block_recipe else None,
-        mxfp8=isinstance(recipe, MXFP8BlockScaling),
+        blocks=_blocks(recipe) if recipe.block_scaled else None,
+        mxfp8=recipe.scaling is Scaling.MXFP8,
     )
     return setup, scale, probe
 
 
-def _blocks(recipe: Float8BlockScaling | MXFP8BlockScaling):
-    """Fp8Setup.blocks of a block recipe."""
-    if isinstance(recipe, MXFP8BlockScaling):
-        return tuple((r, recipe.block(r), True, 0.0) for r in ("x", "w", "grad"))
-    q = {"x": recipe.fp8_quant_fwd_inp, "w": recipe.fp8_quant_fwd_weight,
-         "grad": recipe.fp8_quant_bwd_grad}  # fmt: skip
-    return tuple(
-        (r, recipe.block(r), q[r].power_2_scale, q[r].amax_epsilon) for r in ("x", "w", "grad")
-    )
+def _blocks(recipe: Recipe):
+    """Fp8Setup.blocks of a block-scaled recipe."""
+    qs = {r: recipe.qparams(r) for r in ("x", "w", "grad")}
+    return tuple((r, recipe.block(r), q.power_2_scale, q.amax_epsilon) for r, q in qs.items())
 
 
 def codes(q: jax.Array) -> jax.Array:

@@ -137,7 +137,7 @@ class Fp8Module(nnx.Module):
         ``n_roles`` roles (``None``: a composite, whose children hold the state)."""
         recipe = get_recipe()
         self._recipe = None
-        if is_fp8_enabled() and isinstance(recipe, DelayedScaling):
+        if is_fp8_enabled() and recipe.keeps_state:
             self._recipe = recipe
             if n_roles is not None:
                 length = recipe.amax_history_len

@@ -123,7 +123,7 @@ def check_recipe(where: str, stated: DelayedScaling | None, needs_state: bool = 
     """ValueError if the autocast recipe is a DelayedScaling other than ``stated`` (the one
     the layer's state was made under), or if the layer has no state but needs one."""
     recipe = get_recipe()
-    if not is_fp8_enabled() or not isinstance(recipe, DelayedScaling):
+    if not is_fp8_enabled() or not recipe.keeps_state:
         return
     if stated is None and needs_state:
         raise ValueError(
@@ -149,7 +149,7 @@ def fp8_use(
     probe (or, inside :func:`calibrating`, sets up the recorder of the observations)."""
     check_recipe(where, stated)
     recipe, enabled = get_recipe(), is_fp8_enabled()
-    delayed = enabled and isinstance(recipe, DelayedScaling)
+    delayed = enabled and recipe.keeps_state
     if state is None or probes is None:
         return Fp8Use(enabled, recipe, None, None, None)
     if not delayed:

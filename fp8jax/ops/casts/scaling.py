@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.ops.base import checks, opdef, switch
-from fp8jax.recipe import DelayedScaling
+from fp8jax.recipe import DelayedScaling, check_recipe
 
 __all__ = ["update_fp8_state", "update_fp8_states", "update_fp8_states_reference"]
 
@@ -132,16 +132,8 @@ def _rule(n_batch: int) -> str:
 
 
 def _uses_kernel(recipe: DelayedScaling) -> bool:
-    return isinstance(recipe.amax_compute_algo, str) and recipe.scaling_factor_compute_algo is None
-
-
-def _check_recipe(op: str, recipe: Any) -> DelayedScaling:
-    if not isinstance(recipe, DelayedScaling):
-        raise TypeError(
-            f"{op}: recipe must be a DelayedScaling (the only recipe with an amax history), "
-            f"got {type(recipe).__name__}"
-        )
-    return recipe
+    # the built-in algos are named (str); a custom one is a callable
+    return not callable(recipe.amax_compute_algo) and recipe.scaling_factor_compute_algo is None
 
 
 def _fp8_maxes(op: str, recipe: DelayedScaling, backward: Any, n: int) -> jax.Array:
@@ -185,7 +177,7 @@ def update_fp8_states(
       returned unchanged (not recorded; see the module docstring).
     """
     op = "update_fp8_states"
-    recipe = _check_recipe(op, recipe)
+    recipe = check_recipe(recipe, f"{op}: recipe", keeps_state=True)
     hist = checks.array_arg(op, "amax_histories", amax_histories)
     scales = checks.array_arg(op, "scales", scales)
     amaxes = checks.array_arg(op, "amaxes", amaxes)
@@ -247,7 +239,7 @@ def update_fp8_state(
     ([2.0, 0.0, 0.0], 224.0)
     """
     op = "update_fp8_state"
-    recipe = _check_recipe(op, recipe)
+    recipe = check_recipe(recipe, f"{op}: recipe", keeps_state=True)
     hist = checks.array_arg(op, "amax_history", amax_history)
     if hist.dtype != jnp.float32:
         raise TypeError(f"{op}: amax_history must be float32, got dtype {hist.dtype}")
