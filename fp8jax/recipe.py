@@ -146,12 +146,13 @@ def check_recipe(value: Any, argname: str, *, default: Recipe | None = None,
     """
     if value is None and default is not None:
         return default
-    if keeps_state and not (isinstance(value, Recipe) and value.keeps_state):
+    is_recipe = isinstance(value, Recipe)
+    if keeps_state and not (is_recipe and value.keeps_state):
         raise TypeError(
             f"{argname} must be a DelayedScaling (the recipe that keeps FP8 state: an amax "
             f"history per tensor), got {value!r} of type {type(value).__name__}"
         )
-    if not isinstance(value, Recipe):
+    if not is_recipe:
         raise TypeError(
             f"{argname} must be {'None or ' if default is not None else ''}a "
             "fp8jax.recipe.Recipe (DelayedScaling, Float8CurrentScaling, Float8BlockScaling or "
