@@ -205,7 +205,7 @@ def _cublaslt_here(recipe: Any) -> bool:
     """Whether the GEMMs of ``recipe`` go to cuBLASLt in this process: block-scaled ones only where
     this process has no GPU or one that takes their scale mode (MXFP8 needs sm_100 or later;
     elsewhere fp8jax dequantizes in XLA, and the program lowered here has no fp8jax_gemm)."""
-    if not isinstance(recipe, (fp8jax.Float8BlockScaling, fp8jax.MXFP8BlockScaling)):
+    if not recipe.block_scaled:
         return True
     modes = tuple(CUBLASLT_SCALE_MODES[recipe.block(role)] for role in ("x", "w", "grad"))
     return _gpu_runs(modes)
