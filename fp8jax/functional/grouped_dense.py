@@ -227,11 +227,13 @@ def _pad(s: core.Fp8Setup) -> int:
 
 def pair_casts_apart(s: core.Fp8Setup | None, n: int) -> bool:
     """Whether a gated pair's halves ``[G, K, n]`` are cast apart (:func:`_cast_pair`): under
-    per-group scales always; under block scaling when ``n`` is whole blocks (a block straddling
-    the two halves is cast from the concatenated kernel instead)."""
+    per-group scales always; under block scaling when ``n`` is whole blocks along either of the
+    weight block's dims (the dgrad reads the kernel blocked along ``n`` too: MXFP8's 1 x 32 as
+    well as 128 x 128); a block straddling the two halves is cast from the concatenated kernel
+    instead."""
     if s is None or s.blocks is None:
         return True
-    return n % s.block("w")[0][0] == 0
+    return n % max(s.block("w")[0]) == 0
 
 
 def _blocks(s: core.Fp8Setup, a_role: str, b_role: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ per expert and tensor.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -255,6 +257,30 @@ def test_traced_negative_group_sizes_read_as_zero_fp8_on_and_off(name):
                                 enabled=recipe is not None)  # fmt: skip
     np.testing.assert_array_equal(got, want)
     assert not np.any(np.asarray(got)[6:])
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("n", [8, 32])
+def test_a_gated_pair_equals_its_concatenated_kernel(name, n):
+    """The pair ``(wi_0, wi_1)`` gives the values and gradients of ``concatenate([wi_0, wi_1],
+    -1)``, bit for bit, under every recipe; ``n = 8`` puts both halves in one block of MXFP8's
+    1 x 32 along the dgrad's contraction (was: cast apart into two, a scale grid the GEMM
+    refused)."""
+    x = rand((T, K), 1)
+    w0, w1 = rand((G, K, n), 2, 0.2), rand((G, K, n), 3, 0.2)
+    c = rand((T, 2 * n), 4, 1e-3)
+    recipe = RECIPES[name]
+    meta = _meta_for(x, jnp.concatenate([w0, w1], -1), c, SIZES) if name == "delayed" else None
+    probe = jnp.zeros((3 * G,), jnp.float32)
+
+    def loss(x, w0, w1, p, pair):
+        kernel = (w0, w1) if pair else jnp.concatenate([w0, w1], axis=-1)
+        return jnp.sum(fp8jax.grouped_dense(x, kernel, SIZES, None, meta, recipe, probe=p) * c)
+
+    grad = lambda pair: jax.jit(jax.value_and_grad(functools.partial(loss, pair=pair),
+                                                   (0, 1, 2, 3)))(x, w0, w1, probe)  # fmt: skip
+    for g, h in zip(jax.tree.leaves(grad(True)), jax.tree.leaves(grad(False)), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(h))
 
 
 @pytest.mark.parametrize("name", list(RECIPES))

@@ -115,7 +115,7 @@ def _sample_transpose(key):
     )
     return {
         "e4m3-words": Sample(ops.transpose, (codes((64, 128), jnp.float8_e4m3fn),)),
-        "u8-odd-rank3": Sample(ops.transpose, (codes((3, 37, 70), jnp.uint8),)),
+        "u8-odd-rank3": Sample(ops.transpose, (codes((8, 37, 70), jnp.uint8),)),
         "e5m2-bytes": Sample(ops.transpose, (codes((M, 66), jnp.float8_e5m2),)),
     }
 
