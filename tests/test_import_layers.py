@@ -53,7 +53,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # what every FP8 layer is built from: setup, casts, GEMM forward/backward, custom_vjp wiring
     (
         "layer core",
-        ("fp8jax.functional._core", "fp8jax.functional.layernorm", "fp8jax.functional._exchange"),
+        (
+            "fp8jax.functional._core",
+            "fp8jax.functional._vjp",
+            "fp8jax.functional.layernorm",
+            "fp8jax.functional._exchange",
+        ),
     ),
     # the functional layers (fp8jax/functional/, one file per layer, as in every tier) and the
     # rotary embedding

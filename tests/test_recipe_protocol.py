@@ -137,11 +137,30 @@ class OutsideMXFP8(Recipe):
         return QParams(power_2_scale=True)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutsideRowwise(Recipe):
+    """A row-wise one: float32 scales with an epsilon, E5M2 gradients, the wgrad in high
+    precision."""
+
+    scaling: ClassVar[Scaling] = Scaling.ROWWISE
+    fp8_format: Format = Format.HYBRID
+
+    def qparams(self, role: str) -> QParams:
+        super().qparams(role)
+        return QParams(power_2_scale=False, amax_epsilon=0.5)
+
+    def fp8_gemm(self, gemm: str) -> bool:
+        return super().fp8_gemm(gemm) and gemm != "wgrad"
+
+
 @pytest.mark.parametrize(
     "outside, twin",
     [
         (OutsideCurrent(), Float8CurrentScaling(margin=1)),
         (OutsideMXFP8(), MXFP8BlockScaling(enable_2d_quantization=True)),
+        (OutsideRowwise(), Float8RowwiseScaling(
+            fp8_format=Format.HYBRID, power_2_scale=False, amax_epsilon=0.5,
+            wgrad_high_precision=True)),
     ],
 )  # fmt: skip
 def test_a_recipe_defined_outside_the_package_runs_as_its_twin(outside, twin):
@@ -264,3 +283,20 @@ def test_no_module_but_recipe_tests_a_recipe_type():
         "recipe (Recipe.scaling, keeps_state, block_scaled, block, qparams) or validate an "
         "argument with fp8jax.recipe.check_recipe"
     )
+
+
+def test_only_a_row_wise_wgrad_may_leave_fp8():
+    """``fp8_gemm`` False is honoured for the wgrad under row-wise scaling only; anything else
+    is refused when the layer resolves the recipe, never silently run in FP8."""
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class HighPrecisionDgrad(Recipe):
+        scaling: ClassVar[Scaling] = Scaling.CURRENT
+        fp8_format: Format = Format.HYBRID
+
+        def fp8_gemm(self, gemm: str) -> bool:
+            return gemm != "dgrad"
+
+    x, w = jnp.ones((32, 64)), jnp.ones((64, 64))
+    with pytest.raises(ValueError, match=r"HighPrecisionDgrad runs the dgrad GEMM\(s\) in high"):
+        fp8jax.dense(x, w, recipe=HighPrecisionDgrad())
