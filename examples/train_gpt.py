@@ -6,8 +6,10 @@ text is the Python standard library's own ``.py`` sources (every Python has them
 train and validation by file), or any file or folder given with ``--data``. Each run uses the
 same initial params, seed and batch order; by default FP8 with ``DelayedScaling(HYBRID)`` and
 BF16 (the same model with FP8 off), ``--recipes`` adds ``current`` (``Float8CurrentScaling``),
-``block`` (``Float8BlockScaling``: DeepSeek-V3's 1 x 128 / 128 x 128 blocks) and ``mxfp8``
-(``MXFP8BlockScaling``: 1 x 32 blocks, E8M0 scales).
+``block`` (``Float8BlockScaling``: DeepSeek-V3's 1 x 128 / 128 x 128 blocks), ``mxfp8``
+(``MXFP8BlockScaling``: 1 x 32 blocks, E8M0 scales), ``rowwise`` and ``rowwise-gw-hp``
+(``Float8RowwiseScaling``, torchao's row-wise recipes, the second with the weight gradients in
+high precision; reference path only, no kernels yet: not for the MoE presets).
 
 ``--optimizer`` (comma-separated; each recipe runs with each) picks the optimizer: ``adamw``
 (``optax.adamw``, float32 params and moments: 12 bytes per parameter), ``adamw_fp8``
@@ -61,7 +63,7 @@ PRESETS = {  # layers, hidden, heads, mlp, seq, batch, steps, lr
     "gpu-medium": dict(layers=24, hidden=1024, heads=16, mlp=4096, seq=1024, batch=32,
                        steps=5000, lr=3e-4),
 }  # fmt: skip
-RECIPE_NAMES = ("fp8", "bf16", "current", "block", "mxfp8", "fp8-dpa")  # RECIPES below
+RECIPE_NAMES = ("fp8", "bf16", "current", "block", "mxfp8", "fp8-dpa", "rowwise", "rowwise-gw-hp")
 OPTIMIZER_NAMES = ("adamw", "adamw_fp8", "adamw_bf16", "adamw_fp8_bf16")  # OPTIMIZERS below
 API_NAMES = ("linen", "nnx")  # APIS below
 
@@ -101,6 +103,7 @@ from fp8jax import (
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
+    Float8RowwiseScaling,
     Format,
     MXFP8BlockScaling,
 )
@@ -117,6 +120,8 @@ RECIPES = {
     # gradients; cuDNN's FP8 attention on a GPU, its reference on CPU)
     "fp8-dpa": DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16,
                               amax_compute_algo="max"),
+    "rowwise": Float8RowwiseScaling(),
+    "rowwise-gw-hp": Float8RowwiseScaling(wgrad_high_precision=True),
 }  # fmt: skip
 #: The recipes whose runs set ``fp8_dpa`` on the layers.
 FP8_DPA_RECIPES = ("fp8-dpa",)

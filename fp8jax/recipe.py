@@ -6,26 +6,40 @@ arguments to :func:`jax.jit` and are part of the :mod:`fp8jax.autocast` state, w
 of jit's cache key.
 
 The field names and defaults follow NVIDIA TransformerEngine, so TE code ports by changing imports.
-What a recipe means to the rest of fp8jax (state or none, per-tensor or block scales) it says
-itself (:class:`Recipe`); nothing outside this module tests a recipe's type.
+What a recipe means to the rest of fp8jax (state or none, per-tensor, block or row scales) it says
+itself (:class:`Recipe`, defined with :class:`Scaling`, :class:`QParams` and the field checks in
+``fp8jax/_recipe_protocol.py``); nothing outside this module tests a recipe's type.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from fp8jax._formats import E4M3, E5M2, Format, fp8_max, is_fp8_dtype
+from fp8jax._recipe_protocol import (
+    QParams,
+    Recipe,
+    Scaling,
+    check_bool,
+    check_epsilon,
+    check_format,
+    check_margin,
+    check_no_backward_override,
+    check_no_e5m2,
+    check_no_fp8_attention,
+    is_int,
+)
 
 __all__ = [
     "FP8_DTYPES",
     "DelayedScaling",
     "Float8BlockScaling",
     "Float8CurrentScaling",
+    "Float8RowwiseScaling",
     "Format",
     "MMParams",
     "MXFP8BlockScaling",
@@ -39,101 +53,6 @@ __all__ = [
 
 #: The FP8 dtypes fp8jax computes with: ``float8_e4m3fn`` and ``float8_e5m2``.
 FP8_DTYPES: tuple[np.dtype, ...] = (E4M3, E5M2)
-
-
-class Scaling(str, enum.Enum):
-    """How a recipe chooses its scales (:attr:`Recipe.scaling`).
-
-    - ``DELAYED``: one scale per tensor, from a history of past amaxes kept as FP8 state.
-    - ``CURRENT``: one scale per tensor, from the tensor's own amax (no state).
-    - ``BLOCK``: one float32 scale per block (1 x 128 or 128 x 128) from the block's amax.
-    - ``MXFP8``: one E8M0 (power-of-two) scale per block of 32 (or 32 x 32).
-    """
-
-    DELAYED = "delayed"
-    CURRENT = "current"
-    BLOCK = "block"
-    MXFP8 = "mxfp8"
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}.{self.name}"
-
-
-_ROLES = ("x", "w", "grad")
-
-
-class Recipe:
-    """Common base class of the scaling recipes; use one of its subclasses.
-
-    A recipe describes itself; the layers, the FP8 state, autocast, the train helpers and the ops
-    ask it rather than test its type. The protocol, which a new recipe class defines (class
-    attributes and fields) or inherits (properties and methods):
-
-    - ``fp8_format: Format`` (a field): the FP8 dtypes, read through :attr:`fwd_dtype`,
-      :attr:`bwd_dtype` and :meth:`fp8_max`.
-    - ``scaling: ClassVar[Scaling]``: how its scales are chosen.
-    - :attr:`keeps_state`: whether layers keep FP8 state (amax history, scale) under it: with
-      ``Scaling.DELAYED``, which then also defines ``amax_history_len``, ``margin``,
-      ``amax_compute_algo`` and ``scaling_factor_compute_algo`` (read by the state update).
-    - :attr:`block_scaled`: whether its scales are per block (``Scaling.BLOCK``, ``MXFP8``).
-    - :meth:`block` and :meth:`qparams`: per operand role (``"x"``, ``"w"``, ``"grad"``) the
-      block shape and the :class:`QParams` (``None`` for a per-tensor recipe).
-    - ``margin`` (optional field): divides per-tensor scales by ``2**margin`` (default 0).
-
-    Arguments are checked to be recipes in one place, :func:`check_recipe`.
-    """
-
-    fp8_format: Format
-    scaling: ClassVar[Scaling]
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Recipe:
-        if cls is Recipe:
-            raise TypeError(
-                "Recipe is an abstract base class; use DelayedScaling, Float8CurrentScaling, "
-                "Float8BlockScaling or MXFP8BlockScaling"
-            )
-        return super().__new__(cls)
-
-    @property
-    def fwd_dtype(self) -> np.dtype:
-        """The FP8 dtype of the forward pass."""
-        return self.fp8_format.fwd_dtype
-
-    @property
-    def bwd_dtype(self) -> np.dtype:
-        """The FP8 dtype of the backward pass (gradients)."""
-        return self.fp8_format.bwd_dtype
-
-    def fp8_max(self, backward: bool = False) -> float:
-        """The largest finite value of the backward (``backward=True``) or forward FP8 dtype."""
-        return self.fp8_format.bwd_max if backward else self.fp8_format.fwd_max
-
-    @property
-    def keeps_state(self) -> bool:
-        """Whether layers keep FP8 state (an amax history and a scale per tensor) under this
-        recipe: delayed scaling."""
-        return self.scaling is Scaling.DELAYED
-
-    @property
-    def block_scaled(self) -> bool:
-        """Whether each block of a tensor gets its own scale (:meth:`block`)."""
-        return self.scaling in (Scaling.BLOCK, Scaling.MXFP8)
-
-    def _role(self, method: str, role: str) -> None:
-        if role not in _ROLES:
-            owner = f"{type(self).__name__}.{method}"
-            raise ValueError(f"{owner}: role must be x, w or grad, got {role!r}")
-
-    def block(self, role: str) -> tuple[int, int] | None:
-        """The block shape of operand ``role`` (``"x"``, ``"w"`` or ``"grad"``); ``None``: one
-        scale per tensor."""
-        self._role("block", role)
-        return None
-
-    def qparams(self, role: str) -> QParams | None:
-        """The :class:`QParams` of operand ``role`` under block scaling; ``None`` otherwise."""
-        self._role("qparams", role)
-        return None
 
 
 def check_recipe(value: Any, argname: str, *, default: Recipe | None = None,
@@ -153,40 +72,16 @@ def check_recipe(value: Any, argname: str, *, default: Recipe | None = None,
             f"history per tensor), got {value!r} of type {type(value).__name__}"
         )
     if not is_recipe:
+        kinds = ("DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling or "
+                 "Float8RowwiseScaling")  # fmt: skip
         raise TypeError(
             f"{argname} must be {'None or ' if default is not None else ''}a "
-            "fp8jax.recipe.Recipe (DelayedScaling, Float8CurrentScaling, Float8BlockScaling or "
-            f"MXFP8BlockScaling), got {value!r} of type {type(value).__name__}"
+            f"fp8jax.recipe.Recipe ({kinds}), got {value!r} of type {type(value).__name__}"
         )
     return value
 
 
-# --- field validation shared by the recipes ---------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _check_bool(owner: str, name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{owner}.{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
-def _check_margin(owner: str, value: Any) -> int:
-    if not _is_int(value):
-        raise TypeError(f"{owner}.margin must be a non-negative int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{owner}.margin must be a non-negative int, got {value!r}")
-    return int(value)
-
-
-def _check_format(owner: str, value: Any) -> Format:
-    if not isinstance(value, Format):
-        allowed = ", ".join(repr(f) for f in Format)
-        raise TypeError(f"{owner}.fp8_format must be a Format ({allowed}), got {value!r}")
-    return value
+_AMAX_ALGOS = ("max", "most_recent")
 
 
 def _check_hashable_callable(owner: str, name: str, value: Any, allowed: str) -> None:
@@ -198,27 +93,6 @@ def _check_hashable_callable(owner: str, name: str, value: Any, allowed: str) ->
         raise TypeError(
             f"{owner}.{name} must be hashable (recipes are jit cache keys), got {value!r}"
         ) from None
-
-
-_AMAX_ALGOS = ("max", "most_recent")
-
-
-def _check_backward_override(owner: str, value: Any) -> None:
-    if value is not None:
-        raise ValueError(
-            f"{owner}.backward_override={value!r} is not supported: fp8jax runs the backward "
-            "GEMMs in FP8 (allowed: None, TransformerEngine's default)"
-        )
-
-
-def _check_no_fp8_attention(owner: str, recipe: Any, why: str) -> None:
-    """``fp8_dpa`` and ``fp8_mha`` of ``recipe`` must be bools, and ``False`` (``why`` not)."""
-    for name in ("fp8_dpa", "fp8_mha"):
-        object.__setattr__(recipe, name, _check_bool(owner, name, getattr(recipe, name)))
-        if getattr(recipe, name):
-            raise ValueError(
-                f"{owner}.{name}=True is not supported: FP8 attention is {why} (allowed: False)"
-            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -305,13 +179,13 @@ class DelayedScaling(Recipe):
     def __post_init__(self) -> None:
         owner = type(self).__name__
         set_ = lambda name, value: object.__setattr__(self, name, value)
-        _check_backward_override(owner, self.backward_override)
+        check_no_backward_override(owner, self.backward_override)
 
-        set_("margin", _check_margin(owner, self.margin))
-        _check_format(owner, self.fp8_format)
+        set_("margin", check_margin(owner, self.margin))
+        check_format(owner, self.fp8_format)
 
         n = self.amax_history_len
-        if not _is_int(n):
+        if not is_int(n):
             raise TypeError(f"{owner}.amax_history_len must be an int >= 1, got {n!r}")
         if n < 1:
             raise ValueError(f"{owner}.amax_history_len must be an int >= 1, got {n!r}")
@@ -337,14 +211,14 @@ class DelayedScaling(Recipe):
                 "None or a callable (amax, old_scale, fp8_max, recipe) -> new_scale",
             )
 
-        set_("reduce_amax", _check_bool(owner, "reduce_amax", self.reduce_amax))
+        set_("reduce_amax", check_bool(owner, "reduce_amax", self.reduce_amax))
         if not self.reduce_amax:
             raise ValueError(
                 f"{owner}.reduce_amax=False is not supported: fp8jax keeps one FP8 state, "
                 "replicated on every device, so every amax is reduced over the devices that "
                 "share its tensor (allowed: True)"
             )
-        _check_no_fp8_attention(
+        check_no_fp8_attention(
             owner, self, "set on the attention modules in fp8jax, not on the recipe "
             "(fp8_dpa=True of DotProductAttention, MultiHeadAttention, TransformerLayer; "
             "fp8_mha is not implemented)",
@@ -377,42 +251,12 @@ class Float8CurrentScaling(Recipe):
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        _check_backward_override(owner, self.backward_override)
-        _check_format(owner, self.fp8_format)
-        object.__setattr__(self, "margin", _check_margin(owner, self.margin))
+        check_no_backward_override(owner, self.backward_override)
+        check_format(owner, self.fp8_format)
+        object.__setattr__(self, "margin", check_margin(owner, self.margin))
 
 
 # --- block scaling ------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class QParams:
-    """How one kind of tensor is quantized under :class:`Float8BlockScaling` (TransformerEngine's
-    ``QParams``).
-
-    Attributes:
-      power_2_scale: Round each block's scale down to a power of two (exact inverse scales,
-        and the same scales MXFP8 hardware would pick).
-      amax_epsilon: Non-negative float; a block amax below it is raised to it before the scale
-        is computed.
-
-    TE's fields for NVFP4 (``random_hadamard_transform``, ``stochastic_rounding``,
-    ``fp4_2d_quantization``) are not FP8 settings and are not accepted.
-    """
-
-    power_2_scale: bool = False
-    amax_epsilon: float = 0.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "power_2_scale", _check_bool("QParams", "power_2_scale", self.power_2_scale)
-        )
-        eps = self.amax_epsilon
-        if not isinstance(eps, (int, float, np.floating, np.integer)) or isinstance(eps, bool):
-            raise TypeError(f"QParams.amax_epsilon must be a non-negative float, got {eps!r}")
-        if not (np.isfinite(eps) and eps >= 0):
-            raise ValueError(f"QParams.amax_epsilon must be a non-negative float, got {eps!r}")
-        object.__setattr__(self, "amax_epsilon", float(eps))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -430,16 +274,7 @@ class MMParams:
         object.__setattr__(
             self,
             "use_split_accumulator",
-            _check_bool("MMParams", "use_split_accumulator", self.use_split_accumulator),
-        )
-
-
-def _check_block_format(owner: str, value: Any) -> None:
-    _check_format(owner, value)
-    if value is Format.E5M2:
-        raise ValueError(
-            f"{owner}.fp8_format=Format.E5M2 is not supported: pure E5M2 training is not "
-            "supported (allowed: Format.E4M3, Format.HYBRID)"
+            check_bool("MMParams", "use_split_accumulator", self.use_split_accumulator),
         )
 
 
@@ -496,9 +331,9 @@ class Float8BlockScaling(Recipe):
     def __post_init__(self) -> None:
         owner = type(self).__name__
         set_ = lambda name, value: object.__setattr__(self, name, value)
-        _check_backward_override(owner, self.backward_override)
-        set_("use_f32_scales", _check_bool(owner, "use_f32_scales", self.use_f32_scales))
-        _check_block_format(owner, self.fp8_format)
+        check_no_backward_override(owner, self.backward_override)
+        set_("use_f32_scales", check_bool(owner, "use_f32_scales", self.use_f32_scales))
+        check_no_e5m2(owner, self.fp8_format)
         for name in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
             value = getattr(self, name)
             if value is None:
@@ -509,7 +344,7 @@ class Float8BlockScaling(Recipe):
         for role in ("x", "w", "grad"):
             name = f"{role}_block_scaling_dim"
             value = getattr(self, name)
-            if not _is_int(value):
+            if not is_int(value):
                 raise TypeError(f"{owner}.{name} must be 1 or 2, got {value!r}")
             if value not in (1, 2):
                 raise ValueError(
@@ -537,7 +372,7 @@ class Float8BlockScaling(Recipe):
                     f"{owner}.{name}.use_split_accumulator=False is not supported: block-scaled "
                     "GEMMs accumulate in full float32 (allowed: True)"
                 )
-        _check_no_fp8_attention(owner, self, f"not supported with {owner}")
+        check_no_fp8_attention(owner, self, f"not supported with {owner}")
 
     def block(self, role: str) -> tuple[int, int]:
         """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 128)`` or
@@ -586,15 +421,15 @@ class MXFP8BlockScaling(Recipe):
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        _check_backward_override(owner, self.backward_override)
-        object.__setattr__(self, "margin", _check_margin(owner, self.margin))
-        _check_block_format(owner, self.fp8_format)
+        check_no_backward_override(owner, self.backward_override)
+        object.__setattr__(self, "margin", check_margin(owner, self.margin))
+        check_no_e5m2(owner, self.fp8_format)
         object.__setattr__(
             self,
             "enable_2d_quantization",
-            _check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization),
+            check_bool(owner, "enable_2d_quantization", self.enable_2d_quantization),
         )
-        _check_no_fp8_attention(owner, self, f"not supported with {owner}")
+        check_no_fp8_attention(owner, self, f"not supported with {owner}")
 
     def block(self, role: str) -> tuple[int, int]:
         """The block shape of ``role`` (``"x"``, ``"w"`` or ``"grad"``): ``(1, 32)``, or
@@ -606,3 +441,86 @@ class MXFP8BlockScaling(Recipe):
         """The :class:`QParams` of ``role``: power-of-two (E8M0) scales, no epsilon, any role."""
         self._role("qparams", role)
         return QParams(power_2_scale=True)
+
+
+# --- row-wise scaling ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Float8RowwiseScaling(Recipe):
+    """Row-wise (per-channel) scaling, after torchao's ``rowwise`` and ``rowwise_with_gw_hp``
+    recipes: every row of a GEMM operand, along that GEMM's contraction dim, gets its own
+    scale from its own amax, computed when it is quantized (no state, no history).
+
+    For ``out = x @ w`` (``x [T, K]``, ``w [K, N]``): ``x`` gets one scale per token (its rows
+    over K), ``w`` one per output feature (its columns over K), and since the scales factor out
+    of the dot, ``out = (x8 @ w8) * sx[:, None] * sw[None, :]``: the GEMM runs on the FP8 codes
+    and the outer product of the two scale vectors scales its float32 result. The dgrad
+    ``dx = dy @ w^T`` takes ``dy`` per token (over N) and ``w`` per input feature (its rows over
+    N). The wgrad ``dw = x^T @ dy`` contracts over the tokens, so ``x^T`` is quantized again,
+    from the high-precision values, per input feature over the tokens, and ``dy^T`` per output
+    feature over the tokens (each tensor's second copy, as the 1-D block recipes have).
+
+    Attributes:
+      fp8_format: ``Format.E4M3`` (default, as torchao: activations, weights and gradients in
+        E4M3) or ``Format.HYBRID`` (gradients in E5M2).
+      power_2_scale: Round each row's scale down to a power of two (default, as torchao's
+        row-wise recipes): the inverse scales are exact and the scaling of the GEMM's output
+        adds no rounding.
+      amax_epsilon: Non-negative float; a row amax below it is raised to it before the scale
+        is computed (torchao clamps at ``1e-12``; fp8jax's default 0 gives an all-zero row
+        scale 1, which quantizes it the same).
+      wgrad_high_precision: Run the wgrad as a plain dot of the high-precision input and output
+        gradient, in their compute dtype with float32 accumulation (torchao's
+        ``rowwise_with_gw_hp``); the forward and the dgrad stay in FP8. Named after what it
+        changes: TransformerEngine spelled the same choice ``override_linear_precision=(False,
+        False, True)`` on its old ``DelayedScaling``, and torchao as a recipe name. (torchao's
+        ``rowwise_with_gw_hp`` also scales the dgrad's weight per tensor; here it stays
+        row-wise, so the flag changes the weight gradient only.) :meth:`fp8_gemm` reports it.
+      fp8_dpa, fp8_mha: FP8 attention; not supported (``False``): it scales per tensor.
+      backward_override: ``None`` only.
+
+    Scale rule (per row): ``scale = fp8_max / max(amax, amax_epsilon)``, 1 for an amax of 0,
+    subnormal, inf or NaN, rounded down to a power of two with ``power_2_scale`` (the rule of
+    ``Float8BlockScaling``'s blocks, a row being one block; NaNs are left out of the amax, so a
+    NaN stays NaN without changing its row's scale). Reference path only: no kernels yet
+    (issue 49), so the casts and GEMMs run as XLA ops on every platform.
+
+    >>> Float8RowwiseScaling()  # doctest: +NORMALIZE_WHITESPACE
+    Float8RowwiseScaling(fp8_format=Format.E4M3, power_2_scale=True, amax_epsilon=0.0,
+        wgrad_high_precision=False)
+    >>> Float8RowwiseScaling(wgrad_high_precision=True).fp8_gemm("wgrad")
+    False
+    """
+
+    scaling: ClassVar[Scaling] = Scaling.ROWWISE
+    fp8_format: Format = Format.E4M3
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
+    wgrad_high_precision: bool = False
+    fp8_dpa: bool = dataclasses.field(default=False, repr=False)
+    fp8_mha: bool = dataclasses.field(default=False, repr=False)
+    backward_override: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        check_no_backward_override(owner, self.backward_override)
+        check_no_e5m2(owner, self.fp8_format)
+        set_("power_2_scale", check_bool(owner, "power_2_scale", self.power_2_scale))
+        set_("amax_epsilon", check_epsilon(owner, "amax_epsilon", self.amax_epsilon))
+        set_(
+            "wgrad_high_precision",
+            check_bool(owner, "wgrad_high_precision", self.wgrad_high_precision),
+        )
+        check_no_fp8_attention(owner, self, f"not supported with {owner} (it scales per tensor)")
+
+    def qparams(self, role: str) -> QParams:
+        """The :class:`QParams` of ``role`` (``"x"``, ``"w"`` or ``"grad"``): the recipe's
+        ``power_2_scale`` and ``amax_epsilon``, every role alike."""
+        self._role("qparams", role)
+        return QParams(power_2_scale=self.power_2_scale, amax_epsilon=self.amax_epsilon)
+
+    def fp8_gemm(self, gemm: str) -> bool:
+        """Whether ``gemm`` runs in FP8: all but ``"wgrad"`` with ``wgrad_high_precision``."""
+        return super().fp8_gemm(gemm) and not (gemm == "wgrad" and self.wgrad_high_precision)

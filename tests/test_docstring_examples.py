@@ -16,6 +16,7 @@ MODULES = [
     "fp8jax.functional.moe",
     "fp8jax.ops.gemms.grouped_gemm",
     "fp8jax.ops.block.grouped_scaling",
+    "fp8jax.ops.block.rowwise",
     "fp8jax.flax.attention",
     "fp8jax.flax.dense",
     "fp8jax.flax.layernorm",

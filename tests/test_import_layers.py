@@ -30,8 +30,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the extensions' loader and what asks it about the device
     ("bindings", ("fp8jax._ffi", "fp8jax._support")),
     # recipes are plain data (formats, margins, fp8_max) that the ops' checks read; the formats
-    # have a module of their own, exported by fp8jax.recipe
-    ("recipe", ("fp8jax._formats", "fp8jax.recipe")),
+    # and the recipe protocol (Recipe, Scaling, QParams, the field checks) have modules of their
+    # own, exported by fp8jax.recipe
+    ("recipe", ("fp8jax._formats", "fp8jax._recipe_protocol", "fp8jax.recipe")),
     # the ops, one package per family (fp8jax/ops/<family>/), lowest first: the OpDef machinery,
     # the mesh plans, the kernel/XLA switch and the shared checks; the per-tensor casts; the
     # block-scaled casts; the norms, activations and fused casts; the GEMMs; the FP8 attention
@@ -52,7 +53,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # what every FP8 layer is built from: setup, casts, GEMM forward/backward, custom_vjp wiring
     (
         "layer core",
-        ("fp8jax.functional._core", "fp8jax.functional.layernorm", "fp8jax.functional._exchange"),
+        (
+            "fp8jax.functional._core",
+            "fp8jax.functional._vjp",
+            "fp8jax.functional.layernorm",
+            "fp8jax.functional._exchange",
+        ),
     ),
     # the functional layers (fp8jax/functional/, one file per layer, as in every tier) and the
     # rotary embedding

@@ -14,6 +14,7 @@ from fp8jax.recipe import (
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
+    Float8RowwiseScaling,
     Format,
     MMParams,
     MXFP8BlockScaling,
@@ -388,3 +389,64 @@ def test_block_role_names_are_checked():
         Float8BlockScaling().block("input")
     with pytest.raises(ValueError, match="role must be x, w or grad"):
         MXFP8BlockScaling().block("weight")
+
+
+# --- Float8RowwiseScaling -----------------------------------------------------------------------
+
+
+def test_rowwise_defaults_follow_torchao():
+    r = Float8RowwiseScaling()
+    assert r.fp8_format is Format.E4M3 and r.power_2_scale and r.amax_epsilon == 0.0
+    assert not r.wgrad_high_precision and not r.fp8_dpa and not r.fp8_mha
+    assert r.backward_override is None and not r.keeps_state
+    assert r.fp8_max() == r.fp8_max(backward=True) == 448.0
+    assert Float8RowwiseScaling(fp8_format=Format.HYBRID).bwd_dtype == E5M2
+    assert [r.fp8_gemm(g) for g in ("fprop", "dgrad", "wgrad")] == [True, True, True]
+    hp = Float8RowwiseScaling(wgrad_high_precision=True)
+    assert [hp.fp8_gemm(g) for g in ("fprop", "dgrad", "wgrad")] == [True, True, False]
+    assert r.qparams("w") == QParams(power_2_scale=True, amax_epsilon=0.0)
+    f32 = Float8RowwiseScaling(power_2_scale=False, amax_epsilon=1e-12)
+    assert f32.qparams("grad") == QParams(power_2_scale=False, amax_epsilon=1e-12)
+    assert Float8RowwiseScaling(amax_epsilon=1).amax_epsilon == 1.0  # an int, kept as a float
+    assert isinstance(Float8RowwiseScaling(amax_epsilon=1).amax_epsilon, float)
+    for rec in (r, hp, f32):
+        assert hash(rec) == hash(dataclasses.replace(rec)) and rec == dataclasses.replace(rec)
+    assert hp != r and "fp8_dpa" not in repr(r)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.power_2_scale = False
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(fp8_format=Format.E5M2), ValueError, r"Float8RowwiseScaling\.fp8_format=.*pure E5M2"),
+        (dict(fp8_format="E4M3"), TypeError, r"Float8RowwiseScaling\.fp8_format must be a Format"),
+        (dict(power_2_scale=1), TypeError, r"Float8RowwiseScaling\.power_2_scale must be a bool"),
+        (dict(amax_epsilon=-1e-6), ValueError,
+         r"Float8RowwiseScaling\.amax_epsilon must be a non-negative float"),
+        (dict(amax_epsilon=float("inf")), ValueError, r"Float8RowwiseScaling\.amax_epsilon"),
+        (dict(amax_epsilon="0"), TypeError, r"Float8RowwiseScaling\.amax_epsilon must be"),
+        (dict(amax_epsilon=True), TypeError, r"Float8RowwiseScaling\.amax_epsilon must be"),
+        (dict(wgrad_high_precision="yes"), TypeError,
+         r"Float8RowwiseScaling\.wgrad_high_precision must be a bool"),
+        (dict(fp8_dpa=True), ValueError, r"Float8RowwiseScaling\.fp8_dpa=True is not supported"),
+        (dict(fp8_mha=1), TypeError, r"Float8RowwiseScaling\.fp8_mha must be a bool"),
+        (dict(backward_override="high_precision"), ValueError,
+         r"Float8RowwiseScaling\.backward_override='high_precision' is not supported"),
+    ],
+)  # fmt: skip
+def test_rowwise_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Float8RowwiseScaling(**kwargs)
+
+
+def test_rowwise_positional_arguments_are_refused():
+    with pytest.raises(TypeError):
+        Float8RowwiseScaling(Format.E4M3)
+
+
+def test_fp8_gemm_names_are_checked():
+    with pytest.raises(ValueError, match=r"Float8RowwiseScaling\.fp8_gemm: gemm must be fprop"):
+        Float8RowwiseScaling().fp8_gemm("forward")
+    with pytest.raises(ValueError, match=r"DelayedScaling\.fp8_gemm: gemm must be fprop"):
+        DelayedScaling().fp8_gemm("bwd")

@@ -1,5 +1,6 @@
 """Tests of what a recipe says about itself (the protocol of :class:`fp8jax.recipe.Recipe`:
-``scaling``, ``keeps_state``, ``block_scaled``, ``block``, ``qparams``), of
+``scaling``, ``keeps_state``, ``per_tensor``, ``block_scaled``, ``block``, ``qparams``,
+``fp8_gemm``), of
 :func:`fp8jax.recipe.check_recipe`, and that no module of fp8jax but ``fp8jax/recipe.py`` tests
 a recipe's type (it asks the recipe instead; docs/design.md, "Adding a recipe")."""
 
@@ -22,6 +23,7 @@ from fp8jax.recipe import (
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
+    Float8RowwiseScaling,
     Format,
     MXFP8BlockScaling,
     QParams,
@@ -31,7 +33,13 @@ from fp8jax.recipe import (
 )
 
 ROOT = Path(__file__).resolve().parents[1] / "fp8jax"
-RECIPE_CLASSES = (DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling)
+RECIPE_CLASSES = (
+    DelayedScaling,
+    Float8CurrentScaling,
+    Float8BlockScaling,
+    MXFP8BlockScaling,
+    Float8RowwiseScaling,
+)
 RECIPE_NAMES = frozenset(c.__name__ for c in (*RECIPE_CLASSES, Recipe))
 ROLES = ("x", "w", "grad")
 
@@ -51,6 +59,9 @@ CASES = [
     (MXFP8BlockScaling(), Scaling.MXFP8, False, True, ((1, 32),) * 3, (POW2,) * 3),
     (MXFP8BlockScaling(enable_2d_quantization=True, fp8_format=Format.HYBRID),
      Scaling.MXFP8, False, True, ((1, 32), (32, 32), (1, 32)), (POW2,) * 3),
+    (Float8RowwiseScaling(), Scaling.ROWWISE, False, False, (None,) * 3, (POW2,) * 3),
+    (Float8RowwiseScaling(power_2_scale=False, wgrad_high_precision=True),
+     Scaling.ROWWISE, False, False, (None,) * 3, (F32,) * 3),
 ]  # fmt: skip
 
 
@@ -61,6 +72,10 @@ def test_each_recipe_describes_itself(recipe, scaling, keeps_state, block_scaled
     assert recipe.block_scaled is block_scaled
     assert tuple(recipe.block(r) for r in ROLES) == blocks
     assert tuple(recipe.qparams(r) for r in ROLES) == qparams
+    assert recipe.per_tensor is (scaling in (Scaling.DELAYED, Scaling.CURRENT))
+    hp_wgrad = getattr(recipe, "wgrad_high_precision", False)
+    assert (recipe.fp8_gemm("fprop"), recipe.fp8_gemm("dgrad")) == (True, True)
+    assert recipe.fp8_gemm("wgrad") is not hp_wgrad
 
 
 def test_every_recipe_is_described():
@@ -88,9 +103,10 @@ def test_roles_are_checked(cls, method):
 
 def test_scaling_is_a_str_enum():
     assert Scaling("mxfp8") is Scaling.MXFP8 and Scaling.DELAYED == "delayed"
+    assert Scaling("rowwise") is Scaling.ROWWISE
     assert repr(Scaling.BLOCK) == "Scaling.BLOCK"
     with pytest.raises(ValueError):
-        Scaling("rowwise")
+        Scaling("columnwise")
 
 
 # --- a recipe the package has never seen ------------------------------------------------------
@@ -121,13 +137,32 @@ class OutsideMXFP8(Recipe):
         return QParams(power_2_scale=True)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutsideRowwise(Recipe):
+    """A row-wise one: float32 scales with an epsilon, E5M2 gradients, the wgrad in high
+    precision."""
+
+    scaling: ClassVar[Scaling] = Scaling.ROWWISE
+    fp8_format: Format = Format.HYBRID
+
+    def qparams(self, role: str) -> QParams:
+        super().qparams(role)
+        return QParams(power_2_scale=False, amax_epsilon=0.5)
+
+    def fp8_gemm(self, gemm: str) -> bool:
+        return super().fp8_gemm(gemm) and gemm != "wgrad"
+
+
 @pytest.mark.parametrize(
     "outside, twin",
     [
         (OutsideCurrent(), Float8CurrentScaling(margin=1)),
         (OutsideMXFP8(), MXFP8BlockScaling(enable_2d_quantization=True)),
+        (OutsideRowwise(), Float8RowwiseScaling(
+            fp8_format=Format.HYBRID, power_2_scale=False, amax_epsilon=0.5,
+            wgrad_high_precision=True)),
     ],
-)
+)  # fmt: skip
 def test_a_recipe_defined_outside_the_package_runs_as_its_twin(outside, twin):
     """The protocol is all the package reads: a new recipe of an existing kind needs no change
     outside fp8jax/recipe.py (docs/design.md, "Adding a recipe")."""
@@ -177,7 +212,9 @@ def test_check_recipe_names_the_argument(bad):
             check_recipe(bad, "f: my_recipe", default=DelayedScaling())
 
 
-@pytest.mark.parametrize("bad", [Float8CurrentScaling(), MXFP8BlockScaling(), "delayed", None])
+@pytest.mark.parametrize(
+    "bad", [Float8CurrentScaling(), MXFP8BlockScaling(), Float8RowwiseScaling(), "delayed", None]
+)
 def test_check_recipe_keeps_state(bad):
     assert check_recipe(DelayedScaling(), "g: recipe", keeps_state=True) == DelayedScaling()
     with pytest.raises(TypeError, match=r"^g: recipe must be a DelayedScaling \(the recipe that"):
@@ -246,3 +283,20 @@ def test_no_module_but_recipe_tests_a_recipe_type():
         "recipe (Recipe.scaling, keeps_state, block_scaled, block, qparams) or validate an "
         "argument with fp8jax.recipe.check_recipe"
     )
+
+
+def test_only_a_row_wise_wgrad_may_leave_fp8():
+    """``fp8_gemm`` False is honoured for the wgrad under row-wise scaling only; anything else
+    is refused when the layer resolves the recipe, never silently run in FP8."""
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class HighPrecisionDgrad(Recipe):
+        scaling: ClassVar[Scaling] = Scaling.CURRENT
+        fp8_format: Format = Format.HYBRID
+
+        def fp8_gemm(self, gemm: str) -> bool:
+            return gemm != "dgrad"
+
+    x, w = jnp.ones((32, 64)), jnp.ones((64, 64))
+    with pytest.raises(ValueError, match=r"HighPrecisionDgrad runs the dgrad GEMM\(s\) in high"):
+        fp8jax.dense(x, w, recipe=HighPrecisionDgrad())

@@ -1,15 +1,18 @@
 """The core every FP8 layer is built from (:func:`fp8jax.dense`, :func:`fp8jax.layernorm_dense`,
 :func:`fp8jax.layernorm_mlp`): resolving FP8 on/off and the recipe, the cast of a tensor for a
-GEMM, one FP8 GEMM's forward and backward on already-cast operands, the checkpoint names of
-what the backward reads, and the ``jax.custom_vjp`` wiring of a layer (:func:`layer_vjp`: the
-probe check, the observations out through the probe's cotangent, cotangents typed as their
-primals under explicit sharding).
+GEMM, one FP8 GEMM's forward and backward on already-cast operands and the checkpoint names of
+what the backward reads. The ``jax.custom_vjp`` wiring of a layer (``layer_vjp``: the probe
+check, the observations out through the probe's cotangent, cotangents typed as their primals
+under explicit sharding) is the other half of the core, :mod:`fp8jax.functional._vjp`.
 
 Block-scaled recipes (``Float8BlockScaling``, ``MXFP8BlockScaling``) run through the same
 pieces: :func:`cast_t` casts with the role's blocks (:func:`block_cast`: both layouts, a pair of
 scale grids; fused as the per-tensor casts are, with the bias gradient, the MLP's activation and
 its gradient; :func:`block_norm_cast` with the norm) and each GEMM is the block-scaled one
-(``_gemm``).
+(``_gemm``). The row-wise recipe (``Float8RowwiseScaling``) too, on the unfused paths of current
+scaling: :func:`cast_t` casts per row (:func:`rowwise_cast`) and each GEMM scales its float32
+result by the outer product of its operands' row scales; with its high-precision wgrad, an
+input's and a gradient's second copy is the high-precision transpose, and the wgrad a plain dot.
 
 A layer with ``G`` GEMMs has ``3 G`` tensor roles (:func:`fp8jax.state.gemm_roles`); each GEMM's
 forward here takes its input already in FP8 (from a fused norm or activation kernel, or from
@@ -25,7 +28,6 @@ under remat; codes are left alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -34,12 +36,13 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import current_state
-from fp8jax.ops.base.partition import explicit_mesh, varying, varying_axes
+from fp8jax.ops.base.partition import explicit_mesh
 from fp8jax.ops.base.switch import get_implementation
 from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
     mxfp8_cast_transpose,
 )
+from fp8jax.ops.block.rowwise import rowwise_quantize, rowwise_scaled_matmul
 from fp8jax.ops.casts.cast_transpose import (
     cast_transpose,
     cast_transpose_dbias,
@@ -59,7 +62,15 @@ from fp8jax.ops.fused.block_fused import (
 from fp8jax.ops.gemms import fixed_groups
 from fp8jax.ops.gemms.blockwise import block_gemm
 from fp8jax.ops.gemms.gemm import gemm_codes
-from fp8jax.recipe import DelayedScaling, Format, Recipe, Scaling, check_recipe, fp8_max
+from fp8jax.recipe import (
+    DelayedScaling,
+    Format,
+    Recipe,
+    Scaling,
+    check_recipe,
+    fp8_max,
+    is_fp8_dtype,
+)
 from fp8jax.state import DENSE_ROLES, Fp8Meta
 
 #: Checkpoint names of everything an FP8 GEMM layer saves for its backward pass, for
@@ -113,9 +124,22 @@ class Fp8Setup(NamedTuple):
     # unfused paths of current scaling (current_scaling is True with it).
     blocks: tuple[tuple[str, tuple[int, int], bool, float], ...] | None = None
     mxfp8: bool = False
+    # Row-wise scaling (Float8RowwiseScaling), else None: per role its power-of-two flag and
+    # amax epsilon. It takes the unfused paths of current scaling too (current_scaling True).
+    rowwise: tuple[tuple[str, bool, float], ...] | None = None
+    # The wgrad as a plain dot of the high-precision operands (Recipe.fp8_gemm("wgrad") False)
+    hp_wgrad: bool = False
+    recipe_name: str = ""  # for error messages
 
     def implementation(self, family: str) -> str:
         return dict(self.impl)[family]
+
+    def rows(self, role: str) -> tuple[bool, float]:
+        """``(power_2_scale, amax_epsilon)`` of ``role`` under row-wise scaling."""
+        for name, pow2, eps in self.rowwise or ():
+            if name == role:
+                return pow2, eps
+        raise ValueError(f"{self.where}: no row-wise scaling for role {role!r}")
 
     def block(self, role: str) -> tuple[tuple[int, int], bool, float]:
         """``(block, power_2_scale, amax_epsilon)`` of ``role`` under block scaling."""
@@ -185,8 +209,42 @@ def resolve(
         where=where,
         blocks=_blocks(recipe) if recipe.block_scaled else None,
         mxfp8=recipe.scaling is Scaling.MXFP8,
+        rowwise=_row_qparams(recipe) if recipe.scaling is Scaling.ROWWISE else None,
+        hp_wgrad=_hp_wgrad(where, recipe),
+        recipe_name=type(recipe).__name__,
     )
     return setup, scale, probe
+
+
+def _row_qparams(recipe: Recipe):
+    """Fp8Setup.rowwise of a row-wise recipe."""
+    qs = {r: recipe.qparams(r) for r in ("x", "w", "grad")}
+    return tuple((r, q.power_2_scale, q.amax_epsilon) for r, q in qs.items())
+
+
+def _hp_wgrad(where: str, recipe: Recipe) -> bool:
+    """Whether the recipe runs the wgrad in high precision (:meth:`Recipe.fp8_gemm`): only the
+    wgrad, and only under row-wise scaling, can leave FP8 (a ValueError otherwise)."""
+    hp = [g for g in ("fprop", "dgrad", "wgrad") if not recipe.fp8_gemm(g)]
+    if hp and (hp != ["wgrad"] or recipe.scaling is not Scaling.ROWWISE):
+        raise ValueError(
+            f"{where}: {type(recipe).__name__} runs the {', '.join(hp)} GEMM(s) in high "
+            "precision, which fp8jax supports only for the wgrad under row-wise scaling "
+            "(Float8RowwiseScaling(wgrad_high_precision=True))"
+        )
+    return bool(hp)
+
+
+def refuse_rowwise(setup: Fp8Setup | None, layer: str) -> None:
+    """A ``NotImplementedError`` naming the recipe and ``layer`` when ``setup`` is row-wise
+    (a layer that has no row-wise form yet: issue 49)."""
+    if setup is not None and setup.rowwise is not None:
+        raise NotImplementedError(
+            f"{setup.where}: {setup.recipe_name} (row-wise scaling) is not implemented for "
+            f"{layer} yet (issue 49: its reference path covers dense, layernorm_dense and "
+            "layernorm_mlp); use Float8CurrentScaling, DelayedScaling or a block-scaled recipe "
+            "for this layer"
+        )
 
 
 def _blocks(recipe: Recipe):
@@ -196,7 +254,11 @@ def _blocks(recipe: Recipe):
 
 
 def codes(q: jax.Array) -> jax.Array:
-    """An FP8 tensor's ``uint8`` codes (how FP8 residuals travel; see the module docstring)."""
+    """An FP8 tensor's ``uint8`` codes (how FP8 residuals travel; see the module docstring).
+    A high-precision array (the row-wise recipe's high-precision wgrad operand) is returned
+    as it is."""
+    if not is_fp8_dtype(q.dtype):
+        return q
     return jax.lax.bitcast_convert_type(q, jnp.uint8)
 
 
@@ -234,6 +296,8 @@ def cast_t(setup: Fp8Setup, x: jax.Array, scale: jax.Array, fp8_dtype: Any, role
     scale grids ``(rows, transposed)`` (:func:`block_cast`)."""
     if setup.blocks is not None:
         return block_cast(setup, x, fp8_dtype, role)
+    if setup.rowwise is not None:
+        return rowwise_cast(setup, x, fp8_dtype, role)
     return cast_transpose(
         x, scale_for(setup, x, scale, fp8_dtype), fp8_dtype, amax_reduction="mesh",
         implementation=setup.implementation("cast"),
@@ -249,12 +313,31 @@ def cast_dbias(setup: Fp8Setup, g: jax.Array, scale: jax.Array, with_bias: bool)
         if with_bias:
             return block_cast(setup, g, bwd, "grad", with_dbias=True)
         return (*block_cast(setup, g, bwd, "grad"), None)
-    if not with_bias:
-        return (*cast_t(setup, g, scale, bwd), None)
+    if not with_bias or setup.rowwise is not None:
+        dbias = jnp.sum(g.astype(jnp.float32), axis=0) if with_bias else None
+        return (*cast_t(setup, g, scale, bwd, role="grad"), dbias)
     scale = scale_for(setup, g, scale, bwd)
     return cast_transpose_dbias(
         g, scale, bwd, amax_reduction="mesh", implementation=setup.implementation("cast")
     )
+
+
+def rowwise_cast(setup: Fp8Setup, x: jax.Array, fp8_dtype: Any, role: str):
+    """Matrix ``x [M, K]`` quantized row-wise for a GEMM (``Float8RowwiseScaling``): ``(q [M,
+    K], q_t [K, M], (scale_inv [M, 1], scale_inv_t [K, 1]), amax)``, ``q_t`` quantized again
+    from ``x`` along ``M`` (:func:`~fp8jax.ops.rowwise_quantize` of both layouts: the wgrad
+    contracts over the tokens, so its operands are scaled per feature over them). With the
+    high-precision wgrad, an input's or gradient's (``role`` ``"x"``, ``"grad"``) ``q_t`` is
+    ``x``'s transpose in its own dtype, and ``scale_inv_t`` ``None``. ``amax`` is NaN, "not
+    observed" (no state)."""
+    pow2, eps = setup.rows(role)
+    kw = dict(power_2_scale=pow2, amax_epsilon=eps)
+    q, s = rowwise_quantize(x, fp8_dtype, **kw)
+    if setup.hp_wgrad and role != "w":
+        q_t, s_t = jnp.transpose(x), None
+    else:
+        q_t, s_t = rowwise_quantize(jnp.transpose(x), fp8_dtype, **kw)
+    return q, q_t, (s, s_t), jnp.float32(jnp.nan)
 
 
 def block_cast(
@@ -346,12 +429,18 @@ def _gemm(setup: Fp8Setup, a, a_sinv, b, b_sinv, *, roles, dtypes, out_dtype, bi
     (:func:`~fp8jax.ops.gemms.gemm.gemm_codes`), or under block scaling the block-scaled one with
     ``roles``' blocks (dequantize per block, float32 accumulation;
     :func:`~fp8jax.ops.block_gemm`: cuBLASLt on a GPU with the scale modes, else
-    XLA's dequantize and float32 dot), plus ``bias`` in float32."""
-    if setup.blocks is None:
+    XLA's dequantize and float32 dot), or under row-wise scaling the dot of the FP8 values
+    scaled by the outer product of the row scales (:func:`~fp8jax.ops.rowwise_scaled_matmul`,
+    XLA on every platform: no kernel yet), plus ``bias`` in float32."""
+    if setup.blocks is None and setup.rowwise is None:
         return gemm_codes(
             a, b, a_sinv, b_sinv, dtypes=dtypes, out_dtype=out_dtype, bias=bias,
             accumulate=accumulate, reuse=reuse, implementation=setup.implementation("gemm"),
         )  # fmt: skip
+    if setup.rowwise is not None:
+        views = [jax.lax.bitcast_convert_type(c, dt) for c, dt in zip((a, b), dtypes, strict=True)]
+        y = rowwise_scaled_matmul(views[0], a_sinv, views[1], b_sinv)
+        return (y if bias is None else y + bias.astype(jnp.float32)).astype(out_dtype)
     views, scales = [], []
     for codes_, sinv, dt in ((a, a_sinv, dtypes[0]), (b, b_sinv, dtypes[1])):
         views.append(jax.lax.bitcast_convert_type(codes_, dt))
@@ -437,145 +526,18 @@ def gemm_backward(
 
 def gemm_wgrad(setup: Fp8Setup, g_t, g_sinv, x_t, x_sinv, w_dtype: Any) -> jax.Array:
     """The wgrad ``dw = x^T @ g`` in ``w_dtype`` of :func:`gemm_backward`, from the transposed
-    codes ``g_t`` [N, M] and ``x_t`` [K, M], with split accumulation."""
+    codes ``g_t`` [N, M] and ``x_t`` [K, M], with split accumulation; with the high-precision
+    wgrad (``setup.hp_wgrad``), ``g_t`` and ``x_t`` are the high-precision transposes and the
+    wgrad a plain dot in their promoted dtype, accumulated in float32."""
+    if setup.hp_wgrad:
+        dt = jnp.promote_types(x_t.dtype, g_t.dtype)
+        dw = jax.lax.dot_general(x_t.astype(dt), g_t.astype(dt), (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)  # fmt: skip
+        return dw.astype(w_dtype)
     return _gemm(
         setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"),
         dtypes=(setup.fwd_dtype, setup.bwd_dtype), out_dtype=w_dtype, accumulate="split",
     )  # fmt: skip
-
-
-def zero_cotangent(x: jax.Array) -> Any:
-    """A zero cotangent for ``x``: zeros of its dtype, or ``float0`` ones for an integer array
-    (a mixture of experts' group sizes)."""
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-        return jnp.zeros_like(x)
-    return np.zeros(x.shape, jax.dtypes.float0)
-
-
-def zeros_if_symbolic(g: Any) -> jax.Array:
-    """A cotangent as an array (``symbolic_zeros=True`` hands over ``SymbolicZero`` objects)."""
-    if isinstance(g, jax.custom_derivatives.SymbolicZero):
-        return jnp.zeros(g.shape, g.dtype)
-    return g
-
-
-def perturbed(tree: Any) -> bool:
-    """Whether any ``CustomVJPPrimal`` in ``tree`` is being differentiated."""
-    return any(p.perturbed for p in jax.tree.leaves(tree))
-
-
-def probe_error(where: str) -> ValueError:
-    """Differentiated without the probe under delayed scaling (see :func:`layer_vjp`)."""
-    return ValueError(
-        f"{where}: differentiated with FP8 DelayedScaling, but not with respect to its probe, "
-        "so this step's amax observations would be dropped and the FP8 scales would never "
-        "update. Differentiate the loss with respect to the fp8_probe collection too and fold "
-        "its gradient into fp8_meta (fp8jax.flax.Fp8TrainState.apply_gradients or "
-        "update_fp8_variables; for the functional layers: probe=jnp.zeros(n_roles) and "
-        "fp8jax.update_fp8_meta). Under nn.scan, give fp8_probe a variable axis. Flax NNX: "
-        "nnx.value_and_grad(..., argnums=fp8jax.nnx.diff_state()), then "
-        "fp8jax.nnx.update_fp8_variables or apply_gradients. A gradient that must not update the "
-        "state: differentiate the probe too and ignore its gradient."
-    )
-
-
-def primal_shardings(primals: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """Under explicit sharding (``AxisType.Explicit``) the shardings of ``primals`` (``None``
-    for an absent one): a custom_vjp cotangent must have its primal's type, sharding included.
-    ``None`` otherwise."""
-    if not explicit_mesh():
-        return None
-    return tuple(None if v is None else jax.typeof(v).sharding for v in primals)
-
-
-def as_primals(shardings: tuple[Any, ...] | None, grads: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``grads`` resharded to their primals' ``shardings`` (:func:`primal_shardings`): a GEMM
-    picks its output's split from its operands', which need not be the primal's."""
-    if shardings is None:
-        return grads
-    pairs = zip(grads, shardings, strict=True)
-    return tuple(g if g is None or s is None else jax.sharding.reshard(g, s) for g, s in pairs)
-
-
-class _Wiring(NamedTuple):
-    cfg: Any  # the layer's static config, with the Fp8Setup as ``cfg.setup``
-    shardings: tuple[Any, ...] | None  # primal_shardings of the params
-    # inside a shard_map: the manual axes each of (params..., scale, probe) varies over
-    varies: tuple[frozenset[str], ...]
-
-
-def like_primal(ct: Any, axes: frozenset[str], reduce: Callable[..., Any]) -> Any:
-    """A cotangent typed as its primal inside a ``shard_map``: a custom_vjp's cotangent must
-    vary over exactly the manual ``axes`` its primal varies over. Where it varies over more
-    (an invariant param or probe used on every device), the devices' contributions are
-    combined with ``reduce`` over those axes (``psum`` for a gradient, ``pmax`` for amax
-    observations); where over fewer, it is marked varying."""
-    if ct is None or isinstance(ct, jax.custom_derivatives.SymbolicZero):
-        return ct
-    extra = tuple(sorted(varying_axes(ct) - axes))
-    if extra:
-        ct = reduce(ct, extra)
-    return varying(ct, tuple(sorted(axes)))
-
-
-def layer_vjp(forward: Callable[..., Any], backward: Callable[..., Any], name: str):
-    """A layer's ``jax.custom_vjp``, called as ``call(cfg, params, scale, probe, extra=())``.
-
-    ``forward(cfg, *params, scale, *extra) -> (outputs, residuals)``: the layer's forward (its
-    outputs usually end with the forward observations, NaN for the output-grad roles);
-    ``backward(cfg, residuals, cotangents) -> (one gradient per param, observed)``, ``observed``
-    the ``float32[n_roles]`` amaxes of the step.
-    ``cfg`` is the layer's static (hashable) config with its :class:`Fp8Setup` as
-    ``cfg.setup``; ``params`` (``None`` for an absent one) are differentiated, ``extra`` (e.g.
-    a dropout mask) is not (zero cotangents).
-
-    The wiring every layer shares: the observed amaxes leave as the cotangent of ``probe`` (a
-    zero ``float32[n_roles]`` the forward ignores; ``scale`` gets a zero cotangent);
-    differentiating a param but not ``probe`` under delayed scaling is a :func:`probe_error`
-    at trace time, since the state would silently stop updating; under explicit sharding each
-    param's gradient is resharded to the param's sharding (:func:`as_primals`).
-    """
-
-    def primal(wiring: _Wiring, params, scale, probe, extra):
-        del probe
-        out, _ = forward(wiring.cfg, *params, scale, *extra)
-        return out
-
-    primal.__name__ = primal.__qualname__ = name
-    fn = jax.custom_vjp(primal, nondiff_argnums=(0,))
-
-    def fwd(wiring: _Wiring, params, scale, probe, extra):
-        # symbolic_zeros=True: each argument arrives as a CustomVJPPrimal that says whether it
-        # is being differentiated.
-        setup = wiring.cfg.setup
-        if not setup.current_scaling and not probe.perturbed and perturbed(params):
-            raise probe_error(setup.where)
-        params, scale, extra = jax.tree.map(lambda p: p.value, (params, scale, extra))
-        out, res = forward(wiring.cfg, *params, scale, *extra)
-        return out, (res, extra)
-
-    def bwd(wiring: _Wiring, res, cts):
-        res, extra = res
-        grads, observed = backward(wiring.cfg, res, cts)
-        *params_vary, scale_vary, probe_vary = wiring.varies
-        grads = tuple(
-            like_primal(g, v, jax.lax.psum) for g, v in zip(grads, params_vary, strict=True)
-        )
-        grads = as_primals(wiring.shardings, grads)
-        zero = like_primal(jnp.zeros(observed.shape, jnp.float32), scale_vary, jax.lax.psum)
-        observed = like_primal(observed, probe_vary, jax.lax.pmax)
-        return grads, zero, observed, jax.tree.map(zero_cotangent, extra)
-
-    fn.defvjp(fwd, bwd, symbolic_zeros=True)
-
-    def call(cfg, params: tuple[Any, ...], scale, probe, extra: tuple[Any, ...] = ()):
-        varies = tuple(
-            frozenset() if v is None else varying_axes(v) for v in (*params, scale, probe)
-        )
-        wiring = _Wiring(cfg, primal_shardings(params), varies)
-        return fn(wiring, tuple(params), scale, probe, tuple(extra))
-
-    return call
 
 
 # ------------------------------------------------------------ grouped GEMMs, (hidden, g, N) kernels
@@ -587,8 +549,8 @@ def grouped_forward(s: Fp8Setup, x_q, x_sinv, w, scale, bias, dtype):
     copy ``(g, N, hidden)`` a transpose of the codes) -> ``(y, w's amax, residuals)`` as
     :func:`gemm_forward`'s."""
     fwd = s.fwd_dtype
-    if s.blocks is not None:  # the layers take the 2-D path under block scaling
-        raise ValueError(f"{s.where}: a grouped GEMM has no block-scaled form")
+    if s.blocks is not None or s.rowwise is not None:  # the layers take the 2-D path then
+        raise ValueError(f"{s.where}: a grouped GEMM has no block-scaled or row-wise form")
     q, sinv, amax = quantize(
         w, scale_for(s, w, scale, fwd), fwd, amax_reduction="mesh",
         implementation=s.implementation("cast"),

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.functional import _core as core
+from fp8jax.functional._vjp import layer_vjp, zeros_if_symbolic
 from fp8jax.ops.attention.fp8_attention import (
     FP8_ATTENTION_DTYPE,
     AttentionScales,
@@ -101,7 +102,7 @@ def _forward(cfg: _Config, q, k, v, scale):
 def _backward(cfg: _Config, res, cts):
     s = cfg.setup
     residuals, scales, seen, do_row = res
-    g = core.zeros_if_symbolic(cts[0])
+    g = zeros_if_symbolic(cts[0])
     do8, do_s, do_sinv, do_amax = _cast(s, g, do_row)
     scales = scales._replace(do=do_s)
     bwd = fp8_attention_backward(
@@ -121,7 +122,7 @@ def _backward(cfg: _Config, res, cts):
     return grads, observed
 
 
-_attention = core.layer_vjp(_forward, _backward, "dot_product_attention")
+_attention = layer_vjp(_forward, _backward, "dot_product_attention")
 
 
 def _check(where: str, q: Any, k: Any, v: Any, dtype: Any) -> None:
@@ -166,9 +167,10 @@ def dot_product_attention_observed(
             is_causal=is_causal, implementation="xla",
         )  # fmt: skip
         return core.LayerOutput(out, None, None)
-    if setup.blocks is not None:
-        raise ValueError(f"{where}: block-scaled recipes have no FP8 attention (per-tensor "
-                         "DelayedScaling or Float8CurrentScaling only)")  # fmt: skip
+    if setup.blocks is not None or setup.rowwise is not None:
+        raise ValueError(f"{where}: block-scaled and row-wise recipes have no FP8 attention "
+                         f"({setup.recipe_name}; per-tensor DelayedScaling or "
+                         "Float8CurrentScaling only)")  # fmt: skip
     if jnp.dtype(setup.fwd_dtype) != _E4M3:  # (resolve refuses Format.E5M2 already)
         raise ValueError(f"{where}: FP8 attention runs in E4M3, the recipe's forward format "
                          f"is {setup.fwd_dtype}")  # fmt: skip

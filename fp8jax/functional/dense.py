@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec
 
 from fp8jax.functional import _core as core
 from fp8jax.functional._core import CHECKPOINT_NAMES, save_fp8_operands
+from fp8jax.functional._vjp import layer_vjp, zeros_if_symbolic
 from fp8jax.ops.base import partition
 from fp8jax.ops.base.partition import explicit_matmul_spec, explicit_mesh
 from fp8jax.ops.gemms.gemm_options import below_fp8_flops
@@ -72,7 +73,7 @@ def _forward(cfg: _Config, x, w, bias, scale):
 def _backward(cfg: _Config, res, cts):
     s = cfg.setup
     x_t, x_sinv, r, x_amax, w_amax, g_scale = res
-    g = core.zeros_if_symbolic(cts[0])
+    g = zeros_if_symbolic(cts[0])
     # the bias gradient from the same pass over g as its casts
     g_q, g_t, g_sinv, g_amax, dbias = core.cast_dbias(s, g, g_scale, cfg.has_bias)
     g_q, g_t = core.codes(g_q), core.codes(g_t)
@@ -81,7 +82,7 @@ def _backward(cfg: _Config, res, cts):
     return (dx, dw, dbias), jnp.stack([x_amax, w_amax, g_amax]).reshape(_N)
 
 
-_dense2d = core.layer_vjp(_forward, _backward, "dense")
+_dense2d = layer_vjp(_forward, _backward, "dense")
 
 
 def _normalize_axes(axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from fp8jax.functional import _core as core
 from fp8jax.functional import _exchange
+from fp8jax.functional._vjp import layer_vjp, zeros_if_symbolic
 from fp8jax.ops.base.partition import varying
 from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
@@ -344,7 +345,7 @@ def _backward(cfg: _Config, res, cts):
     x_q, x_sinv, w_q, w_sinv, sizes, plan, x_amax, w_amax, g_scale, first = res
     x_dt, w_dt, b_dt = cfg.dtypes
     n_local = w_q.shape[0]
-    g = core.zeros_if_symbolic(cts[0])
+    g = zeros_if_symbolic(cts[0])
     g_on_tokens = ex is not None and not cfg.exchange_input
     g_sizes = plan.sizes_tokens if g_on_tokens else sizes
     g_scale = g_scale if ex is None or g_on_tokens else _local_rows(n_local, first, g_scale)
@@ -389,7 +390,7 @@ def _backward(cfg: _Config, res, cts):
     return (dx, dw, dw1, dbias), observed
 
 
-_grouped = core.layer_vjp(_forward, _backward, "grouped_dense")
+_grouped = layer_vjp(_forward, _backward, "grouped_dense")
 
 
 def _check(where, x, kernel, group_sizes, bias, dtype):
@@ -510,6 +511,7 @@ def grouped_dense_observed(
     lead = pair[0] if pair is not None else kernel
     n = n_experts if n_experts is not None else lead.shape[0]
     setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, 3 * n)
+    core.refuse_rowwise(setup, "grouped_dense (a mixture of experts' grouped GEMM)")
     if pair is not None and not pair_casts_apart(setup, pair[0].shape[-1]):
         kernel, pair = jnp.concatenate(pair, axis=-1), None
     if setup is None:

@@ -23,6 +23,7 @@ import numpy as np
 from fp8jax.autocast import is_fp8_enabled
 from fp8jax.functional import _core as core
 from fp8jax.functional._core import Fp8Setup, block_norm_cast, cast_t, named_input
+from fp8jax.functional._vjp import layer_vjp, zeros_if_symbolic
 from fp8jax.ops.base import partition
 from fp8jax.ops.fused.norm import norm_backward, norm_forward, norm_forward_fp8
 from fp8jax.ops.fused.norm_autodiff import layernorm, rmsnorm
@@ -262,7 +263,7 @@ def _backward(cfg: _Config, res, cts):
     s = cfg.setup
     norm_res, ln_t, ln_sinv, r, g_scale, ln_amax, w_amax = res
     x_dt, gamma_dt, beta_dt, w_dt, b_dt = cfg.dtypes
-    dy = core.zeros_if_symbolic(cts[0])
+    dy = zeros_if_symbolic(cts[0])
     if cfg.grouped:
         g_q, g_t, g_sinv, g_amax, db = core.grouped_cast_grad(s, dy, g_scale, cfg.has_bias)
         dln, dw = core.grouped_backward(s, g_q, g_t, g_sinv, ln_t, ln_sinv, r, x_dt, w_dt)
@@ -281,7 +282,7 @@ def _backward(cfg: _Config, res, cts):
     return grads, jnp.stack([ln_amax, w_amax, g_amax]).reshape(_N)
 
 
-_ln_dense2d = core.layer_vjp(_forward, _backward, "layernorm_dense")
+_ln_dense2d = layer_vjp(_forward, _backward, "layernorm_dense")
 
 
 def layernorm_dense(

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.functional import _core as core
+from fp8jax.functional._vjp import layer_vjp, zeros_if_symbolic
 from fp8jax.functional.layernorm import (
     check_norm_args,
     check_norm_params,
@@ -199,7 +200,7 @@ def _backward(cfg: _Config, res, cts):
     s = cfg.setup
     norm_res, ln_t, ln_sinv, r1, h, a_t, a_sinv, r2, scale, fwd_seen, mask = res
     x_dt, gamma_dt, beta_dt, w1_dt, b1_dt, w2_dt, b2_dt = cfg.dtypes
-    dy = core.zeros_if_symbolic(cts[0])
+    dy = zeros_if_symbolic(cts[0])
     dy_q, dy_t, dy_sinv, dy_amax, db2 = core.cast_dbias(s, dy, scale[5], cfg.has_bias[1])
     dy_q, dy_t = core.codes(dy_q), core.codes(dy_t)
     if cfg.fused:
@@ -232,7 +233,7 @@ def _backward(cfg: _Config, res, cts):
 
 
 # the dropout mask is an argument that is not differentiated (zero cotangent)
-_mlp2d = core.layer_vjp(_forward, _backward, "layernorm_mlp")
+_mlp2d = layer_vjp(_forward, _backward, "layernorm_mlp")
 
 
 def _check(x, gamma, beta, kernel_1, bias_1, kernel_2, bias_2, norm, activations, dtype):

@@ -143,8 +143,9 @@ def fp8_dpa_refusal(
     (:func:`~fp8jax.ops.cudnn_fp8_attention_refusal`) and the scaling is delayed
     (``stateless``: current scaling, whose scales of the tensors cuDNN makes exist only after it
     runs). On any other backend the reference runs, any shape."""
-    if recipe.block_scaled:
-        return f"{type(recipe).__name__} is block-scaled; FP8 attention scales per tensor"
+    if not recipe.per_tensor:
+        how = "block-scaled" if recipe.block_scaled else f"{recipe.scaling.value}-scaled"
+        return f"{type(recipe).__name__} is {how}; FP8 attention scales per tensor"
     for what, present in (("bias", bias is not None), ("padding or segment mask", padded),
                           ("sliding window", window is not None),
                           ("active attention dropout", dropout)):  # fmt: skip

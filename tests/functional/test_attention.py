@@ -143,7 +143,9 @@ def test_bad_arguments_name_them():
         fp8jax.dot_product_attention(q, k, v[:, :3], meta, RECIPE)
     with pytest.raises(ValueError, match="fp8_meta must have 15 roles"):
         fp8jax.dot_product_attention(q, k, v, fp8jax.init_fp8_meta(RECIPE), RECIPE)
-    with pytest.raises(ValueError, match="block-scaled recipes have no FP8 attention"):
+    with pytest.raises(ValueError, match="block-scaled and row-wise recipes have no FP8 atten"):
         fp8jax.dot_product_attention(q, k, v, recipe=fp8jax.Float8BlockScaling())
+    with pytest.raises(ValueError, match=r"row-wise recipes have no .*\(Float8RowwiseScaling;"):
+        fp8jax.dot_product_attention(q, k, v, recipe=fp8jax.Float8RowwiseScaling())
     with pytest.raises(ValueError, match="probe"):  # differentiated without its probe
         jax.grad(lambda q: jnp.sum(fp8jax.dot_product_attention(q, k, v, meta, RECIPE)))(q)

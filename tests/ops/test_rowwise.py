@@ -1,0 +1,169 @@
+"""fp8jax.ops.block.rowwise (Float8RowwiseScaling's casts and GEMM reference, issue 49) against
+an independent numpy implementation: float32 arithmetic in numpy, ``frexp`` for the
+power-of-two rounding, ``ml_dtypes`` for the FP8 rounding (saturated first); codes compared as
+bits, scales exactly. The GEMM against a float64 oracle within float32 summation error."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _rowwise_numpy import numpy_rowwise
+from _shared import rand
+
+from fp8jax import ops
+from fp8jax.ops.block import block_scaling as bs
+from fp8jax.ops.block import rowwise as rw
+
+E4M3, E5M2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
+
+
+def _bits(q) -> np.ndarray:
+    return np.asarray(q).view(np.uint8)
+
+
+def _magnitudes(m: int, k: int, seed: int) -> jnp.ndarray:
+    """Rows of very different magnitudes (2**-30 .. 2**30), a few outliers."""
+    x = rand((m, k), seed) * jnp.exp2(jnp.round(rand((m, 1), seed + 1) * 10))
+    return x.at[3].multiply(1000.0)
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
+@pytest.mark.parametrize("pow2", [True, False], ids=["pow2", "f32"])
+@pytest.mark.parametrize("eps", [0.0, 0.5])
+@pytest.mark.parametrize("in_dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_rowwise_quantize_equals_numpy(dtype, pow2, eps, in_dtype):
+    x = _magnitudes(64, 96, 1).astype(in_dtype)
+    x = x.at[5].set(0.0)  # an all-zero row: scale 1 (with an epsilon, fp8_max / epsilon)
+    q, sinv = rw.rowwise_quantize(x, dtype, power_2_scale=pow2, amax_epsilon=eps)
+    want_q, want_sinv = numpy_rowwise(np.asarray(x, np.float32), dtype, pow2, eps)
+    assert q.dtype == dtype and q.shape == x.shape and sinv.shape == (64, 1)
+    assert sinv.dtype == jnp.float32
+    np.testing.assert_array_equal(_bits(q), want_q)
+    np.testing.assert_array_equal(np.asarray(sinv), want_sinv)
+    assert float(sinv[5, 0]) == (1.0 if eps == 0 else want_sinv[5, 0])
+    assert not np.asarray(_bits(q)[5]).any()
+    if pow2:  # exact inverses: every scale a power of two
+        assert np.all(np.frexp(np.asarray(sinv))[0] == 0.5)
+
+
+def test_rowwise_is_one_block_per_row():
+    """The same codes and scales as a block cast whose block is the whole row."""
+    x = _magnitudes(32, 200, 3)
+    for pow2 in (True, False):
+        q, s = rw.rowwise_quantize(x, E4M3, power_2_scale=pow2, amax_epsilon=1e-3)
+        bq, bsinv = bs.block_quantize(x, E4M3, (1, 200), power_2_scale=pow2, amax_epsilon=1e-3,
+                                      implementation="xla")  # fmt: skip
+        np.testing.assert_array_equal(_bits(q), _bits(bq))
+        np.testing.assert_array_equal(np.asarray(s), np.asarray(bsinv))
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=str)
+def test_special_values(dtype):
+    """NaN is left out of its row's amax and stays NaN (with its sign); an inf gives its row
+    scale 1 (the inf non-finite: E5M2's inf, E4M3's NaN); a subnormal amax gives scale 1; an
+    amax so small that ``fp8_max / amax`` overflows gets float32's largest power of two."""
+    x = np.array(
+        [
+            [1.0, np.nan, -2.0, 0.5],
+            [-np.nan, 3.0, 0.0, 0.0],
+            [np.inf, 1.0, -300.0, 2.0],
+            [1e-39, -1e-40, 0.0, 0.0],  # subnormal amax
+            [2e-38, -1.5e-38, 0.0, 0.0],  # 448 / 2e-38 overflows float32
+            [np.nan, np.nan, np.nan, np.nan],
+        ],
+        np.float32,
+    )
+    q, sinv = rw.rowwise_quantize(jnp.asarray(x), dtype)
+    want_q, want_sinv = numpy_rowwise(x, dtype)
+    bits, sinv = _bits(q), np.asarray(sinv)
+    exact = np.isfinite(x) & (np.arange(6) != 3)[:, None]  # row 3: subnormal inputs, below
+    np.testing.assert_array_equal(bits[exact], want_q[exact])
+    # 1 / 2**127 is subnormal, which XLA:CPU may flush to 0
+    np.testing.assert_array_equal(sinv[[0, 1, 2, 3, 5]], want_sinv[[0, 1, 2, 3, 5]])
+    assert sinv[4, 0] in (2.0**-127, 0.0) and want_sinv[4, 0] == 2.0**-127
+    nan_code = {E4M3: 0x7F, E5M2: 0x7E}[dtype]
+    assert bits[0, 1] == nan_code and bits[1, 0] == 0x80 | nan_code  # NaN keeps its sign
+    assert bits[2, 0] == (0x7F if dtype == E4M3 else 0x7C)  # +inf: E4M3 NaN, E5M2 inf
+    assert sinv[2, 0] == sinv[3, 0] == sinv[5, 0] == 1.0
+    assert sinv[0, 0] == want_sinv[0, 0] != 1.0  # NaN left out: the row's own scale
+    assert not np.any(bits[3] & 0x7F)  # subnormal inputs at scale 1: (signed) zeros
+
+
+def test_leading_dims_are_rows():
+    x = _magnitudes(24, 40, 5).reshape(2, 3, 4, 40)
+    q, sinv = rw.rowwise_quantize(x, E4M3)
+    assert sinv.shape == (2, 3, 4, 1)
+    want_q, want_sinv = numpy_rowwise(np.asarray(x), E4M3)
+    np.testing.assert_array_equal(_bits(q), want_q)
+    np.testing.assert_array_equal(np.asarray(sinv), want_sinv)
+    v = rw.rowwise_dequantize(q, sinv)
+    assert float(jnp.max(jnp.abs(v - x) / jnp.max(jnp.abs(x), axis=-1, keepdims=True))) <= 2**-4
+
+
+def test_cast_transpose_quantizes_the_transpose_again():
+    x = _magnitudes(48, 80, 7)
+    q, s, q_t, s_t = rw.rowwise_cast_transpose(x, E5M2, power_2_scale=False)
+    assert (q.shape, s.shape, q_t.shape, s_t.shape) == ((48, 80), (48, 1), (80, 48), (80, 1))
+    for (gq, gs), (wq, ws) in zip(
+        ((q, s), (q_t, s_t)),
+        (numpy_rowwise(np.asarray(x), E5M2, False), numpy_rowwise(np.asarray(x).T, E5M2, False)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(_bits(gq), wq)
+        np.testing.assert_array_equal(np.asarray(gs), ws)
+
+
+@pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E5M2, E4M3)], ids=["e4m3", "e5m2xe4m3"])
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_scaled_matmul_against_float64(dtypes, out_dtype):
+    """``(a8 @ b8.T) * sa sb^T``: the exact float64 result of the FP8 values and their scales,
+    within float32 summation (K exact products: at most K * 2**-24 = 2**-16 of the sum of
+    magnitudes, and bfloat16's rounding of the result, 2**-9)."""
+    a, b = _magnitudes(64, 256, 11), rand((96, 256), 13) * 0.05
+    aq, asi = rw.rowwise_quantize(a, dtypes[0])
+    bq, bsi = rw.rowwise_quantize(b, dtypes[1])
+    got = np.asarray(rw.rowwise_scaled_matmul(aq, asi, bq, bsi, out_dtype), np.float64)
+    av = np.asarray(aq, np.float64) * np.asarray(asi, np.float64)
+    bv = np.asarray(bq, np.float64) * np.asarray(bsi, np.float64)
+    want, mag = av @ bv.T, np.abs(av) @ np.abs(bv).T
+    rel = 2.0**-16 + (2.0**-8 if out_dtype == jnp.bfloat16 else 0.0)
+    assert np.all(np.abs(got - want) <= rel * mag + 1e-30)
+    # the scales are where they belong: unscaled codes would be off by orders of magnitude
+    assert np.max(np.abs(want)) > 0
+
+
+def test_fp8jax_ops_exports_them():
+    for name in rw.__all__:
+        assert getattr(ops, name) is getattr(rw, name)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: rw.rowwise_quantize(jnp.ones((4, 4), jnp.int32), E4M3), TypeError,
+         r"rowwise_quantize: x must be float32, bfloat16 or float16"),
+        (lambda: rw.rowwise_quantize(jnp.ones((4, 4)), jnp.float16), TypeError,
+         r"rowwise_quantize: fp8_dtype must be float8_e4m3fn or float8_e5m2"),
+        (lambda: rw.rowwise_quantize(jnp.ones((4, 4)), E4M3, amax_epsilon=-1.0), ValueError,
+         r"rowwise_quantize: amax_epsilon must be a finite float >= 0"),
+        (lambda: rw.rowwise_quantize(jnp.float32(1.0), E4M3), ValueError,
+         r"rowwise_quantize: x must have at least one dim"),
+        (lambda: rw.rowwise_cast_transpose(jnp.ones((2, 4, 4)), E4M3), ValueError,
+         r"rowwise_cast_transpose: x must be a matrix"),
+        (lambda: rw.rowwise_dequantize(jnp.ones((4, 4), E4M3), jnp.ones((4,))), ValueError,
+         r"rowwise_dequantize: scale_inv must have shape \(4, 1\)"),
+        (lambda: rw.rowwise_scaled_matmul(jnp.ones((4, 8), E4M3), jnp.ones((4, 1)),
+                                          jnp.ones((5, 6), E4M3), jnp.ones((5, 1))), ValueError,
+         r"rowwise_scaled_matmul: a_q \[M, K\] and b_q \[N, K\] must be matrices with the same K"),
+        (lambda: rw.rowwise_scaled_matmul(jnp.ones((4, 8), E4M3), jnp.ones((1, 1)),
+                                          jnp.ones((5, 8), E4M3), jnp.ones((5, 1))), ValueError,
+         r"a_scale_inv must be float32 \[4, 1\]"),
+        (lambda: rw.rowwise_scaled_matmul(jnp.ones((4, 8)), jnp.ones((4, 1)),
+                                          jnp.ones((5, 8), E4M3), jnp.ones((5, 1))), TypeError,
+         r"rowwise_scaled_matmul: a_q must be float8_e4m3fn or float8_e5m2"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
