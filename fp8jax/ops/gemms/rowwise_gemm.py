@@ -48,7 +48,7 @@ from fp8jax.ops.gemms.blockwise import gpu_runs
 from fp8jax.ops.gemms.gemm import PAD_MULTIPLE, WORKSPACE_BYTES, round_up
 from fp8jax.ops.gemms.gemm_options import get_gemm_options
 
-__all__ = ["ROWWISE_SCALE_MODE", "rowwise_gemm"]
+__all__ = ["rowwise_gemm"]
 
 switch.register_family("gemm", "rowwise_gemm")
 
