@@ -303,6 +303,12 @@ def _ragged_dot_unit(g: Graph, node: Node, bw: Bandwidths) -> Unit:
     return Unit(f"gemm:{kind}_grouped", node.name, nbytes, flops, t)
 
 
+# rowwise_gemm's cuBLASLt call (OUTER_VEC_32F, one float32 scale per row of a and of b): priced
+# as the per-tensor FP8 GEMM plus one read of its M + N scales at copy bandwidth (not calibrated:
+# no GPU has run it; the mode's epilogue cost is assumed to be that read).
+_ROWWISE_GEMM = re.compile(r"\ba_scale_mode = 3 ")
+
+
 def _custom_unit(g: Graph, node: Node, bw: Bandwidths) -> Unit:
     ins = [g.array(v) for v in node.inputs]  # as the call takes them (reshapes are free)
     outs = [g.array(v) for v in node.outputs]
@@ -314,6 +320,9 @@ def _custom_unit(g: Graph, node: Node, bw: Bandwidths) -> Unit:
         flops = 2 * (a.numel // k) * (b.numel // k) * k
         nbytes = a.nbytes + b.nbytes + outs[0].nbytes
         t = max(gemm_seconds(flops, "fp8_kernel"), nbytes / bw.copy) + LAUNCH_S
+        if _ROWWISE_GEMM.search(node.attrs):  # the per-tensor GEMM plus its row scales' read
+            scales = ins[2].nbytes + ins[3].nbytes
+            nbytes, t = nbytes + scales, t + scales / bw.copy
         return Unit("gemm:fp8_kernel", node.name, nbytes, flops, t)
     nbytes = sum(a.nbytes for a in ins) + sum(a.nbytes for a in outs)
     if node.target.startswith("__cudnn$fmha"):

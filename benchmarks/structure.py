@@ -78,7 +78,7 @@ from fp8jax.flax import (
     TransformerLayer,
 )
 from fp8jax.ops.block.block_scaling import CUBLASLT_SCALE_MODES
-from fp8jax.ops.gemms.blockwise import _gpu_runs
+from fp8jax.ops.gemms.blockwise import gpu_runs
 
 RECIPE = fp8jax.DelayedScaling(amax_history_len=4)
 # The block-scaled recipes: the same counts (their GEMM is cuBLASLt's block-scaled one, lowered
@@ -208,7 +208,7 @@ def _cublaslt_here(recipe: Any) -> bool:
     if not recipe.block_scaled:
         return True
     modes = tuple(CUBLASLT_SCALE_MODES[recipe.block(role)] for role in ("x", "w", "grad"))
-    return _gpu_runs(modes)
+    return gpu_runs(modes)
 
 
 def single_device(name: str, recipe: Any = RECIPE) -> dict[str, Any]:

@@ -13,6 +13,9 @@
 // - VEC32_UE8M0 (MXFP8): E8M0, in tiles of 128 rows x 4 K blocks (512 bytes), tiles row-major
 //   over [round_up(rows, 128), round_up(kblocks, 4)]; inside a tile, row r and K block kb sit at
 //   (r % 32) * 16 + (r % 128 / 32) * 4 + kb % 4. The padding must be zero.
+// - OUTER_VEC_32F (row-wise, Float8RowwiseScaling): float32, one scale per row for the whole of
+//   K (cublasLt.h: a vector of M for cuBLASLt's A, N for its B; element (i, j) of the product is
+//   multiplied by A's i-th and B's j-th scale): index r, `rows` of them.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +28,7 @@ namespace fp8jax::blockscale {
 enum Mode : int32_t {
   kScalar = 0,      // CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: one float32 per tensor
   kVec32Ue8m0 = 2,  // CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: MXFP8 (sm_100 and later)
+  kOuterVec = 3,    // CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: one per row (sm_90)
   kVec128 = 4,      // CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: 1 x 128 blocks (sm_90)
   kBlk128x128 = 5,  // CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: 128 x 128 blocks (sm_90)
 };
@@ -41,6 +45,8 @@ FP8JAX_PLAN_HD int64_t ScaleCount(int32_t mode, int64_t rows, int64_t k) {
   switch (mode) {
     case kScalar:
       return 1;
+    case kOuterVec:
+      return rows;
     case kVec128:
       return kblocks * rows;
     case kBlk128x128:
@@ -53,10 +59,12 @@ FP8JAX_PLAN_HD int64_t ScaleCount(int32_t mode, int64_t rows, int64_t k) {
 }
 
 // Where cuBLASLt reads the scale of row (or 128-row tile, for kBlk128x128) `r` and K block
-// `kb` of a [rows, k] operand in `mode`.
+// `kb` of a [rows, k] operand in `mode` (kOuterVec: row `r`, whatever `kb`).
 FP8JAX_PLAN_HD int64_t ScaleIndex(int32_t mode, int64_t r, int64_t kb, int64_t rows, int64_t k) {
   const int64_t kblocks = plan::CeilDiv(k, KBlock(mode));
   switch (mode) {
+    case kOuterVec:
+      return r;
     case kVec128:
       return kb * rows + r;
     case kBlk128x128:

@@ -86,36 +86,37 @@ cublasStatus_t SetPref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAtt
 }
 
 // The scale modes of a checked problem (cuBLAS documentation, "Narrow precision data types
-// usage"): both per-tensor, both MXFP8 (VEC32_UE8M0), or 1 x 128 and 128 x 128 blocks with at
-// most one 128 x 128 operand; block modes need split accumulation and M, N multiples of 4; each
-// scale buffer holds what cuBLASLt reads (blockscale::ScaleCount, padding included).
+// usage"): both per-tensor, both MXFP8 (VEC32_UE8M0), both row-wise (OUTER_VEC_32F), or 1 x 128
+// and 128 x 128 blocks with at most one 128 x 128 operand; block and row-wise modes need split
+// accumulation, 1 x 128 and 128 x 128 blocks M, N multiples of 4; each scale buffer holds what
+// cuBLASLt reads (blockscale::ScaleCount, padding included).
 ffi::Error CheckScaleModes(const GemmProblem& p, GemmArgs* g) {
   using blockscale::Mode;
   const auto known = [](int64_t m) {
-    return m == Mode::kScalar || m == Mode::kVec32Ue8m0 || m == Mode::kVec128 ||
-           m == Mode::kBlk128x128;
+    return m == Mode::kScalar || m == Mode::kVec32Ue8m0 || m == Mode::kOuterVec ||
+           m == Mode::kVec128 || m == Mode::kBlk128x128;
   };
   if (!known(p.a_scale_mode) || !known(p.b_scale_mode)) {
     return BadArg(kOp,
                   "a_scale_mode and b_scale_mode must be 0 (per tensor), 2 (VEC32_UE8M0), "
-                  "4 (VEC128_32F) or 5 (BLK128x128_32F)");
+                  "3 (OUTER_VEC_32F), 4 (VEC128_32F) or 5 (BLK128x128_32F)");
   }
   const auto a = static_cast<int32_t>(p.a_scale_mode);
   const auto b = static_cast<int32_t>(p.b_scale_mode);
   const bool sm90_blocks = (a == Mode::kVec128 || a == Mode::kBlk128x128) &&
                            (b == Mode::kVec128 || b == Mode::kBlk128x128);
-  const bool pair_ok = (a == Mode::kScalar && b == Mode::kScalar) ||
-                       (a == Mode::kVec32Ue8m0 && b == Mode::kVec32Ue8m0) || sm90_blocks;
-  if (!pair_ok) {
+  const bool same =
+      a == b && (a == Mode::kScalar || a == Mode::kVec32Ue8m0 || a == Mode::kOuterVec);
+  if (!same && !sm90_blocks) {
     return BadArg(kOp,
                   "a_scale_mode and b_scale_mode: both per tensor (0), both VEC32_UE8M0 "
-                  "(2), or each VEC128_32F (4) or BLK128x128_32F (5)");
+                  "(2), both OUTER_VEC_32F (3), or each VEC128_32F (4) or BLK128x128_32F (5)");
   }
   if (a == Mode::kBlk128x128 && b == Mode::kBlk128x128) {
     return BadArg(kOp, "at most one operand may have 128 x 128 block scales (BLK128x128_32F)");
   }
   if (a != Mode::kScalar && g->fast_accum) {
-    return BadArg(kOp, "block-scaled GEMMs need split accumulation (fast_accum = 0)");
+    return BadArg(kOp, "block- and row-scaled GEMMs need split accumulation (fast_accum = 0)");
   }
   if (sm90_blocks && (g->m % 4 != 0 || g->n % 4 != 0)) {
     return BadArg(kOp, "1 x 128 and 128 x 128 block scales need M and N multiples of 4");
@@ -130,7 +131,8 @@ ffi::Error CheckScaleModes(const GemmProblem& p, GemmArgs* g) {
       p.b_scale_count != blockscale::ScaleCount(b, g->n, g->k)) {
     return BadArg(kOp,
                   "a_scale_inv and b_scale_inv must hold the scales their modes lay out "
-                  "(blockscale::ScaleCount: 1 per tensor, padding included for blocks)");
+                  "(blockscale::ScaleCount: 1 per tensor, M and N row-wise, padding included "
+                  "for blocks)");
   }
   g->a_scale_mode = a;
   g->b_scale_mode = b;
@@ -206,6 +208,10 @@ std::string ScaleModeUnsupported(int32_t mode, int cc_major, int64_t cublaslt_ve
   } else if (mode == Mode::kVec32Ue8m0) {
     if (cc_major < 10) return "MXFP8 (VEC32_UE8M0) scales need an sm_100 or later GPU";
     if (cublaslt_version < 120800) return "MXFP8 (VEC32_UE8M0) scales need cuBLAS 12.8";
+  } else if (mode == Mode::kOuterVec) {
+    // Documented for Hopper since cuBLAS 12.9; other GPUs are left out until one is verified.
+    if (cc_major != 9) return "row-wise (OUTER_VEC_32F) scales need an sm_90 (Hopper) GPU";
+    if (cublaslt_version < 120900) return "row-wise (OUTER_VEC_32F) scales need cuBLAS 12.9";
   }
   return "";
 }
@@ -314,7 +320,8 @@ ffi::Error BuildGemmSetup(const GemmArgs& g, const GemmPointers& ptr, GemmSetup*
     st = SetDesc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale_ptr);
   }
   if (g.a_scale_mode != blockscale::kScalar && st == CUBLAS_STATUS_SUCCESS) {
-    // Block scales: cuBLASLt's A is our b, its B our a (int32_t, as documented).
+    // Block or row scales: cuBLASLt's A is our b, its B our a (int32_t, as documented); so the
+    // row-wise A vector (cuBLASLt's M) is our b's N scales, its B vector our a's M scales.
     st = SetDesc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, g.b_scale_mode);
     if (st == CUBLAS_STATUS_SUCCESS) {
       st = SetDesc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, g.a_scale_mode);

@@ -133,8 +133,9 @@ xla::ffi::Error CheckGemmProblem(const GemmProblem& p, GemmArgs* g);
 
 // Why a GPU of compute capability `cc_major`.x with cuBLASLt `cublaslt_version`
 // (cublasLtGetVersion()) cannot run scale mode `mode` (blockscale::Mode), or "" when it can:
-// VEC128_32F and BLK128x128_32F need sm_90 (Hopper) and cuBLAS 12.9, VEC32_UE8M0 (MXFP8)
-// sm_100 or later and cuBLAS 12.8; per-tensor scales run everywhere the FP8 GEMM does.
+// VEC128_32F, BLK128x128_32F and OUTER_VEC_32F (row-wise) need sm_90 (Hopper) and cuBLAS 12.9,
+// VEC32_UE8M0 (MXFP8) sm_100 or later and cuBLAS 12.8; per-tensor scales run everywhere the FP8
+// GEMM does.
 std::string ScaleModeUnsupported(int32_t mode, int cc_major, int64_t cublaslt_version);
 
 // Everything before cublasLtMatmul for a checked problem; host-only.

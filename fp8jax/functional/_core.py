@@ -42,7 +42,7 @@ from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
     mxfp8_cast_transpose,
 )
-from fp8jax.ops.block.rowwise import rowwise_quantize, rowwise_scaled_matmul
+from fp8jax.ops.block.rowwise import rowwise_quantize
 from fp8jax.ops.casts.cast_transpose import (
     cast_transpose,
     cast_transpose_dbias,
@@ -62,6 +62,7 @@ from fp8jax.ops.fused.block_fused import (
 from fp8jax.ops.gemms import fixed_groups
 from fp8jax.ops.gemms.blockwise import block_gemm
 from fp8jax.ops.gemms.gemm import gemm_codes
+from fp8jax.ops.gemms.rowwise_gemm import rowwise_gemm
 from fp8jax.recipe import (
     DelayedScaling,
     Format,
@@ -430,8 +431,8 @@ def _gemm(setup: Fp8Setup, a, a_sinv, b, b_sinv, *, roles, dtypes, out_dtype, bi
     ``roles``' blocks (dequantize per block, float32 accumulation;
     :func:`~fp8jax.ops.block_gemm`: cuBLASLt on a GPU with the scale modes, else
     XLA's dequantize and float32 dot), or under row-wise scaling the dot of the FP8 values
-    scaled by the outer product of the row scales (:func:`~fp8jax.ops.rowwise_scaled_matmul`,
-    XLA on every platform: no kernel yet), plus ``bias`` in float32."""
+    scaled by the outer product of the row scales (:func:`~fp8jax.ops.rowwise_gemm`: XLA,
+    or cuBLASLt under ``gemm_options(rowwise_cublaslt=True)``), plus ``bias`` in float32."""
     if setup.blocks is None and setup.rowwise is None:
         return gemm_codes(
             a, b, a_sinv, b_sinv, dtypes=dtypes, out_dtype=out_dtype, bias=bias,
@@ -439,7 +440,8 @@ def _gemm(setup: Fp8Setup, a, a_sinv, b, b_sinv, *, roles, dtypes, out_dtype, bi
         )  # fmt: skip
     if setup.rowwise is not None:
         views = [jax.lax.bitcast_convert_type(c, dt) for c, dt in zip((a, b), dtypes, strict=True)]
-        y = rowwise_scaled_matmul(views[0], a_sinv, views[1], b_sinv)
+        y = rowwise_gemm(views[0], a_sinv, views[1], b_sinv,
+                         implementation=setup.implementation("gemm"))  # fmt: skip
         return (y if bias is None else y + bias.astype(jnp.float32)).astype(out_dtype)
     views, scales = [], []
     for codes_, sinv, dt in ((a, a_sinv, dtypes[0]), (b, b_sinv, dtypes[1])):

@@ -181,6 +181,30 @@ ENTRY main {
     assert cast.seconds == pytest.approx(cast.bytes / 2.0 + cm.LAUNCH_S)  # its family's
 
 
+def test_the_rowwise_gemm_is_the_per_tensor_one_plus_its_scales():
+    """rowwise_gemm's call (scale mode 3): the per-tensor FP8 GEMM's time plus one read of its
+    M + N float32 row scales at copy bandwidth."""
+    text = """HloModule m
+
+ENTRY main {
+  a = f8e4m3fn[256,1024]{1,0} parameter(0)
+  b = f8e4m3fn[512,1024]{1,0} parameter(1)
+  sa = f32[256]{0} parameter(2)
+  sb = f32[512]{0} parameter(3)
+  g = (bf16[256,512]{1,0}, u8[33554432]{0}) custom-call(a, b, sa, sb), GEMM
+  ROOT o = bf16[256,512]{1,0} get-tuple-element(g), index=0
+}
+"""
+    call = 'custom_call_target="fp8jax_gemm", backend_config={{a_scale_mode = {m} : i64, b_scale_mode = {m} : i64}}'  # noqa: E501
+    (per_tensor,) = _units(text.replace("GEMM", call.format(m=0)))
+    (rowwise,) = _units(text.replace("GEMM", call.format(m=3)))
+    assert rowwise.kind == per_tensor.kind == "gemm:fp8_kernel"
+    assert rowwise.flops == per_tensor.flops
+    assert rowwise.bytes == per_tensor.bytes + 4 * (256 + 512)
+    extra = 4 * (256 + 512) / cm.Bandwidths.copy
+    assert rowwise.seconds == pytest.approx(per_tensor.seconds + extra)
+
+
 def _fmha(dtype: str, target: str, mask: str) -> str:
     return f"""HloModule m
 

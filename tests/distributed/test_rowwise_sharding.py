@@ -3,9 +3,13 @@
 fully-sharded and sequence layouts equals the one-device result within float32 summation order.
 The row-wise casts and GEMMs are ``jnp`` definitions that XLA partitions: a row amax over a
 split dim is a max all-reduce (exact), a split contraction a sum. Explicit axes are not covered
-yet."""
+yet for the layers. ``rowwise_gemm``'s cuBLASLt plan (opt-in, emulated handler): row splits
+kept, a split K summed by one all-reduce, never a gathered operand; typed as its rule under
+explicit axes."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -60,3 +64,83 @@ def test_sharded_equals_one_device(name, layout):
     for a, c in zip(jax.tree.leaves(got), jax.tree.leaves(one), strict=True):
         scale = float(jnp.max(jnp.abs(c))) or 1.0
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=0, atol=1e-5 * scale)
+
+
+# ------------------------------------------------------------ rowwise_gemm's CUDA plan on a mesh
+
+
+def _rows(spec):
+    """The spec of an operand's [rows, 1] scales: split as its rows."""
+    return P(spec[0] if len(spec) else None, None)
+
+
+@pytest.mark.parametrize(
+    ("a_spec", "b_spec", "out_spec"),
+    [
+        (P("data", None), P("model", None), P("data", "model")),  # DP x TP: both rows split
+        (P(("data", "model"), None), P(), P(("data", "model"), None)),  # sequence: M over 8
+        (P(None, "model"), P(None, "model"), P()),  # K split: partial products, one psum
+        (P("model", "data"), P(None, "data"), P("model", None)),  # M and K split
+    ],
+    ids=["dp-tp", "sequence", "split-k", "split-m-k"],
+)
+def test_rowwise_gemm_cuda_plan_keeps_row_and_k_splits(a_spec, b_spec, out_spec, monkeypatch):
+    """The CUDA path's partitioning, run on 8 CPU devices with the emulated cuBLASLt handler of
+    tests/ops/test_rowwise_gemm.py: M and N stay split (each device multiplies its own output
+    tile with its rows' scales: no collective, the reference's bits); a split K stays split,
+    each device's float32 partial product summed by one all-reduce (the reference within the
+    float32 summation order, then one bfloat16 rounding). The codes are never gathered."""
+    from test_rowwise_gemm import _emulated_rowwise_kernel, _operands, rg
+
+    from fp8jax.ops.block.rowwise import rowwise_scaled_matmul
+
+    mesh = make_mesh()
+    aq, a_s, bq, b_s = _operands(m=512, n=256, k=384, seed=3)
+    want = rowwise_scaled_matmul(aq, a_s, bq, b_s, jnp.bfloat16)
+    monkeypatch.setattr(jax.ffi, "ffi_call", _emulated_rowwise_kernel)
+    call = rg._partitioned_cuda(jnp.dtype(jnp.bfloat16))
+    args = [jax.device_put(v, NamedSharding(mesh, spec)) for v, spec in
+            ((aq, a_spec), (a_s, _rows(a_spec)), (bq, b_spec), (b_s, _rows(b_spec)))]  # fmt: skip
+    fn = jax.jit(call)
+    got = fn(*args)
+    assert got.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 2)
+    hlo = fn.lower(*args).compile().as_text()
+    assert not re.search(r"all-gather|all-to-all|collective-permute", hlo)
+    if a_spec[1] is None:  # K whole: the reference's bits, no collective at all
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+        assert "all-reduce" not in hlo
+    else:
+        assert "all-reduce" in hlo
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=2**-7, atol=1e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("a_spec", "b_spec", "out_spec"),
+    [
+        (P("data"), P("model"), P("data", "model")),
+        (P("data", "model"), P(None, "model"), P("data", None)),  # K split
+    ],
+    ids=["dp-tp", "split-k"],
+)
+def test_rowwise_gemm_explicit_sharding_typed_as_the_rule(a_spec, b_spec, out_spec, monkeypatch):
+    """Opted in, on a mesh with explicit axes: the result's type carries the sharding the GEMM's
+    rule gives (both platform branches typed alike); run here (CPU) it is the reference within
+    float32 summation order (XLA's partitioned dot may sum its K = 256 products in another
+    order: at most 256 * 2**-24 of the sum of their magnitudes)."""
+    from test_rowwise_gemm import _fake_gpu, _operands, rg
+
+    from fp8jax.ops.block.rowwise import rowwise_scaled_matmul
+
+    _fake_gpu(monkeypatch, "9.0")  # the kernel branch is built, whatever this machine has
+    mesh = make_mesh(explicit=True)
+    aq, a_s, bq, b_s = _operands(m=256, n=128, k=256, seed=4)
+    want = rowwise_scaled_matmul(aq, a_s, bq, b_s)
+    with jax.set_mesh(mesh), fp8jax.ops.gemm_options(rowwise_cublaslt=True):
+        args = (jax.device_put(aq, a_spec), jax.device_put(a_s, _rows(a_spec)),
+                jax.device_put(bq, b_spec), jax.device_put(b_s, _rows(b_spec)))  # fmt: skip
+        got = jax.jit(rg.rowwise_gemm)(*args)
+        assert jax.typeof(got).sharding.spec == out_spec
+    a8, b8 = (np.abs(np.asarray(q, np.float32)) for q in (aq, bq))
+    mag = (a8 @ b8.T) * np.asarray(a_s) * np.asarray(b_s).T
+    assert np.all(np.abs(np.asarray(got) - np.asarray(want)) <= 256 * 2.0**-24 * mag)

@@ -100,14 +100,14 @@ def test_lowered_for_cuda_it_is_one_block_scaled_cublaslt_call(combo, monkeypatc
 
 
 @pytest.mark.parametrize("cc_major", [8, 9, 10, 12])
-@pytest.mark.parametrize("mode", [0, 2, 4, 5])
+@pytest.mark.parametrize("mode", [0, 2, 3, 4, 5])
 def test_the_python_mode_rule_is_the_handlers(mode, cc_major):
     if CUDA_TESTING is None:
         pytest.skip("the CUDA extension is not built (the handler's rule lives in it)")
     assert bg.scale_mode_unsupported(mode, cc_major) == CUDA_TESTING._scale_mode_unsupported(
         mode, cc_major, 130100
     )
-    if mode in (4, 5) and cc_major == 9:  # the cuBLAS version the handler also checks
+    if mode in (3, 4, 5) and cc_major == 9:  # the cuBLAS version the handler also checks
         assert "cuBLAS 12.9" in CUDA_TESTING._scale_mode_unsupported(mode, 9, 120800)
 
 

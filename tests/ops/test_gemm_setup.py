@@ -260,6 +260,8 @@ def _scale_count(mode, rows, k):
     """The scales cuBLASLt reads (cuBLAS docs, "Narrow precision data types usage")."""
     if mode == 0:
         return 1
+    if mode == 3:  # OUTER_VEC_32F (row-wise): one per row
+        return rows
     if mode == 4:  # VEC128_32F: rows x ceil(K/128), rows a multiple of 4
         return rows * _cdiv(k, 128)
     if mode == 5:  # BLK128x128_32F: K-major, column stride rounded up to 4
@@ -267,7 +269,7 @@ def _scale_count(mode, rows, k):
     return _cdiv(rows, 128) * 128 * _cdiv(_cdiv(k, 32), 4) * 4  # VEC32_UE8M0: 128 x 4 tiles
 
 
-MODE_PAIRS = [(4, 5), (5, 4), (4, 4), (2, 2), (0, 0)]
+MODE_PAIRS = [(4, 5), (5, 4), (4, 4), (2, 2), (3, 3), (0, 0)]
 
 
 @pytest.mark.parametrize(("a_mode", "b_mode"), MODE_PAIRS)
@@ -281,7 +283,8 @@ def test_block_scale_modes_reach_the_descriptor(a_mode, b_mode):
     # cuBLASLt's A is our b: the modes swap as the scale pointers do
     assert (s["desc.a_scale_mode"], s["desc.b_scale_mode"]) == (b_mode, a_mode)
     c = consts()
-    names = {0: "SCALAR_32F", 2: "VEC32_UE8M0", 4: "VEC128_32F", 5: "BLK128x128_32F"}
+    names = {0: "SCALAR_32F", 2: "VEC32_UE8M0", 3: "OUTER_VEC_32F", 4: "VEC128_32F",
+             5: "BLK128x128_32F"}  # fmt: skip
     assert c["CUBLASLT_MATMUL_MATRIX_SCALE_" + names[a_mode]] == a_mode
     assert s["desc.fast_accum"] == 0
 
@@ -292,7 +295,14 @@ def test_block_scale_modes_reach_the_descriptor(a_mode, b_mode):
         (dict(a_scale_mode=5, b_scale_mode=5), "at most one operand may have 128 x 128"),
         (dict(a_scale_mode=4, b_scale_mode=0), "both per tensor"),
         (dict(a_scale_mode=2, b_scale_mode=4), "both per tensor"),
-        (dict(a_scale_mode=3, b_scale_mode=3), "must be 0 \\(per tensor\\), 2"),
+        (dict(a_scale_mode=1, b_scale_mode=1), "must be 0 \\(per tensor\\), 2"),
+        (dict(a_scale_mode=6, b_scale_mode=6), "3 \\(OUTER_VEC_32F\\)"),
+        (dict(a_scale_mode=3, b_scale_mode=0), "both OUTER_VEC_32F"),
+        (dict(a_scale_mode=4, b_scale_mode=3), "both OUTER_VEC_32F"),
+        (dict(a_scale_mode=3, b_scale_mode=3, fast_accum=1), "need split accumulation"),
+        (dict(a_scale_mode=3, b_scale_mode=3, a_scale_count=1), "M and N row-wise"),
+        (dict(a_scale_mode=3, b_scale_mode=3, b_scale_count=64), "must hold the scales"),
+        (dict(a_scale_mode=3, b_scale_mode=3, a_scale_dtype="float8_e8m0fnu"), "must be float32"),
         (dict(a_scale_mode=4, b_scale_mode=4, fast_accum=1), "need split accumulation"),
         (dict(a_scale_mode=4, b_scale_mode=4, m=50), "M and N multiples of 4"),
         (dict(a_scale_mode=4, b_scale_mode=4, a_scale_count=7), "must hold the scales"),
@@ -306,12 +316,12 @@ def test_rejected_block_scale_problems(change, message):
     args.update({key: v for key, v in change.items() if key == "fast_accum"})
     modes = {key: v for key, v in change.items() if key.endswith("mode")}
     a_mode, b_mode = modes.get("a_scale_mode", 0), modes.get("b_scale_mode", 0)
-    known = (0, 2, 4, 5)
+    known = (0, 2, 3, 4, 5)
     counts = dict(
         a_scale_count=_scale_count(a_mode, m, k) if a_mode in known else 1,
         b_scale_count=_scale_count(b_mode, n, k) if b_mode in known else 1,
     )
-    counts.update({key: v for key, v in change.items() if key.endswith("count")})
+    counts.update({key: v for key, v in change.items() if key.endswith(("count", "dtype"))})
     with pytest.raises(ValueError, match=message):
         setup._gemm_setup(**args, **modes, **counts)
 
@@ -359,3 +369,34 @@ def test_the_mxfp8_tile_layout_as_documented():
     assert setup._block_scale_index(2, 0, 4, 256, 512) == 512  # the next tile along K
     # K = 512 is 16 K blocks, 4 tiles along K: the next row of tiles starts 4 tiles on
     assert setup._block_scale_index(2, 128, 0, 256, 512) == 4 * 512
+
+
+# ------------------------------------------------------- row-wise GEMMs (issue 49, OUTER_VEC_32F)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(48, 32, 64), (50, 16, 1008), (1, 16, 16)], ids=str)
+def test_rowwise_scales_reach_the_descriptor(m, n, k):
+    """OUTER_VEC_32F for both operands: M scales for our a, N for our b, on cuBLASLt's B and A
+    (its A is our b), split accumulation; no multiple-of-4 rule on M (the Python side pads M to
+    16 anyway), one scale per row whatever K."""
+    s = setup._gemm_setup(
+        "float8_e4m3fn", "float8_e4m3fn", "float32", m, n, k, 0, 0, a_scale_mode=3,
+        b_scale_mode=3, a_scale_count=m, b_scale_count=n,
+    )  # fmt: skip
+    c = consts()
+    assert c["CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F"] == 3
+    assert (s["desc.a_scale_mode"], s["desc.b_scale_mode"]) == (3, 3)
+    assert s["desc.a_scale_pointer"] == c["fake_b_scale_inv"]  # cuBLASLt's A vector: our N
+    assert s["desc.b_scale_pointer"] == c["fake_a_scale_inv"]
+    assert s["desc.fast_accum"] == 0
+    assert setup._block_scale_count(3, m, k) == m
+    assert [setup._block_scale_index(3, r, 7, m, k) for r in range(m)] == list(range(m))
+
+
+@pytest.mark.parametrize(("cc_major", "version", "why"), [
+    (9, 130100, ""), (9, 120900, ""), (9, 120800, "need cuBLAS 12.9"),
+    (8, 130100, "need an sm_90"), (10, 130100, "need an sm_90"), (12, 130100, "need an sm_90"),
+])  # fmt: skip
+def test_rowwise_scales_need_hopper(cc_major, version, why):
+    got = setup._scale_mode_unsupported(3, cc_major, version)
+    assert (got == "") if not why else (why in got and "OUTER_VEC_32F" in got)

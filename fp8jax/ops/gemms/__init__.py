@@ -1,6 +1,6 @@
 """The FP8 GEMMs, top of the ops' families: the per-tensor-scaled GEMM and its sharding rule, its
 options, its GELU epilogues, the GEMM on a kernel with a fixed group dim (gated MLP, fused QKV),
-the block-scaled GEMM and the ragged grouped GEMM of a mixture of experts.
+the block-scaled and the row-wise scaled GEMMs and the ragged grouped GEMM of a mixture of experts.
 
 Each module's ``__all__`` is re-exported here and by :mod:`fp8jax.ops`. Several modules are named
 after their main function (``gemm``, ``grouped_gemm``, ``gemm_options``): this package's
@@ -15,6 +15,7 @@ from fp8jax.ops.gemms import gemm as _gemm
 from fp8jax.ops.gemms import gemm_epilogue as _gemm_epilogue
 from fp8jax.ops.gemms import gemm_options as _gemm_options
 from fp8jax.ops.gemms import grouped_gemm as _grouped_gemm
+from fp8jax.ops.gemms import rowwise_gemm as _rowwise_gemm
 from fp8jax.ops.gemms._gemm_partition import *
 from fp8jax.ops.gemms.blockwise import *
 from fp8jax.ops.gemms.fixed_groups import *
@@ -22,6 +23,7 @@ from fp8jax.ops.gemms.gemm import *
 from fp8jax.ops.gemms.gemm_epilogue import *
 from fp8jax.ops.gemms.gemm_options import *
 from fp8jax.ops.gemms.grouped_gemm import *
+from fp8jax.ops.gemms.rowwise_gemm import *
 
 __all__ = [
     *_gemm.__all__,
@@ -30,5 +32,6 @@ __all__ = [
     *_gemm_epilogue.__all__,
     *_fixed_groups.__all__,
     *_blockwise.__all__,
+    *_rowwise_gemm.__all__,
     *_grouped_gemm.__all__,
 ]

@@ -62,10 +62,12 @@ def scale_mode_unsupported(mode: int, cc_major: int) -> str:
         return "1 x 128 and 128 x 128 block scales need an sm_90 (Hopper) GPU"
     if mode == 2 and cc_major < 10:
         return "MXFP8 (VEC32_UE8M0) scales need an sm_100 or later GPU"
+    if mode == 3 and cc_major != 9:
+        return "row-wise (OUTER_VEC_32F) scales need an sm_90 (Hopper) GPU"
     return ""
 
 
-def _gpu_runs(modes: tuple[int, int]) -> bool:
+def gpu_runs(modes: tuple[int, int]) -> bool:
     """Whether this process's GPU runs both scale modes; ``True`` when it has no GPU (a program
     lowered for CUDA elsewhere: the handler checks the device it runs on)."""
     try:
@@ -169,7 +171,7 @@ def block_gemm(
     impl = switch.choose("block_gemm", "gemm", implementation)
     modes = (CUBLASLT_SCALE_MODES.get(a_block), CUBLASLT_SCALE_MODES.get(b_block))
     supported = None not in modes and a_block[1] == b_block[1]
-    if impl == "xla" or not supported or not _gpu_runs(modes):
+    if impl == "xla" or not supported or not gpu_runs(modes):
         return block_scaled_matmul(a_q, a_scale_inv, a_block, b_q, b_scale_inv, b_block,
                                    out_dtype)  # fmt: skip
 

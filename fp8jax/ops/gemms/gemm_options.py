@@ -1,7 +1,8 @@
 """How fp8jax runs its FP8 GEMMs on a GPU: algorithm autotuning, the MLP's fused GELU epilogues,
-the grouped GEMM's tensor cores, and which GEMMs are too small for FP8 to pay.
+the grouped GEMM's tensor cores, the row-wise GEMM on cuBLASLt, and which GEMMs are too small for
+FP8 to pay.
 
-Four choices, made in code with :func:`gemm_options` and held like
+Five choices, made in code with :func:`gemm_options` and held like
 :func:`~fp8jax.ops.implementation`'s: in a :func:`jax.make_user_context` context (thread-local,
 read while tracing, part of :func:`jax.jit`'s cache key, so a function traced under one choice
 is traced again under another). No environment variable.
@@ -30,6 +31,12 @@ is traced again under another). No environment variable.
   is an sm_90 one, the dtypes are among its instantiations and the dims are 16-aligned; anywhere
   else the CUDA-core kernel runs, as without the option. Its numerics are the tensor cores' (not
   the CUDA-core kernel's bits; docs/design.md states the tolerance).
+* ``rowwise_cublaslt`` (default ``False``: opt-in until a GPU run has checked it): the row-wise
+  GEMM of ``Float8RowwiseScaling`` (:func:`~fp8jax.ops.rowwise_gemm`, every GEMM of the layers
+  under that recipe) runs on cuBLASLt's outer-vector scale mode (``OUTER_VEC_32F``, one float32
+  scale per row of each operand) on an sm_90 GPU, with the ``"kernel"`` implementation of the
+  ``gemm`` family; ``False``, or any other GPU: XLA's reference (the float32 dot of the FP8
+  values scaled by the outer product of the row scales), as on CPU.
 * ``min_fp8_flops`` (default ``0``: off): a layer call (``dense``, ``layernorm_dense``,
   ``layernorm_mlp`` and their modules) whose largest GEMM does fewer than this many FLOPs
   (``2 * M * N * K``) runs in its high-precision dtype, exactly as with FP8 off, because FP8
@@ -43,7 +50,7 @@ is traced again under another). No environment variable.
 >>> with fp8jax.ops.gemm_options(autotune=False, min_fp8_flops=2**36):
 ...     fp8jax.ops.get_gemm_options()  # doctest: +NORMALIZE_WHITESPACE
 GemmOptions(autotune=False, fused_epilogues=False, min_fp8_flops=68719476736,
-            grouped_tensor_cores=False)
+            grouped_tensor_cores=False, rowwise_cublaslt=False)
 >>> fp8jax.ops.get_gemm_options().autotune
 True
 """
@@ -70,6 +77,7 @@ class GemmOptions:
     fused_epilogues: bool = False
     min_fp8_flops: int = 0
     grouped_tensor_cores: bool = False
+    rowwise_cublaslt: bool = False
 
 
 # Created once, at import (jax.make_user_context must not run concurrently with other JAX APIs).
@@ -119,7 +127,7 @@ def gemm_options(**changes: Any) -> contextlib.AbstractContextManager[None]:
 
     Args:
       **changes: ``autotune`` (bool), ``fused_epilogues`` (bool), ``min_fp8_flops`` (int >= 0),
-        ``grouped_tensor_cores`` (bool);
+        ``grouped_tensor_cores`` (bool), ``rowwise_cublaslt`` (bool);
         an option not named keeps the enclosing block's value (outside any block: the defaults
         of :class:`GemmOptions`).
 
@@ -128,7 +136,8 @@ def gemm_options(**changes: Any) -> contextlib.AbstractContextManager[None]:
 
     Raises:
       ValueError: an unknown option, or ``min_fp8_flops`` negative or not an int.
-      TypeError: ``autotune``, ``fused_epilogues`` or ``grouped_tensor_cores`` not a bool.
+      TypeError: ``autotune``, ``fused_epilogues``, ``grouped_tensor_cores`` or
+        ``rowwise_cublaslt`` not a bool.
 
     Enter it around the whole traced step (its backward pass too); blocks nest.
     """
