@@ -235,18 +235,6 @@ def _hp_wgrad(where: str, recipe: Recipe) -> bool:
     return bool(hp)
 
 
-def refuse_rowwise(setup: Fp8Setup | None, layer: str) -> None:
-    """A ``NotImplementedError`` naming the recipe and ``layer`` when ``setup`` is row-wise
-    (a layer that has no row-wise form yet: issue 49)."""
-    if setup is not None and setup.rowwise is not None:
-        raise NotImplementedError(
-            f"{setup.where}: {setup.recipe_name} (row-wise scaling) is not implemented for "
-            f"{layer} yet (issue 49: its reference path covers dense, layernorm_dense and "
-            "layernorm_mlp); use Float8CurrentScaling, DelayedScaling or a block-scaled recipe "
-            "for this layer"
-        )
-
-
 def _blocks(recipe: Recipe):
     """Fp8Setup.blocks of a block-scaled recipe."""
     qs = {r: recipe.qparams(r) for r in ("x", "w", "grad")}

@@ -3,7 +3,7 @@ forward and its three gradients against a float64 emulation of the row-wise cast
 scaled GEMMs (written with numpy, tests/ops/_rowwise_numpy.py); on inputs with outlier rows
 the row-wise layer is far closer to float32 than per-tensor current scaling; gradients flow and
 the high-precision wgrad changes the weight gradient only; the norm and MLP layers, the Flax
-and NNX modules take the recipe (no FP8 state); the layers without a row-wise form refuse it."""
+and NNX modules take the recipe (no FP8 state); FP8 attention refuses it."""
 
 from __future__ import annotations
 
@@ -288,22 +288,11 @@ def test_nnx_layers_take_the_recipe():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_layers_without_a_row_wise_form_refuse_it():
-    """grouped_dense and the MoE block on it (no row-wise grouped GEMM yet) raise
-    NotImplementedError naming the recipe and the layer; FP8 attention (per-tensor only)
-    is a ValueError in the functional layer and a refusal reason for the modules' fallback."""
+def test_fp8_attention_refuses_it():
+    """FP8 attention (per-tensor only) is a ValueError naming the row-wise recipes in the
+    functional layer and a refusal reason for the modules' fallback (grouped_dense and the MoE
+    block take the recipe: tests/functional/test_rowwise_grouped.py)."""
     recipe = RECIPES["pow2-e4m3"]
-    x, w = rand((32, 64), 60), rand((4, 64, 32), 61)
-    sizes = jnp.array([8, 8, 8, 8], jnp.int32)
-    match = r"fp8jax\.grouped_dense: Float8RowwiseScaling \(row-wise scaling\) is not implemented"
-    with pytest.raises(NotImplementedError, match=match + r" for grouped_dense"):
-        fp8jax.grouped_dense(x, w, sizes, recipe=recipe)
-    from fp8jax.functional.moe import MoEConfig
-
-    p = {"gate_kernel": rand((64, 4), 62), "wi_0": rand((4, 64, 32), 63),
-         "wi_1": rand((4, 64, 32), 64), "wo": rand((4, 32, 64), 65)}  # fmt: skip
-    with pytest.raises(NotImplementedError, match=r"Float8RowwiseScaling \(row-wise scaling\)"):
-        fp8jax.moe(x, p, MoEConfig(num_experts=4, num_experts_per_tok=2), recipe=recipe)
     q = jnp.ones((2, 16, 4, 64), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"row-wise recipes have no FP8 attention"):
         fp8jax.dot_product_attention(q, q, q, recipe=recipe)
