@@ -36,7 +36,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import current_state
-from fp8jax.ops.base.partition import explicit_mesh
+from fp8jax.ops.base.partition import explicit_matmul_spec, explicit_mesh
 from fp8jax.ops.base.switch import get_implementation
 from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
@@ -519,8 +519,10 @@ def gemm_wgrad(setup: Fp8Setup, g_t, g_sinv, x_t, x_sinv, w_dtype: Any) -> jax.A
     wgrad a plain dot in their promoted dtype, accumulated in float32."""
     if setup.hp_wgrad:
         dt = jnp.promote_types(x_t.dtype, g_t.dtype)
+        # under explicit sharding, sharded as the FP8 wgrad's rule gives it (a split M summed)
+        spec = explicit_matmul_spec(x_t, g_t, b_rows_are_n=True) if explicit_mesh() else None
         dw = jax.lax.dot_general(x_t.astype(dt), g_t.astype(dt), (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)  # fmt: skip
+                                 preferred_element_type=jnp.float32, out_sharding=spec)  # fmt: skip
         return dw.astype(w_dtype)
     return _gemm(
         setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"),
