@@ -300,3 +300,40 @@ def test_fp8_attention_refuses_it():
                                 is_causal=False, padded=False, bias=None, window=None,
                                 dropout=False)  # fmt: skip
     assert reason == ("Float8RowwiseScaling is rowwise-scaled; FP8 attention scales per tensor")
+
+
+def test_attention_projections_take_it_in_linen_and_nnx():
+    """MultiHeadAttention's QKV and output projections run under the row-wise recipe (no FP8
+    state, close to FP8 off, not equal to it), the NNX module exactly as its Linen twin; with
+    ``fp8_dpa`` the core's FP8 attention refuses the recipe by name: a fallback warning, or a
+    ValueError under ``strict_fp8_attention``."""
+    from flax import nnx
+
+    import fp8jax.nnx as fnnx
+    from fp8jax.layers import Fp8AttentionFallback, strict_fp8_attention
+
+    recipe = RECIPES["pow2-e4m3"]
+    x = rand((2, 16, 64), 70)
+    model = fnnx.MultiHeadAttention(64, head_dim=16, num_attention_heads=4, rngs=nnx.Rngs(0))
+    twin = fp8jax.flax.MultiHeadAttention(head_dim=16, num_attention_heads=4)
+    variables = model.linen_variables()
+    assert set(variables) == {"params"}
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        got = model(x, x)[0]
+        want = twin.apply(variables, x, x)[0]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    off = twin.apply(variables, x, x)[0]
+    err = float(jnp.linalg.norm(got - off) / jnp.linalg.norm(off))
+    assert 0 < err < 0.08, err
+
+    dpa = fp8jax.flax.MultiHeadAttention(head_dim=16, num_attention_heads=4, fp8_dpa=True)
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        with pytest.warns(Fp8AttentionFallback):  # init runs the call too
+            dpa_vars = dpa.init(jax.random.key(0), x, x)
+        with pytest.warns(Fp8AttentionFallback, match="Float8RowwiseScaling is rowwise-scaled"):
+            fell_back = dpa.apply(dpa_vars, x, x)[0]
+        with strict_fp8_attention(), pytest.raises(ValueError, match="Float8RowwiseScaling"):
+            dpa.apply(dpa_vars, x, x)
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        projections_only = twin.apply({"params": dpa_vars["params"]}, x, x)[0]
+    np.testing.assert_array_equal(np.asarray(fell_back), np.asarray(projections_only))
