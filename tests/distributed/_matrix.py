@@ -70,15 +70,14 @@ RECIPES = {
 }
 
 #: Float8RowwiseScaling's focused cases (issue 49): both kinds of mesh, jitted and eager, Linen
-#: and NNX, the MoE block with expert parallelism, the attention's projections under tensor
-#: parallelism, its high-precision wgrad under explicit axes (a layer per case: the whole design
-#: would add a case per layer to the distributed leg).
+#: and NNX, the MoE block with expert parallelism, its high-precision wgrad under explicit axes
+#: (the whole design would add a case per layer to the distributed leg; tensor parallelism:
+#: tests/distributed/test_rowwise_sharding.py).
 ROWWISE_CASES: tuple[dict[str, str], ...] = tuple(
     dict(zip(DIMENSIONS, c, strict=True))
     for c in (
         ("moe", "rowwise", "ep", "explicit", "jit", "nnx"),
         ("moe", "rowwise_hp", "ep", "auto", "jit", "linen"),
-        ("attention", "rowwise", "tp", "auto", "jit", "linen"),
         ("dense", "rowwise_hp", "fsdp", "explicit", "eager", "nnx"),
     )
 )

@@ -4,7 +4,7 @@ MultiHeadAttention, TransformerLayer dense and MoE, MoEBlock), the recipe (off, 
 current, block, MXFP8), the parallelism (DP, TP, FSDP, EP), the mesh (``jax.sharding.Mesh``,
 ``jax.make_mesh``'s explicit axes), jitted or eager, and the API (Linen, NNX): every pair of
 values meets in at least one case (``_matrix.pairwise``); Float8RowwiseScaling (and its
-high-precision wgrad) in four focused cases (``_matrix.ROWWISE_CASES``) over every dimension's
+high-precision wgrad) in three focused cases (``_matrix.ROWWISE_CASES``) over every dimension's
 values. Each case trains 2 SGD steps on the
 mesh and on one device; the two agree (``_matrix.assert_same_training``)."""
 
