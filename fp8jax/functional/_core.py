@@ -36,7 +36,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.autocast import current_state
-from fp8jax.ops.base.partition import explicit_mesh
+from fp8jax.ops.base.partition import explicit_matmul_spec, explicit_mesh
 from fp8jax.ops.base.switch import get_implementation
 from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
@@ -234,18 +234,6 @@ def _hp_wgrad(where: str, recipe: Recipe) -> bool:
             "(Float8RowwiseScaling(wgrad_high_precision=True))"
         )
     return bool(hp)
-
-
-def refuse_rowwise(setup: Fp8Setup | None, layer: str) -> None:
-    """A ``NotImplementedError`` naming the recipe and ``layer`` when ``setup`` is row-wise
-    (a layer that has no row-wise form yet: issue 49)."""
-    if setup is not None and setup.rowwise is not None:
-        raise NotImplementedError(
-            f"{setup.where}: {setup.recipe_name} (row-wise scaling) is not implemented for "
-            f"{layer} yet (issue 49: its reference path covers dense, layernorm_dense and "
-            "layernorm_mlp); use Float8CurrentScaling, DelayedScaling or a block-scaled recipe "
-            "for this layer"
-        )
 
 
 def _blocks(recipe: Recipe):
@@ -533,8 +521,10 @@ def gemm_wgrad(setup: Fp8Setup, g_t, g_sinv, x_t, x_sinv, w_dtype: Any) -> jax.A
     wgrad a plain dot in their promoted dtype, accumulated in float32."""
     if setup.hp_wgrad:
         dt = jnp.promote_types(x_t.dtype, g_t.dtype)
+        # under explicit sharding, sharded as the FP8 wgrad's rule gives it (a split M summed)
+        spec = explicit_matmul_spec(x_t, g_t, b_rows_are_n=True) if explicit_mesh() else None
         dw = jax.lax.dot_general(x_t.astype(dt), g_t.astype(dt), (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)  # fmt: skip
+                                 preferred_element_type=jnp.float32, out_sharding=spec)  # fmt: skip
         return dw.astype(w_dtype)
     return _gemm(
         setup, x_t, _cols(x_sinv), g_t, _cols(g_sinv), roles=("x", "grad"),

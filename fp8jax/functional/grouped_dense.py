@@ -24,6 +24,9 @@ Scaling per expert, by recipe:
   block mixes two experts' tokens. Those transposed copies are quantized from the row-wise FP8
   values (dequantized), as DeepSeek-V3 does: under expert parallelism the expert's device only
   ever receives the FP8 rows, and one device computes exactly as a mesh does.
+- Float8RowwiseScaling: each token's row its own scale along K, each expert's kernel one scale
+  per output column; the wgrad's operands one scale per group per column over the group's
+  tokens (:mod:`fp8jax.functional.grouped_rowwise`, the reference path).
 
 Expert parallelism (:mod:`fp8jax.functional._exchange`): with an exchange, the input is cast on the
 devices that hold the tokens and its FP8 codes (and row scales) cross the ``all_to_all``
@@ -45,6 +48,7 @@ import jax.numpy as jnp
 from fp8jax.functional import _core as core
 from fp8jax.functional import _exchange
 from fp8jax.functional._vjp import layer_vjp, zeros_if_symbolic
+from fp8jax.functional.grouped_rowwise import RowwiseGroupedConfig, grouped_rowwise
 from fp8jax.ops.base.partition import varying
 from fp8jax.ops.block.block_scaling import (
     block_cast_transpose,
@@ -228,10 +232,13 @@ def _pad(s: core.Fp8Setup) -> int:
 
 def pair_casts_apart(s: core.Fp8Setup | None, n: int) -> bool:
     """Whether a gated pair's halves ``[G, K, n]`` are cast apart (:func:`_cast_pair`): under
-    per-group scales always; under block scaling when ``n`` is whole blocks along either of the
+    row-wise scaling never (the dgrad's kernel rows run along both halves); under per-group
+    scales always; under block scaling when ``n`` is whole blocks along either of the
     weight block's dims (the dgrad reads the kernel blocked along ``n`` too: MXFP8's 1 x 32 as
     well as 128 x 128); a block straddling the two halves is cast from the concatenated kernel
     instead."""
+    if s is not None and s.rowwise is not None:
+        return False
     if s is None or s.blocks is None:
         return True
     return n % max(s.block("w")[0]) == 0
@@ -511,7 +518,6 @@ def grouped_dense_observed(
     lead = pair[0] if pair is not None else kernel
     n = n_experts if n_experts is not None else lead.shape[0]
     setup, scale, probe = core.resolve(where, recipe, enabled, fp8_meta, probe, 3 * n)
-    core.refuse_rowwise(setup, "grouped_dense (a mixture of experts' grouped GEMM)")
     if pair is not None and not pair_casts_apart(setup, pair[0].shape[-1]):
         kernel, pair = jnp.concatenate(pair, axis=-1), None
     if setup is None:
@@ -528,6 +534,14 @@ def grouped_dense_observed(
     ws = pair if pair is not None else (kernel, None)
     wide = lambda w: w if w is None or jnp.dtype(w.dtype) in core.WIDE else w.astype(dtype)
     ws = tuple(wide(w) for w in ws)
+    if plan is None:
+        plan = _exchange.ExchangePlan(*(jnp.zeros((0,), jnp.int32),) * 4, jnp.int32(0))
+    if setup.rowwise is not None:  # its own custom_vjp (fp8jax.functional.grouped_rowwise)
+        dtypes = (x.dtype, ws[0].dtype, None if bias is None else bias.dtype)
+        rcfg = RowwiseGroupedConfig(setup, bias is not None, dtype, dtypes, exchange,
+                                    bool(exchange_input), n)  # fmt: skip
+        y, seen = grouped_rowwise(rcfg, x, ws[0], bias, scale, probe, group_sizes, plan)
+        return core.LayerOutput(y, None, seen)
     cfg = _Config(
         setup,
         bias is not None,
@@ -539,7 +553,5 @@ def grouped_dense_observed(
         pair is not None,
         _pad(setup),
     )
-    if plan is None:
-        plan = _exchange.ExchangePlan(*(jnp.zeros((0,), jnp.int32),) * 4, jnp.int32(0))
     (y, seen) = _grouped(cfg, (x, *ws, bias), scale, probe, (group_sizes, plan))
     return core.LayerOutput(y, None, seen)

@@ -3,7 +3,9 @@ layer (DenseGeneral, a 3-D fused-QKV DenseGeneral, LayerNormDenseGeneral, LayerN
 MultiHeadAttention, TransformerLayer dense and MoE, MoEBlock), the recipe (off, delayed,
 current, block, MXFP8), the parallelism (DP, TP, FSDP, EP), the mesh (``jax.sharding.Mesh``,
 ``jax.make_mesh``'s explicit axes), jitted or eager, and the API (Linen, NNX): every pair of
-values meets in at least one case (``_matrix.pairwise``). Each case trains 2 SGD steps on the
+values meets in at least one case (``_matrix.pairwise``); Float8RowwiseScaling (and its
+high-precision wgrad) in three focused cases (``_matrix.ROWWISE_CASES``) over every dimension's
+values. Each case trains 2 SGD steps on the
 mesh and on one device; the two agree (``_matrix.assert_same_training``)."""
 
 from __future__ import annotations
@@ -11,7 +13,16 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from _matrix import DIMENSIONS, allowed, assert_same_training, case_id, mesh_of, pairwise, run
+from _matrix import (
+    DIMENSIONS,
+    ROWWISE_CASES,
+    allowed,
+    assert_same_training,
+    case_id,
+    mesh_of,
+    pairwise,
+    run,
+)
 from conftest import needs_devices
 
 pytestmark = needs_devices(4)
@@ -28,7 +39,7 @@ def test_the_design_covers_every_pair():
     assert len(CASES) <= 50, len(CASES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", CASES + list(ROWWISE_CASES), ids=case_id)
 def test_mesh_equals_one_device(case):
     want = run(case)
     got = run(case, mesh_of(case), starts=[step.start for step in want])

@@ -2,10 +2,11 @@
 ``layernorm_mlp`` (forward and every gradient) under data, tensor (column- then row-parallel),
 fully-sharded and sequence layouts equals the one-device result within float32 summation order.
 The row-wise casts and GEMMs are ``jnp`` definitions that XLA partitions: a row amax over a
-split dim is a max all-reduce (exact), a split contraction a sum. Explicit axes are not covered
-yet for the layers. ``rowwise_gemm``'s cuBLASLt plan (opt-in, emulated handler): row splits
-kept, a split K summed by one all-reduce, never a gathered operand; typed as its rule under
-explicit axes."""
+split dim is a max all-reduce (exact), a split contraction a sum. Under explicit axes
+(``jax.make_mesh``), ``dense`` with FSDP; the layers and the MoE block on both kinds of mesh
+are in the mesh matrix (tests/distributed/_matrix.py, ``ROWWISE_CASES``). ``rowwise_gemm``'s
+cuBLASLt plan (opt-in, emulated handler): row splits kept, a split K summed by one all-reduce,
+never a gathered operand; typed as its rule under explicit axes."""
 
 from __future__ import annotations
 
@@ -144,3 +145,30 @@ def test_rowwise_gemm_explicit_sharding_typed_as_the_rule(a_spec, b_spec, out_sp
     a8, b8 = (np.abs(np.asarray(q, np.float32)) for q in (aq, bq))
     mag = (a8 @ b8.T) * np.asarray(a_s) * np.asarray(b_s).T
     assert np.all(np.abs(np.asarray(got) - np.asarray(want)) <= 256 * 2.0**-24 * mag)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_explicit_axes_fsdp_dense_equals_one_device(name):
+    """``jax.make_mesh``'s explicit axes, the tokens and the kernel's K both over ``data``
+    (FSDP): the dgrad's scales (rows of the output gradient and of the kernel, both split
+    over ``data``) are resharded as the output's rows and columns, and the high-precision
+    wgrad's dot contracts the split tokens with its ``out_sharding`` stated (without it JAX
+    refuses the dot as ambiguous)."""
+    recipe = RECIPES[name]
+    x, w = rand((ROWS, HIDDEN), 5), rand((HIDDEN, MLP), 6) * 0.06
+
+    def loss(x, w):
+        y = fp8jax.dense(x, w, recipe=recipe)
+        return jnp.sum(y * jnp.sin(y))
+
+    grad = jax.jit(jax.value_and_grad(loss, (0, 1)))
+    one = grad(x, w)
+    mesh = make_mesh(explicit=True)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+        ws = jax.device_put(w, NamedSharding(mesh, P("data", "model")))
+        got = grad(xs, ws)
+    assert jax.typeof(got[1][1]).sharding.spec == P("data", "model")
+    for a, c in zip(jax.tree.leaves(got), jax.tree.leaves(one), strict=True):
+        scale = float(jnp.max(jnp.abs(c))) or 1.0
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=0, atol=1e-5 * scale)

@@ -24,6 +24,7 @@ RECIPES = {
     "current": fp8jax.Float8CurrentScaling(),
     "block": fp8jax.Float8BlockScaling(),
     "mxfp8": fp8jax.MXFP8BlockScaling(),
+    "rowwise": fp8jax.Float8RowwiseScaling(),
 }
 CONFIGS = {
     "softmax": dict(),

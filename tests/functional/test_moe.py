@@ -143,8 +143,14 @@ def test_routed_block_is_the_dense_loop_with_fp8_off():
 
 @pytest.mark.parametrize(
     "recipe",
-    [fp8jax.Float8CurrentScaling(), fp8jax.Float8BlockScaling(), fp8jax.MXFP8BlockScaling()],
-    ids=["current", "block", "mxfp8"],
+    [
+        fp8jax.Float8CurrentScaling(),
+        fp8jax.Float8BlockScaling(),
+        fp8jax.MXFP8BlockScaling(),
+        fp8jax.Float8RowwiseScaling(),
+        fp8jax.Float8RowwiseScaling(wgrad_high_precision=True),
+    ],
+    ids=["current", "block", "mxfp8", "rowwise", "rowwise-hp-wgrad"],
 )
 def test_routed_block_in_fp8_is_close_to_fp8_off(recipe):
     x, p = rand((24, 16), 10), _params(seed=4)

@@ -3,7 +3,7 @@ forward and its three gradients against a float64 emulation of the row-wise cast
 scaled GEMMs (written with numpy, tests/ops/_rowwise_numpy.py); on inputs with outlier rows
 the row-wise layer is far closer to float32 than per-tensor current scaling; gradients flow and
 the high-precision wgrad changes the weight gradient only; the norm and MLP layers, the Flax
-and NNX modules take the recipe (no FP8 state); the layers without a row-wise form refuse it."""
+and NNX modules take the recipe (no FP8 state); FP8 attention refuses it."""
 
 from __future__ import annotations
 
@@ -288,22 +288,11 @@ def test_nnx_layers_take_the_recipe():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_layers_without_a_row_wise_form_refuse_it():
-    """grouped_dense and the MoE block on it (no row-wise grouped GEMM yet) raise
-    NotImplementedError naming the recipe and the layer; FP8 attention (per-tensor only)
-    is a ValueError in the functional layer and a refusal reason for the modules' fallback."""
+def test_fp8_attention_refuses_it():
+    """FP8 attention (per-tensor only) is a ValueError naming the row-wise recipes in the
+    functional layer and a refusal reason for the modules' fallback (grouped_dense and the MoE
+    block take the recipe: tests/functional/test_rowwise_grouped.py)."""
     recipe = RECIPES["pow2-e4m3"]
-    x, w = rand((32, 64), 60), rand((4, 64, 32), 61)
-    sizes = jnp.array([8, 8, 8, 8], jnp.int32)
-    match = r"fp8jax\.grouped_dense: Float8RowwiseScaling \(row-wise scaling\) is not implemented"
-    with pytest.raises(NotImplementedError, match=match + r" for grouped_dense"):
-        fp8jax.grouped_dense(x, w, sizes, recipe=recipe)
-    from fp8jax.functional.moe import MoEConfig
-
-    p = {"gate_kernel": rand((64, 4), 62), "wi_0": rand((4, 64, 32), 63),
-         "wi_1": rand((4, 64, 32), 64), "wo": rand((4, 32, 64), 65)}  # fmt: skip
-    with pytest.raises(NotImplementedError, match=r"Float8RowwiseScaling \(row-wise scaling\)"):
-        fp8jax.moe(x, p, MoEConfig(num_experts=4, num_experts_per_tok=2), recipe=recipe)
     q = jnp.ones((2, 16, 4, 64), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"row-wise recipes have no FP8 attention"):
         fp8jax.dot_product_attention(q, q, q, recipe=recipe)
@@ -311,3 +300,40 @@ def test_layers_without_a_row_wise_form_refuse_it():
                                 is_causal=False, padded=False, bias=None, window=None,
                                 dropout=False)  # fmt: skip
     assert reason == ("Float8RowwiseScaling is rowwise-scaled; FP8 attention scales per tensor")
+
+
+def test_attention_projections_take_it_in_linen_and_nnx():
+    """MultiHeadAttention's QKV and output projections run under the row-wise recipe (no FP8
+    state, close to FP8 off, not equal to it), the NNX module exactly as its Linen twin; with
+    ``fp8_dpa`` the core's FP8 attention refuses the recipe by name: a fallback warning, or a
+    ValueError under ``strict_fp8_attention``."""
+    from flax import nnx
+
+    import fp8jax.nnx as fnnx
+    from fp8jax.layers import Fp8AttentionFallback, strict_fp8_attention
+
+    recipe = RECIPES["pow2-e4m3"]
+    x = rand((2, 16, 64), 70)
+    model = fnnx.MultiHeadAttention(64, head_dim=16, num_attention_heads=4, rngs=nnx.Rngs(0))
+    twin = fp8jax.flax.MultiHeadAttention(head_dim=16, num_attention_heads=4)
+    variables = model.linen_variables()
+    assert set(variables) == {"params"}
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        got = model(x, x)[0]
+        want = twin.apply(variables, x, x)[0]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    off = twin.apply(variables, x, x)[0]
+    err = float(jnp.linalg.norm(got - off) / jnp.linalg.norm(off))
+    assert 0 < err < 0.08, err
+
+    dpa = fp8jax.flax.MultiHeadAttention(head_dim=16, num_attention_heads=4, fp8_dpa=True)
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        with pytest.warns(Fp8AttentionFallback):  # init runs the call too
+            dpa_vars = dpa.init(jax.random.key(0), x, x)
+        with pytest.warns(Fp8AttentionFallback, match="Float8RowwiseScaling is rowwise-scaled"):
+            fell_back = dpa.apply(dpa_vars, x, x)[0]
+        with strict_fp8_attention(), pytest.raises(ValueError, match="Float8RowwiseScaling"):
+            dpa.apply(dpa_vars, x, x)
+    with fp8jax.autocast(enabled=True, recipe=recipe):
+        projections_only = twin.apply({"params": dpa_vars["params"]}, x, x)[0]
+    np.testing.assert_array_equal(np.asarray(fell_back), np.asarray(projections_only))

@@ -37,7 +37,7 @@ def test_same_params_and_outputs_as_the_linen_twin():
     assert_trees_equal(model.linen_variables()["params"], nn.unbox(variables["params"]))
     assert model.fp8_meta.scale.shape == (24,)
     assert model.shared_experts.wi_kernel.shape == (16, 2, 6)
-    for recipe in (None, fp8jax.Float8CurrentScaling(), RECIPE):
+    for recipe in (None, fp8jax.Float8CurrentScaling(), fp8jax.Float8RowwiseScaling(), RECIPE):
         with fp8jax.autocast(enabled=recipe is not None, recipe=recipe):
             out, aux = model(X)
             want, want_aux = twin.apply(variables, X)

@@ -172,4 +172,8 @@ def rowwise_scaled_matmul(
         precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32,
         out_sharding=spec,
     )  # fmt: skip
-    return (acc * (a_scale_inv * jnp.reshape(b_scale_inv, (1, -1)))).astype(out_dt)
+    b_row = jnp.reshape(b_scale_inv, (1, -1))
+    if spec is not None:  # the scales as the output's rows and columns (an axis used once)
+        a_scale_inv = jax.sharding.reshard(a_scale_inv, jax.sharding.PartitionSpec(spec[0], None))
+        b_row = jax.sharding.reshard(b_row, jax.sharding.PartitionSpec(None, spec[1]))
+    return (acc * (a_scale_inv * b_row)).astype(out_dt)
