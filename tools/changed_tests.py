@@ -61,6 +61,10 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("tests/ops/test_block_scaling.py", "tests/ops/test_block_fused.py",
          "tests/ops/test_block_gemm.py"),
     ),
+    "rowwise": (
+        ("cpp/cuda/cuda_rowwise.cu", "cpp/ops/block_casts.h", "fp8jax/ops/block/rowwise.py"),
+        ("tests/ops/test_rowwise.py", "tests/functional/test_rowwise_layers.py"),
+    ),
     "cast": (
         ("cpp/cuda/cuda_cast_transpose.*", "cpp/cuda/cuda_ops.cu", "cpp/common/launch_plan.h",
          "cpp/common/fp8_device_convert.h", "cpp/ops/casts.h", "fp8jax/ops/casts/quantize.py",

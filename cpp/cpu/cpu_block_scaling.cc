@@ -2,7 +2,8 @@
 // block_cast_transpose and its fused forms, block_cast_transpose_dbias,
 // activation_block_cast_transpose, dactivation_block_cast_transpose_dbias and
 // norm_block_cast_transpose (the norm computed into a scratch buffer by cpu_norm.cc, then cast:
-// norm_forward's y itself) (common/block_scale.h has the numerics and the layouts,
+// norm_forward's y itself), and rowwise_quantize (the block cast with one 1 x K block a row)
+// (common/block_scale.h has the numerics and the layouts,
 // common/block_sources.h what the fused forms quantize and the dbias order;
 // fp8jax/ops/block/block_scaling.py and fused/block_fused.py the references they equal).
 //
@@ -140,6 +141,20 @@ ffi::Error BlockCast(ffi::ThreadPool* pool, const char* op, const ffi::AnyBuffer
 }  // namespace
 
 ffi::Error BlockQuantize::Compute(CpuPool pool) {
+  return BlockCast(&pool, kName, x, c, *q, *scale_inv);
+}
+
+// One 1 x K block per row, any K: the block walk takes it as is (a strip is one row). Empty rows
+// (K = 0) have amax 0, hence scale 1, and no codes.
+ffi::Error RowwiseQuantize::Compute(CpuPool pool) {
+  if (c.cols == 0) {
+    return DispatchWideFp8(kName, WideKindOf(x.element_type()), Fp8KindOf(q->element_type()),
+                           [&]<WideKind W, typename F>() {
+                             std::fill_n(static_cast<float*>(scale_inv->untyped_data()), c.rows,
+                                         1.0f);
+                             return ffi::Error::Success();
+                           });
+  }
   return BlockCast(&pool, kName, x, c, *q, *scale_inv);
 }
 

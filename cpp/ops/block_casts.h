@@ -1,7 +1,8 @@
 // The block-scaled casts: block_quantize, block_cast_transpose and its fused forms,
 // block_cast_transpose_dbias, activation_block_cast_transpose,
 // dactivation_block_cast_transpose_dbias and norm_block_cast_transpose (Python:
-// fp8jax/ops/block/block_scaling.py, fused/block_fused.py). The checks they share (the blocks the
+// fp8jax/ops/block/block_scaling.py, fused/block_fused.py), and rowwise_quantize, a block as long
+// as the row (fp8jax/ops/block/rowwise.py). The checks they share (the blocks the
 // kernels take, the scale grids of both layouts), then each op's target, signature (its Handle's
 // parameters) and argument check, which fills the block::Cast its kernels run on; their
 // computations are in cpu/cpu_block_scaling.cc and cuda/cuda_block_scaling.cu (ops/op.h says how
@@ -26,7 +27,8 @@
   X(BlockCastTransposeDbias, "fp8jax_block_cast_transpose_dbias")                       \
   X(ActivationBlockCastTranspose, "fp8jax_activation_block_cast_transpose")             \
   X(DActivationBlockCastTransposeDbias, "fp8jax_dactivation_block_cast_transpose_dbias") \
-  X(NormBlockCastTranspose, "fp8jax_norm_block_cast_transpose")
+  X(NormBlockCastTranspose, "fp8jax_norm_block_cast_transpose")                       \
+  X(RowwiseQuantize, "fp8jax_rowwise_quantize")
 // clang-format on
 
 namespace fp8jax {
@@ -352,6 +354,51 @@ struct NormBlockCastTranspose : BlockCastBothCall {
   }
   ffi::Error Compute(CpuPool pool);       // cpu/cpu_block_scaling.cc
   ffi::Error Compute(CudaStream stream);  // cuda/cuda_block_scaling.cu
+};
+
+// fp8jax_rowwise_quantize (Fp8jaxRowwiseQuantizeCpu, Fp8jaxRowwiseQuantizeCuda): x [..., K];
+// scale_mode (0 or 1: float32 or power-of-two scales), epsilon -> q (x's size), scale_inv (one
+// float32 per row). Each row is one 1 x K block of the block cast's numerics (its check fills a
+// block::Cast of one matrix [rows, K] with br = 1, bc = K), of any length: the block kernels'
+// bound on the block (block::KernelBlock) does not apply, so the row has its own kernels
+// (cpu/cpu_block_scaling.cc, cuda/cuda_rowwise.cu).
+struct RowwiseQuantize {
+  static constexpr char kName[] = "rowwise_quantize";
+  sig::Any x;
+  int64_t scale_mode;
+  float epsilon;
+  sig::AnyOut q;
+  sig::AnyOut scale_inv;
+  block::Cast c{};
+
+  template <typename Ctx>
+  static ffi::Error Handle(Ctx ctx, sig::Any x, attr::ScaleMode scale_mode, attr::Epsilon epsilon,
+                           sig::AnyOut q, sig::AnyOut scale_inv) {
+    return Run(ctx, RowwiseQuantize{x, *scale_mode, *epsilon, q, scale_inv});
+  }
+
+  ffi::Error Check() {
+    const auto dims = x.dimensions();
+    if (dims.size() < 1) return BadArg(kName, "x must have at least one dim");
+    if (scale_mode != 0 && scale_mode != 1) return BadArg(kName, "scale_mode must be 0 or 1");
+    if (!(epsilon >= 0.0f) || !IsFinite(epsilon)) return BadArg(kName, "epsilon must be >= 0");
+    c.groups = 1;
+    c.cols = dims[dims.size() - 1];
+    c.rows = 1;
+    for (size_t i = 0; i + 1 < dims.size(); ++i) c.rows *= dims[i];
+    c.br = 1;
+    c.bc = c.cols > 0 ? c.cols : 1;
+    c.mode = static_cast<block::ScaleMode>(scale_mode);
+    c.epsilon = epsilon;
+    if (q->element_count() != x.element_count()) return BadArg(kName, "q must have x's size");
+    if (scale_inv->element_type() != ffi::DataType::F32 ||
+        static_cast<int64_t>(scale_inv->element_count()) != c.rows) {
+      return BadArg(kName, "scale_inv must hold one float32 scale per row");
+    }
+    return ffi::Error::Success();
+  }
+  ffi::Error Compute(CpuPool pool);       // cpu/cpu_block_scaling.cc
+  ffi::Error Compute(CudaStream stream);  // cuda/cuda_rowwise.cu
 };
 
 }  // namespace fp8jax

@@ -320,7 +320,7 @@ def rowwise_cast(setup: Fp8Setup, x: jax.Array, fp8_dtype: Any, role: str):
     ``x``'s transpose in its own dtype, and ``scale_inv_t`` ``None``. ``amax`` is NaN, "not
     observed" (no state)."""
     pow2, eps = setup.rows(role)
-    kw = dict(power_2_scale=pow2, amax_epsilon=eps)
+    kw = dict(power_2_scale=pow2, amax_epsilon=eps, implementation=setup.implementation("cast"))
     q, s = rowwise_quantize(x, fp8_dtype, **kw)
     if setup.hp_wgrad and role != "w":
         q_t, s_t = jnp.transpose(x), None

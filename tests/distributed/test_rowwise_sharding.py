@@ -6,7 +6,9 @@ split dim is a max all-reduce (exact), a split contraction a sum. Under explicit
 (``jax.make_mesh``), ``dense`` with FSDP; the layers and the MoE block on both kinds of mesh
 are in the mesh matrix (tests/distributed/_matrix.py, ``ROWWISE_CASES``). ``rowwise_gemm``'s
 cuBLASLt plan (opt-in, emulated handler): row splits kept, a split K summed by one all-reduce,
-never a gathered operand; typed as its rule under explicit axes."""
+never a gathered operand; typed as its rule under explicit axes. The row-wise cast's kernel
+(``fp8jax_rowwise_quantize``) on its own: rows split freely with no collective, a split K
+gathered first, the one-device bits either way (automatic and explicit axes)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fp8jax
+from fp8jax.ops.block import rowwise as rw
 
 pytestmark = needs_devices(8)
 
@@ -172,3 +175,55 @@ def test_explicit_axes_fsdp_dense_equals_one_device(name):
     for a, c in zip(jax.tree.leaves(got), jax.tree.leaves(one), strict=True):
         scale = float(jnp.max(jnp.abs(c))) or 1.0
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=0, atol=1e-5 * scale)
+
+
+# x [64, 96] specs on a ("data", "model") = (2, 4) mesh: whether K (the rows' length) is split
+CAST_SPLITS = {
+    "rows-data": (P("data", None), False),
+    "rows-all": (P(("data", "model"), None), False),
+    "k-model": (P(None, "model"), True),
+    "rows-and-k": (P("data", "model"), True),
+}
+_COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def _cast_bits(out):
+    return [np.asarray(a).view(np.uint8) for a in out]
+
+
+@pytest.mark.parametrize("split", list(CAST_SPLITS))
+def test_rowwise_quantize_kernel_split(split):
+    """Each device casts its own rows (their scales stay with them: scale_inv is split like the
+    rows, no collective); a split K is gathered before the kernel (an all-gather, no
+    all-reduce). Either way every output has the one-device bits."""
+    spec, k_split = CAST_SPLITS[split]
+    x = rand((64, 96), 5).astype(jnp.bfloat16) * jnp.exp2(jnp.arange(64.0)[:, None] % 9)
+    f = jax.jit(lambda a: rw.rowwise_quantize(a, jnp.float8_e4m3fn, implementation="kernel"))
+    want = f(jax.device_put(x, jax.devices()[0]))
+    xs = jax.device_put(x, NamedSharding(make_mesh(), spec))
+    got = f(xs)
+    for g, w in zip(_cast_bits(got), _cast_bits(want), strict=True):
+        np.testing.assert_array_equal(g, w)
+    hlo = f.lower(xs).compile().as_text()
+    assert 'custom_call_target="fp8jax_rowwise_quantize"' in hlo
+    found = {c for c in _COLLECTIVES if c in hlo}
+    assert found == ({"all-gather"} if k_split else set()), found
+    if not k_split:  # the rows' split, kept by q and scale_inv
+        for out in got:
+            assert out.sharding.spec[0] == spec[0]
+
+
+@pytest.mark.parametrize("spec", [P("data", None), P("data", "model")], ids=["rows", "rows-k"])
+def test_rowwise_quantize_kernel_explicit_axes(spec):
+    """Under explicit axes the outputs' types carry x's split: q like x, scale_inv [M, 1] like
+    x's rows (a split K is gathered inside the op, q keeps x's type)."""
+    mesh = make_mesh(explicit=True)
+    x = rand((64, 40), 6)
+    want = rw.rowwise_quantize(x, jnp.float8_e5m2)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, spec))
+        q, s = jax.jit(lambda a: rw.rowwise_quantize(a, jnp.float8_e5m2))(xs)
+        assert jax.typeof(s).sharding.spec == P("data", None)
+        assert jax.typeof(q).sharding.spec == spec
+    for g, w in zip(_cast_bits((q, s)), _cast_bits(want), strict=True):
+        np.testing.assert_array_equal(g, w)

@@ -41,7 +41,8 @@ def _paths_the_samples_miss() -> dict[str, Sample]:
     """Kernel paths the conformance samples (small, unaligned) do not take: the cast-transpose's
     fast 128 x 128 tiles (with and without dbias), norm rows read element by element (rows not
     16-byte aligned) or 16 bytes at a time in float16, rows spread over several warps
-    (h = 2048), gamma and beta in another dtype than x."""
+    (h = 2048), gamma and beta in another dtype than x, the row-wise cast's grid stride, long
+    and short rows and special values."""
     r = np.random.default_rng(3)
     e4m3 = jnp.float8_e4m3fn
     out = {}
@@ -84,6 +85,22 @@ def _paths_the_samples_miss() -> dict[str, Sample]:
         out[f"activation-{tag}-n13"] = Sample(ops.activation, (x, acts), close=ACT_CLOSE)
         g = normal(r, (8, 13), jnp.bfloat16)
         out[f"dactivation-{tag}-n13"] = Sample(ops.dactivation, (g, x, acts), close=ACT_CLOSE)
+    # Row-wise casts: 300 rows (more than the 128 warps of a 2-SM grid: each warp strides to
+    # more rows), rows of 1000 (31 and a bit elements a lane) and of 5 (27 lanes idle), special
+    # values (NaN of both signs, inf, zero and subnormal rows).
+    special = np.array(normal(r, (16, 40), jnp.float32, 5.0))
+    special[0, ::3], special[1, 1::2], special[2, 0] = np.nan, -np.nan, np.inf
+    special[3], special[4], special[5] = 0.0, 1e-40, np.nan
+    for tag, x, kw in (
+        ("300x40-bf16", normal(r, (300, 40), jnp.bfloat16, 3.0), {}),
+        ("8x1000-f32-f32scale", normal(r, (8, 1000), jnp.float32, 3.0),
+         {"power_2_scale": False, "amax_epsilon": 0.5}),
+        ("2x8x5-f16", normal(r, (2, 8, 5), jnp.float16, 3.0), {}),
+        ("special-f32", jnp.asarray(special), {"power_2_scale": False}),
+    ):  # fmt: skip
+        for dt in (e4m3, jnp.float8_e5m2):
+            name = f"rowwise_quantize-{tag}-{jnp.dtype(dt).name}"
+            out[name] = Sample(ops.rowwise_quantize, (x, dt), kw)
     # 600 rows: 256 slots of up to 3 rows, whose partials pass 2 adds in 16 lanes.
     x = normal(r, (600, 64), jnp.bfloat16, 3.0, 0.5)
     gamma = normal(r, (64,), jnp.bfloat16, 0.2, 1.0)

@@ -13,8 +13,17 @@ The GEMM of two row-wise operands (:func:`rowwise_scaled_matmul`) needs no per-e
 dequantization: the scales factor out of the dot, ``a @ b.T = (a8 @ b8.T) * sa[:, None] *
 sb[None, :]`` (cuBLASLt's outer-vector scale mode applies them the same way on a GPU).
 
-Reference path only, no kernels yet (issue 49): these functions are the ``jnp`` definitions
-of the numerics, compiled by XLA on every platform (no ``implementation`` switch).
+The cast is an op (``rowwise_quantize``, FFI target ``fp8jax_rowwise_quantize``): CPU and CUDA
+kernels bit-identical to :func:`rowwise_quantize_reference`, under the ``"cast"`` family's
+kernel/XLA switch (:func:`fp8jax.ops.implementation`; ``"kernel"`` by default, ``"xla"`` runs the
+reference). :func:`rowwise_cast_transpose` is that kernel twice, the second time on XLA's
+transpose of ``x`` (the transposed copy is quantized from the high-precision values, so no byte
+transpose of ``q`` can make it). vmap: the batch dims are more leading dims, that is more rows.
+Sharding: the rows split freely, each device casting its own rows (their scales follow them, no
+collective); a split last dim (``K``, the rows' length) is gathered before the kernel (a row's
+amax and codes are then one device's work, and the result is the one-device result bit for bit),
+rather than all-reducing the row amax over the split, which would cost a collective per cast for
+the rare layout that splits a cast's contraction dim.
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.ops.base import checks, partition
-from fp8jax.ops.block.block_scaling import block_scale
+from fp8jax.ops.base import checks, opdef, partition
+from fp8jax.ops.block.block_scaling import SCALE_F32, SCALE_POW2, block_scale
 from fp8jax.ops.casts.quantize import to_fp8
 
 __all__ = [
@@ -35,6 +44,7 @@ __all__ = [
     "rowwise_cast_transpose",
     "rowwise_dequantize",
     "rowwise_quantize",
+    "rowwise_quantize_reference",
     "rowwise_scaled_matmul",
 ]
 
@@ -65,15 +75,78 @@ def rowwise_amax(x: jax.Array) -> jax.Array:
     return jnp.max(mag, axis=-1, keepdims=True, initial=jnp.float32(0))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _quantize(x, fp8_dtype, power_2_scale, amax_epsilon):
+def _reference(x, *, fp8_dtype, power_2_scale, amax_epsilon):
+    """The op's reference: ``(q, scale_inv)``, ``scale_inv`` of shape ``x.shape[:-1]`` (the
+    public functions add the trailing 1)."""
     amax = rowwise_amax(x)
     scale = block_scale(
         amax, fp8_dtype, power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
         input_dtype=x.dtype,
     )  # fmt: skip
     q = to_fp8(x.astype(jnp.float32), scale, fp8_dtype)
-    return q, (np.float32(1) / scale).astype(jnp.float32)
+    return q, (np.float32(1) / scale).astype(jnp.float32)[..., 0]
+
+
+def _outputs(x, *, fp8_dtype, power_2_scale, amax_epsilon):
+    del power_2_scale, amax_epsilon
+    # scale_inv: x's leading dims (one per row), split like them
+    return opdef.like(x, fp8_dtype), opdef.like(x, jnp.float32, dims=(), core=1)
+
+
+def _factors(x_ndim: int) -> tuple[list[str], list[str]]:
+    rows = opdef.lead(x_ndim - 1)
+    return [f"{rows} k".strip()], [f"{rows} k".strip(), rows]
+
+
+def _attrs(*, fp8_dtype, power_2_scale, amax_epsilon):
+    del fp8_dtype
+    mode = SCALE_POW2 if power_2_scale else SCALE_F32
+    return {"scale_mode": np.int64(mode), "epsilon": np.float32(amax_epsilon)}
+
+
+# The row-wise cast as an op (fp8jax.ops.base.opdef): its kernels, vmap, the "cast" family's
+# kernel/XLA switch, and sharding: the rows (every leading dim) split freely, scale_inv like
+# them; a split K is gathered first (need_replication). No collective.
+_ROWWISE_QUANTIZE = opdef.OpDef(
+    name="rowwise_quantize",
+    family="cast",
+    target="fp8jax_rowwise_quantize",
+    reference=_reference,
+    outputs=_outputs,
+    factors=_factors,
+    attrs=_attrs,
+    need_replication=("k",),
+)
+
+
+def _args(owner: str, x: Any, fp8_dtype: Any, power_2_scale: Any, amax_epsilon: Any) -> dict:
+    x = _check_x(owner, x)
+    dt = checks.fp8_dtype_arg(owner, "fp8_dtype", fp8_dtype)
+    eps = _check_eps(owner, amax_epsilon)
+    if not isinstance(power_2_scale, (bool, np.bool_)):
+        raise TypeError(f"{owner}: power_2_scale must be a bool, got {power_2_scale!r}")
+    return dict(x=x, fp8_dtype=dt, power_2_scale=bool(power_2_scale), amax_epsilon=eps)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _run_reference(x, fp8_dtype, power_2_scale, amax_epsilon):
+    q, s = _reference(
+        x, fp8_dtype=fp8_dtype, power_2_scale=power_2_scale, amax_epsilon=amax_epsilon
+    )
+    return q, s[..., None]
+
+
+def rowwise_quantize_reference(
+    x: jax.Array,
+    fp8_dtype: Any,
+    *,
+    power_2_scale: bool = True,
+    amax_epsilon: float = 0.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Pure-``jnp`` reference of :func:`rowwise_quantize` (its ``"xla"`` implementation): the
+    definition of the row-wise cast's numerics, which its kernels equal bit for bit."""
+    a = _args("rowwise_quantize_reference", x, fp8_dtype, power_2_scale, amax_epsilon)
+    return _run_reference(a["x"], a["fp8_dtype"], a["power_2_scale"], a["amax_epsilon"])
 
 
 def rowwise_quantize(
@@ -82,12 +155,15 @@ def rowwise_quantize(
     *,
     power_2_scale: bool = True,
     amax_epsilon: float = 0.0,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Row-wise quantization of ``x`` (rows along its last axis): ``(q, scale_inv)``.
 
     ``q = saturate(round(x * scale))`` in ``x``'s shape, with its row's ``scale``
     (:func:`~fp8jax.ops.block.block_scaling.block_scale` of :func:`rowwise_amax`: see the
     module docstring); ``scale_inv = 1 / scale``, float32 ``x.shape[:-1] + (1,)``.
+    ``implementation``: ``"kernel"`` or ``"xla"`` (:func:`rowwise_quantize_reference`), as for
+    :func:`fp8jax.ops.quantize` (family ``"cast"``).
 
     >>> import jax.numpy as jnp
     >>> q, sinv = rowwise_quantize(jnp.array([[1.0, -3.0], [0.0, 0.0], [96.0, 7.0]]),
@@ -97,10 +173,9 @@ def rowwise_quantize(
     >>> (q.astype(jnp.float32) * sinv).tolist()
     [[1.0, -3.0], [0.0, 0.0], [96.0, 7.0]]
     """
-    x = _check_x("rowwise_quantize", x)
-    dt = checks.fp8_dtype_arg("rowwise_quantize", "fp8_dtype", fp8_dtype)
-    eps = _check_eps("rowwise_quantize", amax_epsilon)
-    return _quantize(x, dt, bool(power_2_scale), eps)
+    a = _args("rowwise_quantize", x, fp8_dtype, power_2_scale, amax_epsilon)
+    q, s = _ROWWISE_QUANTIZE(a.pop("x"), implementation=implementation, **a)
+    return q, jnp.expand_dims(s, -1)
 
 
 def rowwise_cast_transpose(
@@ -109,15 +184,19 @@ def rowwise_cast_transpose(
     *,
     power_2_scale: bool = True,
     amax_epsilon: float = 0.0,
+    implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Matrix ``x [M, K]`` quantized row-wise for a GEMM in both layouts: ``(q [M, K],
     scale_inv [M, 1], q_t [K, M], scale_inv_t [K, 1])``, ``q_t`` quantized again from ``x``'s
     high-precision values along ``M`` (one scale per column of ``x``), never transposed from
-    ``q``: the copy a GEMM contracting over ``M`` (the wgrad) reads."""
+    ``q``: the copy a GEMM contracting over ``M`` (the wgrad) reads. Two calls of
+    :func:`rowwise_quantize` (``implementation`` as there), the second on XLA's transpose of
+    ``x``."""
     x = _check_x("rowwise_cast_transpose", x)
     if x.ndim != 2:
         raise ValueError(f"rowwise_cast_transpose: x must be a matrix, got shape {x.shape}")
-    kw = dict(power_2_scale=power_2_scale, amax_epsilon=amax_epsilon)
+    kw = dict(power_2_scale=power_2_scale, amax_epsilon=amax_epsilon,
+              implementation=implementation)  # fmt: skip
     return (*rowwise_quantize(x, fp8_dtype, **kw), *rowwise_quantize(x.T, fp8_dtype, **kw))
 
 
