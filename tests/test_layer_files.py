@@ -17,7 +17,10 @@ import fp8jax.nnx
 ROOT = Path(fp8jax.layers.__file__).resolve().parents[1]
 
 #: Functional modules that are a part of another layer rather than a layer with a spec.
-PARTS = {"grouped_dense": "the experts' GEMM of moe.py"}
+PARTS = {
+    "grouped_dense": "the experts' GEMM of moe.py",
+    "load_balancing": "context parallelism's batch reorder (context_parallel.py)",
+}
 
 
 def _file(obj) -> str:
