@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.functional.load_balancing import ReorderStrategy, reorder_permutation
+from fp8jax.ops.base.partition import explicit_mesh
 
 __all__ = [
     "CPStrategy",
@@ -331,9 +332,18 @@ def context_parallel_attention(
     body = functools.partial(_ring if strategy == "ring" else _all_gather, cfg)
     seq, tok = P(None, axis), P(axis)
     seg_spec = None if qseg is None else seq
-    mapped = jax.shard_map(
-        body, mesh=mesh, in_specs=(seq, seq, seq, tok, tok, seg_spec, seg_spec), out_specs=seq,
-        axis_names={axis},
-    )  # fmt: skip
-    pos = jnp.asarray(pos)
-    return jax.jit(mapped)(q, k, v, pos, pos, qseg, kseg)
+
+    def mapped(*args):
+        return jax.shard_map(
+            body, mesh=jax.sharding.get_abstract_mesh(), in_specs=(seq, seq, seq, tok, tok,
+            seg_spec, seg_spec), out_specs=seq, axis_names={axis},
+        )(*args)  # fmt: skip
+
+    args = (q, k, v, jnp.asarray(pos), jnp.asarray(pos), qseg, kseg)
+    if not explicit_mesh():
+        return jax.jit(mapped)(*args)
+    # explicit axes (jax.make_mesh's default): the shard_map runs with automatic axes inside
+    # (JAX's all_gather in a shard_map manual over only some explicit axes fails to trace);
+    # the output is laid out as the query was
+    spec = jax.typeof(q).sharding.spec
+    return jax.jit(jax.sharding.auto_axes(mapped, out_sharding=spec))(*args)

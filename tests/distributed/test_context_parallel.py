@@ -56,7 +56,9 @@ def test_matches_one_device_forward_and_backward(strategy, masks):
     q, k, v, seg = _inputs()
     balanced = masks != "causal"
     window, ids = ((5, 0), seg) if balanced else (None, None)
-    mesh = jax.make_mesh((2, 4), ("data", "cp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    # automatic axes, and jax.make_mesh's explicit ones
+    kind = jax.sharding.AxisType.Explicit if balanced else jax.sharding.AxisType.Auto
+    mesh = jax.make_mesh((2, 4), ("data", "cp"), axis_types=(kind,) * 2)
     lb = ReorderStrategy.DualChunkSwap
 
     def cp(q, k, v):
