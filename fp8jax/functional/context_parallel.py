@@ -60,6 +60,10 @@ _PRESETS = {
 }
 
 
+_Opt = jax.Array | None
+_Stats = tuple[jax.Array, jax.Array, jax.Array]  # (o, m, l) of the online softmax
+
+
 class CPStrategy(enum.Enum):
     """TE's context-parallel strategies (its member names and values); ``DEFAULT`` is
     all-gather, as in TE."""
@@ -96,7 +100,9 @@ class _Mask(NamedTuple):
     window: tuple[int, int] | None  # (left, right), each >= 0: no unbounded side here
 
 
-def _allowed(mask: _Mask, qpos, kpos, qseg, kseg) -> jax.Array | None:
+def _allowed(
+    mask: _Mask, qpos: jax.Array, kpos: jax.Array, qseg: _Opt, kseg: _Opt
+) -> jax.Array | None:
     """``[b|1, 1, 1, sq, skv]`` True where a query may attend a key, or ``None`` (all)."""
     keep = None
 
@@ -116,7 +122,7 @@ def _allowed(mask: _Mask, qpos, kpos, qseg, kseg) -> jax.Array | None:
     return keep
 
 
-def _logits(q, k, scale: float, keep) -> jax.Array:
+def _logits(q: jax.Array, k: jax.Array, scale: float, keep: _Opt) -> jax.Array:
     """Masked float32 logits ``[b, g, r, sq, skv]`` (``r`` query heads per group)."""
     b, sq, h, d = q.shape
     g = k.shape[2]
@@ -129,7 +135,9 @@ def _logits(q, k, scale: float, keep) -> jax.Array:
     return s
 
 
-def block_attention(q, k, v, scale: float, keep) -> tuple[jax.Array, jax.Array, jax.Array]:
+def block_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, keep: _Opt
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One block of the online softmax: ``(o, m, l)``, ``o`` the float32 unnormalized output
     ``[b, sq, h, d]``, ``m`` the rows' max logit and ``l`` their sum of ``exp(s - m)``
     (``[b, g, r, sq]``). ``keep`` as :func:`_allowed` makes it (True = attend)."""
@@ -142,7 +150,7 @@ def block_attention(q, k, v, scale: float, keep) -> tuple[jax.Array, jax.Array, 
     return o.reshape(b, sq, h, d), m, l_
 
 
-def _merge(acc, blk):
+def _merge(acc: _Stats, blk: _Stats) -> _Stats:
     """Two online-softmax partials ``(o, m, l)`` merged (float32)."""
     o1, m1, l1 = acc
     o2, m2, l2 = blk
@@ -165,13 +173,14 @@ class _Ring(NamedTuple):
     dtype: Any
 
 
-def _shift(cfg: _Ring, tree):
+def _shift(cfg: _Ring, tree: Any) -> Any:
     """``tree`` sent one device along the ring (device ``i`` to ``i + 1``)."""
     perm = [(i, (i + 1) % cfg.size) for i in range(cfg.size)]
     return jax.tree.map(lambda x: jax.lax.ppermute(x, cfg.axis, perm), tree)
 
 
-def _ring_forward(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg):
+def _ring_forward(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg) -> tuple[jax.Array, Any]:
+    """The ring's forward on one device's blocks: ``(out, (row max, row sum))``."""
     acc = None
     kv = (k, v, kpos, kseg)
     for step in range(cfg.size):
@@ -187,16 +196,21 @@ def _ring_forward(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ring(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg):
+def _ring(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg) -> jax.Array:
+    """Ring attention on one device's blocks (inside the ``shard_map``), its backward the
+    ring reversed (:func:`_ring_bwd`)."""
     return _ring_forward(cfg, q, k, v, qpos, kpos, qseg, kseg)[0]
 
 
-def _ring_fwd(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg):
+def _ring_fwd(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg) -> tuple[jax.Array, tuple]:
+    """The forward, saving the local blocks, the output and the softmax statistics."""
     out, stats = _ring_forward(cfg, q, k, v, qpos, kpos, qseg, kseg)
     return out, (q, k, v, qpos, kpos, qseg, kseg, out, stats)
 
 
-def _ring_bwd(cfg: _Ring, res, g_out):
+def _ring_bwd(cfg: _Ring, res: tuple, g_out: jax.Array) -> tuple:
+    """The flash-attention backward, block by block around the ring; the key/value gradients
+    travel with their blocks."""
     q, k, v, qpos, kpos, qseg, kseg, out, (m, l_) = res
     b, sq, h, d = q.shape
     grp = k.shape[2]
@@ -234,7 +248,9 @@ def _ring_bwd(cfg: _Ring, res, g_out):
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-def _all_gather(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg):
+def _all_gather(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg) -> jax.Array:
+    """All-gather attention on one device's queries (inside the ``shard_map``)."""
+
     def gather(t):
         return None if t is None else jax.lax.all_gather(t, cfg.axis, axis=1, tiled=True)
 
