@@ -105,13 +105,14 @@ class DotProductAttention(nn.Module):
 
     Differences from TE: ``dtype`` is the computation/output dtype (default: ``query``'s),
     not a param dtype; ``float32_logits`` has no further effect (the logits and softmax are
-    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects, context parallelism
-    and ``max_segments_per_seq`` are not supported (use ``segment_ids``; their TE arguments,
+    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects and
+    ``max_segments_per_seq`` are not supported (use ``segment_ids``; their TE arguments,
     and ``softmax_type``, ``score_mod``, ``score_mod_bprop``, are accepted at TE's defaults
     only, ValueError otherwise); fully masked rows
     average the values; the dropout mask layout differs from TE's kernels (same distribution).
     FP8 attention is this module's ``fp8_dpa`` (TE has it on the recipe, whose ``fp8_dpa``
-    fp8jax rejects).
+    fp8jax rejects). Context parallelism (``context_parallel_axis``, TE's all-gather and ring
+    strategies) splits the sequence over a mesh axis: docs/parallelism.md.
 
     Attributes:
       head_dim, num_attention_heads: per-head width and query heads (checked against inputs).
