@@ -285,7 +285,8 @@ def context_parallel_attention(
     """Attention of ``query`` ``[b, s, heads, d]`` on ``key``/``value`` ``[b, s, groups, d]``
     (global arrays) with the sequence split over the mesh axis ``axis`` of the current mesh
     (``jax.set_mesh``), the other axes left to XLA (a ``shard_map`` manual over ``axis``
-    only). An axis of size 1 runs :func:`jax.nn.dot_product_attention` on the whole.
+    only). An axis of size 1 runs the same block formula on the whole sequence (the layers
+    run their plain path instead).
 
     Args:
       axis: the context-parallel mesh axis.
