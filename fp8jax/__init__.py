@@ -14,9 +14,15 @@ from fp8jax import ops, sharding
 from fp8jax._support import fp8_support
 from fp8jax.autocast import autocast, fp8_autocast, get_recipe, is_fp8_enabled
 from fp8jax.functional.attention import ATTENTION_ROLES, dot_product_attention
+from fp8jax.functional.context_parallel import CPStrategy, context_parallel_attention
 from fp8jax.functional.dense import CHECKPOINT_NAMES, dense, save_fp8_operands
 from fp8jax.functional.grouped_dense import grouped_dense, grouped_roles
 from fp8jax.functional.layernorm import layernorm_dense
+from fp8jax.functional.load_balancing import (
+    ReorderStrategy,
+    inverse_reorder_causal_load_balancing,
+    reorder_causal_load_balancing,
+)
 from fp8jax.functional.mlp import MLP_ROLES, layernorm_mlp
 from fp8jax.functional.moe import moe, moe_roles
 from fp8jax.ops.casts.quantize import cast_to_representable
@@ -45,6 +51,7 @@ __all__ = [
     "ATTENTION_ROLES",
     "CHECKPOINT_NAMES",
     "MLP_ROLES",
+    "CPStrategy",
     "DelayedScaling",
     "Float8BlockScaling",
     "Float8CurrentScaling",
@@ -54,8 +61,10 @@ __all__ = [
     "MXFP8BlockScaling",
     "MeshResource",
     "Recipe",
+    "ReorderStrategy",
     "autocast",
     "cast_to_representable",
+    "context_parallel_attention",
     "dense",
     "dot_product_attention",
     "fp8_autocast",
@@ -65,6 +74,7 @@ __all__ = [
     "grouped_dense",
     "grouped_roles",
     "init_fp8_meta",
+    "inverse_reorder_causal_load_balancing",
     "is_fp8_enabled",
     "layernorm_dense",
     "layernorm_mlp",
@@ -72,6 +82,7 @@ __all__ = [
     "moe",
     "moe_roles",
     "ops",
+    "reorder_causal_load_balancing",
     "save_fp8_operands",
     "sharding",
     "update_fp8_meta",

@@ -30,8 +30,11 @@ class MeshResource:
       tpsp_resource: tensor parallelism with sequence parallelism (as ``tp_resource`` for the
         weights; the sequence dim of the activations is split over it too).
       fsdp_resource: fully sharded data parallelism (the batch and the weights' model width).
-      pp_resource, cp_resource, ep_resource: pipeline, context and expert parallelism, which
-        fp8jax does not implement: :meth:`axis_rules` refuses them.
+      cp_resource: context parallelism: the sequence dim of the activations is split over it
+        (``length``); name the same axis in the attention's ``context_parallel_axis``.
+      pp_resource, ep_resource: pipeline and expert parallelism, which :meth:`axis_rules`
+        refuses (fp8jax has no pipeline parallelism; its expert parallelism is the MoE
+        layer's own).
     """
 
     dp_resource: str | None = None
@@ -60,15 +63,18 @@ class MeshResource:
         names (those of ``fp8jax.flax.DEFAULT_RULES``) that shard as this ``MeshResource``.
 
         Raises:
-          ValueError: for ``pp_resource``, ``cp_resource`` or ``ep_resource`` (not
-            implemented), or ``tp_resource`` and ``tpsp_resource`` both set.
+          ValueError: for ``pp_resource`` or ``ep_resource`` (not implemented), or
+            ``tp_resource`` and ``tpsp_resource`` (or ``cp_resource`` and ``tpsp_resource``)
+            both set.
         """
-        for name in ("pp_resource", "cp_resource"):
-            if getattr(self, name) is not None:
-                raise ValueError(
-                    f"MeshResource: {name}={getattr(self, name)!r}: fp8jax implements data, "
-                    "FSDP, tensor, sequence and expert parallelism only"
-                )
+        if self.pp_resource is not None:
+            raise ValueError(
+                f"MeshResource: pp_resource={self.pp_resource!r}: fp8jax implements data, "
+                "FSDP, tensor, sequence, context and expert parallelism only"
+            )
+        if self.cp_resource is not None and self.tpsp_resource is not None:
+            raise ValueError("MeshResource: set cp_resource or tpsp_resource, not both (both "
+                             "split the sequence)")  # fmt: skip
         if self.ep_resource is not None:
             raise ValueError(
                 f"MeshResource: ep_resource={self.ep_resource!r}: fp8jax's expert parallelism "
@@ -81,7 +87,7 @@ class MeshResource:
         model = self.tp_resource or self.tpsp_resource
         return (
             ("batch", batch[0] if len(batch) == 1 else (batch or None)),
-            ("length", self.tpsp_resource),
+            ("length", self.tpsp_resource or self.cp_resource),
             ("embed", self.fsdp_resource),
             ("mlp", model),
             ("heads", model),

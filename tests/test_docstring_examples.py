@@ -14,6 +14,8 @@ MODULES = [
     "fp8jax.functional.mlp",
     "fp8jax.functional.grouped_dense",
     "fp8jax.functional.moe",
+    "fp8jax.functional.context_parallel",
+    "fp8jax.functional.load_balancing",
     "fp8jax.ops.gemms.grouped_gemm",
     "fp8jax.ops.block.grouped_scaling",
     "fp8jax.ops.block.rowwise",

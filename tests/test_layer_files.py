@@ -20,6 +20,7 @@ ROOT = Path(fp8jax.layers.__file__).resolve().parents[1]
 PARTS = {
     "grouped_dense": "the experts' GEMM of moe.py",
     "grouped_rowwise": "grouped_dense's row-wise form",
+    "load_balancing": "context parallelism's batch reorder (context_parallel.py)",
 }
 
 

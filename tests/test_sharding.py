@@ -31,10 +31,15 @@ def test_axis_rules_cover_default_rules_names():
     assert dict(MeshResource().axis_rules())["batch"] is None
 
 
-@pytest.mark.parametrize("field", ["pp_resource", "cp_resource"])
-def test_unimplemented_parallelism_is_refused_by_name(field):
-    with pytest.raises(ValueError, match=field):
-        MeshResource(**{field: "x"}).axis_rules()
+def test_unimplemented_parallelism_is_refused_by_name():
+    with pytest.raises(ValueError, match="pp_resource"):
+        MeshResource(pp_resource="x").axis_rules()
+
+
+def test_cp_resource_splits_the_sequence():
+    assert dict(MeshResource(dp_resource="d", cp_resource="c").axis_rules())["length"] == "c"
+    with pytest.raises(ValueError, match="cp_resource or tpsp_resource, not both"):
+        MeshResource(cp_resource="c", tpsp_resource="t").axis_rules()
 
 
 def test_ep_resource_points_at_the_moe_layers_expert_axis():

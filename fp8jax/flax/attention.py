@@ -60,10 +60,7 @@ __all__ = [
 _N_ROLES = len(ATTENTION_ROLES)
 
 # TE arguments accepted only at their defaults.
-_TE_OFF = (
-    "max_segments_per_seq", "context_parallel_causal_load_balanced", "context_parallel_axis",
-    "context_parallel_strategy", "softmax_type", "score_mod", "score_mod_bprop",
-)  # fmt: skip
+_TE_OFF = ("max_segments_per_seq", "softmax_type", "score_mod", "score_mod_bprop")
 
 
 class DotProductAttention(nn.Module):
@@ -108,13 +105,14 @@ class DotProductAttention(nn.Module):
 
     Differences from TE: ``dtype`` is the computation/output dtype (default: ``query``'s),
     not a param dtype; ``float32_logits`` has no further effect (the logits and softmax are
-    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects, context parallelism
-    and ``max_segments_per_seq`` are not supported (use ``segment_ids``; their TE arguments,
+    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects and
+    ``max_segments_per_seq`` are not supported (use ``segment_ids``; their TE arguments,
     and ``softmax_type``, ``score_mod``, ``score_mod_bprop``, are accepted at TE's defaults
     only, ValueError otherwise); fully masked rows
     average the values; the dropout mask layout differs from TE's kernels (same distribution).
     FP8 attention is this module's ``fp8_dpa`` (TE has it on the recipe, whose ``fp8_dpa``
-    fp8jax rejects).
+    fp8jax rejects). Context parallelism (``context_parallel_axis``, TE's all-gather and ring
+    strategies) splits the sequence over a mesh axis: docs/parallelism.md.
 
     Attributes:
       head_dim, num_attention_heads: per-head width and query heads (checked against inputs).
@@ -132,9 +130,16 @@ class DotProductAttention(nn.Module):
       window_size: ``(left, right)``: query ``i`` sees keys ``i-left .. i+right`` (negative:
         unbounded); ``None``: no window.
       context_checkpoint_name: the output's :func:`jax.ad_checkpoint.checkpoint_name` (TE's).
-      max_segments_per_seq, context_parallel_causal_load_balanced, context_parallel_axis,
-        context_parallel_strategy, softmax_type, score_mod, score_mod_bprop: TE's, at its
-        defaults only (see above).
+      context_parallel_axis: the mesh axis the sequence is split over (TE's; ``""``, the
+        default: none; an axis of size 1 runs the plain path). Needs the mesh set with
+        ``jax.set_mesh``; causal and padding (``segment_ids``) masks, windows and GQA work,
+        a bias, dropout, a dense mask and FP8 attention are refused (docs/parallelism.md).
+      context_parallel_strategy: TE's ``"DEFAULT"`` (= ``"ALL_GATHER"``), ``"ALL_GATHER"``
+        or ``"RING"`` (any case, or ``fp8jax.functional.context_parallel.CPStrategy``).
+      context_parallel_causal_load_balanced: the sequence is in TE's DualChunkSwap order
+        (``fp8jax.reorder_causal_load_balancing``); default ``False``.
+      max_segments_per_seq, softmax_type, score_mod, score_mod_bprop: TE's, at its defaults
+        only (see above).
       implementation: ``None`` (cuDNN where it can run, else XLA; see above), ``"xla"`` or
         ``"cudnn"``: the :func:`jax.nn.dot_product_attention` implementation (fp8jax's).
       fp8_dpa: TE's name; default ``False``. With FP8 on (``fp8jax.autocast``, a per-tensor
@@ -204,6 +209,9 @@ class DotProductAttention(nn.Module):
             implementation=self.implementation, segment_ids=segment_ids,
             dropout_rng=None if deterministic else lambda: self.make_rng(self.dropout_rng_name),
             fp8_dpa=self.fp8_dpa, fp8=fp8_call(self, _N_ROLES) if self.fp8_dpa else None,
+            context_parallel_axis=self.context_parallel_axis,
+            context_parallel_strategy=self.context_parallel_strategy,
+            context_parallel_causal_load_balanced=self.context_parallel_causal_load_balanced,
         )  # fmt: skip
 
 
@@ -314,6 +322,9 @@ class MultiHeadAttention(MultiHeadAttentionConfig, nn.Module):
       attention_implementation: ``implementation`` of the attention core.
       fp8_dpa: FP8 attention in the core (:class:`DotProductAttention`'s ``fp8_dpa``; its FP8
         state is the ``attention`` submodule's). Default ``False``.
+      context_parallel_axis, context_parallel_strategy, context_parallel_causal_load_balanced:
+        context parallelism in the core, as :class:`DotProductAttention`'s (fp8jax's
+        addition: TE's ``MultiHeadAttention`` lacks them). Self-attention only.
       low_rank_adaptation_scope, low_rank_adaptation_dim, low_rank_adaptation_alpha,
         enable_sequence_parallel, softmax_type, score_mod, score_mod_bprop, num_heads,
         dropout_rate, output_layernorm, apply_residual_connection_post_layernorm, fuse_qkv:

@@ -114,6 +114,10 @@ class TransformerLayer(TransformerLayerConfig, nn.Module):
         ``fp8_dpa``); default ``False``. Not with the relative position bias (the FP8
         attention takes no bias): set ``enable_relative_embedding=False`` (a rotary embedding
         is fine).
+      context_parallel_axis, context_parallel_strategy, context_parallel_causal_load_balanced:
+        context parallelism in the self-attention (:class:`DotProductAttention`'s; fp8jax's
+        addition, TE's ``TransformerLayer`` lacks them); needs
+        ``enable_relative_embedding=False`` (a bias is not split). Default: off.
 
     Decoding (``decode=True``): the self-attention keeps TE's autoregressive key/value cache
     in the ``"cache"`` collection (see :class:`MultiHeadAttention`). ``init`` (or a first call)

@@ -14,7 +14,8 @@ in both APIs and the two cannot drift apart in what they accept or compute.
 
 Also here: the attention core (:mod:`fp8jax.layers.attention_core`; with ``fp8_dpa``, what it
 does where FP8 attention cannot run: :class:`Fp8AttentionFallback`,
-:func:`strict_fp8_attention`), the key/value cache step,
+:func:`strict_fp8_attention`; with TE's ``context_parallel_*`` arguments,
+:mod:`fp8jax.layers.context_parallel`), the key/value cache step,
 the argument checks (:mod:`fp8jax.layers.checks`) and the activation layout helpers
 (:mod:`fp8jax.layers.layout`). Nothing here is a Flax module.
 """

@@ -154,6 +154,9 @@ class MultiHeadAttentionConfig:
     out_bias_axes: tuple[str | None, ...] = ()
     attention_implementation: str | None = None
     fp8_dpa: bool = False
+    context_parallel_axis: str = ""
+    context_parallel_strategy: str = "DEFAULT"
+    context_parallel_causal_load_balanced: bool = False
     low_rank_adaptation_scope: str = "none"
     low_rank_adaptation_dim: int = 32
     low_rank_adaptation_alpha: float | None = None
@@ -242,6 +245,9 @@ class MultiHeadAttentionConfig:
             scale_factor=1.0 / math.sqrt(d) if self.scale_attn_logits else 1.0,
             transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
             implementation=self.attention_implementation, fp8_dpa=self.fp8_dpa,
+            context_parallel_axis=self.context_parallel_axis,
+            context_parallel_strategy=self.context_parallel_strategy,
+            context_parallel_causal_load_balanced=self.context_parallel_causal_load_balanced,
         )  # fmt: skip
 
     def cache_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from fp8jax.functional.attention import dot_product_attention_observed
 from fp8jax.layers.attention_backend import choose_attention, fp8_dpa_refusal, refuse_or_warn
+from fp8jax.layers.context_parallel import context_parallel_core, resolve_context_parallel
 from fp8jax.ops.base.switch import get_implementation
 from fp8jax.ops.base.switch import implementation as op_implementation
 
@@ -345,13 +346,17 @@ def attention_core(
     dropout_rng: jax.Array | Callable[[], jax.Array] | None = None,
     fp8_dpa: bool = False,
     fp8: Any = None,
+    context_parallel_axis: str = "",
+    context_parallel_strategy: Any = "DEFAULT",
+    context_parallel_causal_load_balanced: bool = False,
 ) -> jax.Array:
     """The attention of :class:`fp8jax.flax.DotProductAttention` as a function (no Flax): the
     arguments are its attributes and its call's, except ``dropout_rng``: the dropout key, or a
     function drawing it (called only when the dropout is active); ``None``: no dropout
     (deterministic); and ``fp8``: the module's FP8 call (``enabled``, ``recipe``, ``meta``,
     ``probe``, ``record``: :class:`fp8jax.flax._variables.Fp8Call` or NNX's), read with
-    ``fp8_dpa`` only.
+    ``fp8_dpa`` only. ``context_parallel_*``: TE's context parallelism
+    (:mod:`fp8jax.layers.context_parallel`).
 
     >>> import jax.numpy as jnp
     >>> q = jnp.ones((2, 5, 4, 8))
@@ -363,6 +368,8 @@ def attention_core(
         head_dim, num_attention_heads, num_gqa_groups, attention_dropout, attn_mask_type,
         qkv_layout, window_size, implementation,
     )  # fmt: skip
+    cp = resolve_context_parallel(owner, context_parallel_axis, context_parallel_strategy,
+                                  context_parallel_causal_load_balanced)  # fmt: skip
     q, k, v = _unpack(layout, query, key, value)
     for name, t in (("query", q), ("key", k), ("value", v)):
         if t.ndim != 4 or not jnp.issubdtype(t.dtype, jnp.floating):
@@ -390,10 +397,25 @@ def attention_core(
     q, k, v = (t.astype(dtype) for t in (q, k, v))
 
     shape = (b, heads, sq, skv)
-    keep = _keep_mask(mask_type, attn_mask_type, sequence_descriptor, segment_ids, shape)
     is_causal = mask_type in ("causal", "padding_causal")
     scale = 1.0 / math.sqrt(head_dim) if scale_factor is None else scale_factor
     bias = _checked_bias(bias, attn_bias_type, scale, shape)
+    dropout = dropout_rng is not None and attention_dropout > 0.0
+    if cp is not None:  # no [s, s] mask is built: the blocks make theirs from segment ids
+        padded = mask_type in ("padding", "padding_causal")
+        if segment_ids is not None and not padded:
+            _keep_mask(mask_type, attn_mask_type, None, segment_ids, shape)  # raises
+        refusals = dict(bias=bias is not None, attention_dropout=dropout,
+                        sequence_descriptor=padded and sequence_descriptor is not None,
+                        fp8_dpa=bool(fp8_dpa and fp8 is not None and fp8.enabled))  # fmt: skip
+        out = context_parallel_core(
+            owner, cp, q, k, v, is_causal=is_causal, window=window, scale=scale, dtype=dtype,
+            segment_ids=segment_ids if padded else None, refusals=refusals,
+        )  # fmt: skip
+        if transpose_batch_sequence:
+            out = jnp.swapaxes(out, 0, 1)
+        return checkpoint_name(out, context_checkpoint_name)
+    keep = _keep_mask(mask_type, attn_mask_type, sequence_descriptor, segment_ids, shape)
 
     jax_window = None
     if window is not None:
@@ -402,7 +424,6 @@ def attention_core(
         if left < big or right < big:
             jax_window = (left, right)
 
-    dropout = dropout_rng is not None and attention_dropout > 0.0
     out = None
     if fp8_dpa and fp8 is not None and fp8.enabled:
         out = _fp8_attention(

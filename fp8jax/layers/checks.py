@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 _LORA = "LoRA (low-rank adaptation) is not implemented"
-_CP = "context parallelism is not implemented"
 
 #: TE argument -> (its off value, why fp8jax supports nothing else).
 OFF: dict[str, tuple[Any, str]] = {
@@ -47,9 +46,6 @@ OFF: dict[str, tuple[Any, str]] = {
     "score_mod": (None, "cuDNN score modifiers are not implemented"),
     "score_mod_bprop": (None, "cuDNN score modifiers are not implemented"),
     "max_segments_per_seq": (1, "packed (THD) layouts are not implemented; use segment_ids"),
-    "context_parallel_causal_load_balanced": (False, _CP),
-    "context_parallel_axis": ("", _CP),
-    "context_parallel_strategy": ("DEFAULT", _CP),
     "dot_1_input_axes": (
         None,
         "the FC1 input exists only inside the fused norm+FP8 cast; constrain the module's "

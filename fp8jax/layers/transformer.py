@@ -90,6 +90,9 @@ class TransformerLayerConfig:
     moe: MoEBlockConfig | None = None
     attention_implementation: str | None = None
     fp8_dpa: bool = False
+    context_parallel_axis: str = ""
+    context_parallel_strategy: str = "DEFAULT"
+    context_parallel_causal_load_balanced: bool = False
 
     def _input_axes(self) -> tuple[str, ...]:
         if not self.logical_axes:
@@ -261,6 +264,9 @@ class TransformerLayerConfig:
             kernel_init=self.mha_kernel_init or default_mha_kernel_init,
             transpose_batch_sequence=self.transpose_batch_sequence, window_size=self.window_size,
             attention_implementation=self.attention_implementation, fp8_dpa=self.fp8_dpa,
+            context_parallel_axis=self.context_parallel_axis,
+            context_parallel_strategy=self.context_parallel_strategy,
+            context_parallel_causal_load_balanced=self.context_parallel_causal_load_balanced,
             **common,
             **self._axes(
                 scale_axes=("embed",), ln_bias_axes=("embed",), qkv_kernel_axes=("embed", "heads"),
@@ -272,8 +278,9 @@ class TransformerLayerConfig:
             "self_attention" if decoder else "attention": MultiHeadAttentionConfig(**attention)
         }
         if decoder:
+            # the encoder's sequence is not split: the cross-attention runs without CP
             cross = dict(attention, input_layernorm=True, attn_mask_type="padding",
-                         attn_bias_type="no_bias")  # fmt: skip
+                         attn_bias_type="no_bias", context_parallel_axis="")  # fmt: skip
             out["encoder_decoder_attention"] = MultiHeadAttentionConfig(**cross)
         if self.enable_relative_embedding and self.relative_embedding is None:
             out["relpos_bias"] = RelativePositionBiasesConfig(**dict(

@@ -136,10 +136,7 @@ _OFF_ARGS = {
         "activation_params", "enable_low_rank_adaptation", "dot_1_input_axes",
         "dot_2_input_axes", "quantization_checkpoint_name",
     ],
-    "DotProductAttention": [
-        "max_segments_per_seq", "context_parallel_causal_load_balanced",
-        "context_parallel_axis", "context_parallel_strategy", *_ATTN,
-    ],
+    "DotProductAttention": ["max_segments_per_seq", *_ATTN],
     "MultiHeadAttention": [
         "low_rank_adaptation_scope", "num_heads", "dropout_rate", "output_layernorm",
         "apply_residual_connection_post_layernorm", "fuse_qkv", *_ATTN,
@@ -151,8 +148,7 @@ _ON = {
     "quantization_checkpoint_name": "quant", "activation_params": {"limit": 7.0},
     "mlp_activation_params": {"limit": 7.0}, "softmax_type": "off_by_one",
     "score_mod": lambda s: s, "score_mod_bprop": lambda s: s, "max_segments_per_seq": 4,
-    "context_parallel_causal_load_balanced": True, "context_parallel_axis": "cp",
-    "context_parallel_strategy": "ALL_GATHER", "dot_1_input_axes": ("batch", None, "embed"),
+    "dot_1_input_axes": ("batch", None, "embed"),
     "dot_2_input_axes": ("batch", None, "mlp"), "num_heads": 2, "dropout_rate": 0.1,
     "output_layernorm": True, "apply_residual_connection_post_layernorm": True, "fuse_qkv": True,
 }  # fmt: skip
