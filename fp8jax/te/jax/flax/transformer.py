@@ -1,9 +1,9 @@
 """TransformerEngine's ``transformer_engine.jax.flax.transformer``: fp8jax's Linen layers.
 
 These are fp8jax's own modules (:mod:`fp8jax.flax`), which follow TE's Linen API; their FP8
-state is in fp8jax's collections (:data:`fp8jax.flax.FP8_META` by default, or the one the
-module's ``fp8_collection`` names) and is updated as fp8jax's train step does
-(docs/porting-from-te.md).
+state is in fp8jax's collections (``"fp8_meta"`` by default, or the one
+:func:`fp8jax.flax.fp8_state_collection` names, e.g. for a train step that takes the state's
+gradient as its next value) with a probe per call in ``"fp8_probe"`` (docs/porting-from-te.md).
 """
 
 from __future__ import annotations
