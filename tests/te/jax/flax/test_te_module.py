@@ -171,14 +171,22 @@ def test_maxtext_step_trains_as_fp8jax_own_module(recipe):
 
 
 class Scanned(nn.Module):
-    """MaxText's scan_layers: the layers under nn.scan, the state collection stacked."""
+    """MaxText's scan_layers: the layers under nn.scan, the state collection stacked;
+    optionally rematerialised, saving what MaxText's policy names "quantization"."""
 
     recipe: Any
+    remat: bool = False
 
     @nn.compact
     def __call__(self, x):
+        def layer(mdl, c, _):
+            return nn.gelu(TEDense(HIDDEN, self.recipe, parent=mdl)(c)), None
+
+        if self.remat:
+            policy = jax.checkpoint_policies.save_only_these_names("quantization")
+            layer = nn.remat(layer, policy=policy)
         body = nn.scan(
-            lambda mdl, c, _: (nn.gelu(TEDense(HIDDEN, self.recipe, parent=mdl)(c)), None),
+            layer,
             variable_axes={"params": 0, OWG: 0},
             split_rngs={"params": True},
             length=2,
@@ -186,9 +194,10 @@ class Scanned(nn.Module):
         return body(self, x, None)[0]
 
 
-def test_scan_layers_each_layer_has_its_own_state():
+@pytest.mark.parametrize("remat", [False, True])
+def test_scan_layers_each_layer_has_its_own_state(remat):
     recipe = te_recipe.DelayedScaling(amax_history_len=4)
-    model = Scanned(recipe)
+    model = Scanned(recipe, remat)
     x, y = _data()
     variables = model.init(jax.random.key(0), x)
 
