@@ -25,6 +25,7 @@ PUBLIC_MODULES = (
     "fp8jax.layers",
     "fp8jax.ops",
     "fp8jax.te",
+    "fp8jax.te.convert",
     "fp8jax.te.common.recipe",
     "fp8jax.te.jax.dense",
     "fp8jax.te.jax.layernorm_dense",

@@ -29,6 +29,7 @@ MODULES = [
     "fp8jax.nnx.moe",
     "fp8jax.nnx.train",
     "fp8jax.nnx.transformer",
+    "fp8jax.te.convert",
 ]
 
 

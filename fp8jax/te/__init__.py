@@ -5,8 +5,10 @@
 ``cpp_extensions``, ``sharding``, ``attention``, ``flax``), each a thin adapter over fp8jax's
 own functions and modules. Names fp8jax does not implement exist and raise
 ``NotImplementedError`` when used. :func:`install` makes ``import transformer_engine`` resolve
-to these (only where TransformerEngine is not installed). The table of what exists and what
-raises: docs/porting-from-te.md, "TE's low-level API (fp8jax.te)".
+to these (only where TransformerEngine is not installed). :func:`convert_te_state` and
+:func:`to_te_state` convert TE's FP8 state in checkpoints to fp8jax's ``fp8_meta`` and back.
+The table of what exists and what raises: docs/porting-from-te.md, "TE's low-level API
+(fp8jax.te)".
 
 >>> import fp8jax.te
 >>> fp8jax.te.install()
@@ -20,5 +22,14 @@ from __future__ import annotations
 
 from fp8jax.te import common, jax
 from fp8jax.te.aliases import install, is_installed, uninstall
+from fp8jax.te.convert import convert_te_state, to_te_state
 
-__all__ = ["common", "install", "is_installed", "jax", "uninstall"]
+__all__ = [
+    "common",
+    "convert_te_state",
+    "install",
+    "is_installed",
+    "jax",
+    "to_te_state",
+    "uninstall",
+]
