@@ -203,3 +203,14 @@ def test_fp8jax_te_collection_converts_to_fp8jax_module_state():
     np.testing.assert_array_equal(got["amax_history"], want["amax_history"])
     np.testing.assert_array_equal(got["scale"], want["scale"])
     assert not np.array_equal(got["scale"], np.ones(3))  # the state moved
+
+
+def test_te_checkpoint_to_fp8jax_te_collection():
+    """A TE checkpoint's collection as fp8jax.te's modules keep it: the same names (MaxText's
+    _overwrite_with_gradient tree restores as is), the histories reversed."""
+    te = {"layers": te_collection(5, lead=(2,))}
+    mine = to_te_state(convert_te_state(te), history_order="fp8jax")
+    assert set(mine["layers"]) == set(te["layers"])
+    for k, v in te["layers"].items():
+        want = v[..., ::-1] if k.endswith("_amax_history") else v
+        np.testing.assert_array_equal(mine["layers"][k], want)
