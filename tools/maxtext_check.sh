@@ -43,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS="$2"; shift 2 ;;
     --only) QUANTS=(none fp8 "$2"); shift 2 ;;
     --scan) SCANS=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "maxtext_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
