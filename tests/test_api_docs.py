@@ -17,8 +17,25 @@ import fp8jax
 
 API = Path(__file__).resolve().parents[1] / "docs" / "api"
 #: Public modules that are not in ``fp8jax.__all__``: the lazily imported front-ends and
-#: optimizer (a star import would import Flax), and the layer spec.
-PUBLIC_MODULES = ("fp8jax.flax", "fp8jax.nnx", "fp8jax.optim", "fp8jax.layers", "fp8jax.ops")
+#: optimizer (a star import would import Flax), the layer spec, and TE's API (fp8jax.te).
+PUBLIC_MODULES = (
+    "fp8jax.flax",
+    "fp8jax.nnx",
+    "fp8jax.optim",
+    "fp8jax.layers",
+    "fp8jax.ops",
+    "fp8jax.te",
+    "fp8jax.te.convert",
+    "fp8jax.te.common.recipe",
+    "fp8jax.te.jax.dense",
+    "fp8jax.te.jax.layernorm_dense",
+    "fp8jax.te.jax.layernorm_mlp",
+    "fp8jax.te.jax.quantize",
+    "fp8jax.te.jax.cpp_extensions",
+    "fp8jax.te.jax.sharding",
+    "fp8jax.te.jax.attention",
+    "fp8jax.te.jax.flax.module",
+)
 _DIRECTIVE = re.compile(
     r"^\.\. auto(module|function|class|data|exception|attribute|method)::\s*(\S+)[ \t]*\n"
     r"((?:[ \t]+:[\w-]+:.*\n(?:[ \t]{6,}\S.*\n)*)*)",

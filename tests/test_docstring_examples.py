@@ -31,6 +31,7 @@ MODULES = [
     "fp8jax.nnx.moe",
     "fp8jax.nnx.train",
     "fp8jax.nnx.transformer",
+    "fp8jax.te.convert",
 ]
 
 

@@ -71,6 +71,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the two front-ends; neither imports the other (test_the_front_ends_are_independent)
     ("flax", ("fp8jax.flax",)),
     ("nnx", ("fp8jax.nnx",)),
+    # TransformerEngine's JAX API at its module paths, adapters over the layers and fp8jax.flax
+    ("te", ("fp8jax.te",)),
 )
 
 #: Imports inside a function that are allowed although they go against the rules, and why.

@@ -19,10 +19,12 @@
 - :func:`linen_twin`: the Linen module of an :mod:`fp8jax.nnx` layer's config.
 
 FP8 state lives in the ``"fp8_meta"`` collection and one probe per call in ``"fp8_probe"``
-(:data:`FP8_META`, :data:`FP8_PROBE`), never in ``params``.
+(:data:`FP8_META`, :data:`FP8_PROBE`), never in ``params``; :func:`fp8_state_collection`
+names another collection for the state (TransformerEngine-style train steps that take the
+state's gradient as its next value, e.g. MaxText's ``"_overwrite_with_gradient"``).
 """
 
-from fp8jax.flax._variables import FP8_META, FP8_PROBE
+from fp8jax.flax._variables import FP8_META, FP8_PROBE, fp8_state_collection
 from fp8jax.flax.attention import DotProductAttention, MultiHeadAttention, RelativePositionBiases
 from fp8jax.flax.calibration import calibrate
 from fp8jax.flax.dense import DEFAULT_RULES, DenseGeneral, Fp8DotGeneral, Fp8Einsum
@@ -59,6 +61,7 @@ __all__ = [
     "accumulate_gradients",
     "all_finite",
     "calibrate",
+    "fp8_state_collection",
     "linen_twin",
     "update_fp8_variables",
     "zero_probes",

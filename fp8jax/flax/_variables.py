@@ -65,7 +65,15 @@ from fp8jax.autocast import get_recipe, is_fp8_enabled, register_block_context
 from fp8jax.recipe import DelayedScaling, Recipe, check_recipe
 from fp8jax.state import DENSE_ROLES, Fp8Meta, backward_roles, state_gradient_link
 
-__all__ = ["FP8_META", "FP8_PROBE", "Fp8Call", "fp8_call", "next_call_index"]
+__all__ = [
+    "FP8_META",
+    "FP8_PROBE",
+    "Fp8Call",
+    "fp8_call",
+    "fp8_state_collection",
+    "meta_collection",
+    "next_call_index",
+]
 
 _N_ROLES = len(DENSE_ROLES)
 _CALL_RE = re.compile(r"call_(\d+)")
@@ -105,13 +113,57 @@ def _variable_axes_hint(collection: str) -> str:
     return (
         f"the {collection!r} collection does not reach this module: a lifted transform around "
         "it (nn.scan, nn.vmap, ...) does not carry it. Give both FP8 collections a variable "
-        "axis, as params has: variable_axes={'params': 0, 'fp8_meta': 0, 'fp8_probe': 0}."
+        f"axis, as params has: variable_axes={{'params': 0, '{meta_collection()}': 0, "
+        f"'{FP8_PROBE}': 0}}."
     )
 
 
 def _where(module: nn.Module) -> str:
     path = "/".join(module.scope.path) if module.scope is not None else ""
     return f"{type(module).__name__} at {path or '<root>'!r}"
+
+
+# The collection of the delayed-scaling state in this thread (fp8_state_collection).
+_state = threading.local()
+
+
+def meta_collection() -> str:
+    """The collection fp8jax's Linen modules keep their delayed-scaling state in: ``"fp8_meta"``
+    (:data:`FP8_META`), or the one the innermost :func:`fp8_state_collection` block names."""
+    return getattr(_state, "name", None) or FP8_META
+
+
+@contextlib.contextmanager
+def fp8_state_collection(name: str) -> Iterator[None]:
+    """Keeps the delayed-scaling state of fp8jax's Linen modules (and ``Fp8DotGeneral``) in
+    collection ``name`` inside the block (``init`` and ``apply`` alike); ``"fp8_meta"``
+    outside any.
+
+    For TransformerEngine-style train steps that differentiate ``params`` and one state
+    collection and take that collection's gradient as its next value (MaxText's
+    ``"_overwrite_with_gradient"``): the probes stay in ``"fp8_probe"``, which such a step
+    passes to ``apply`` as ``init`` returned it without differentiating it. fp8jax's own train
+    step (:class:`Fp8TrainState`, :func:`update_fp8_variables`, :func:`calibrate`) reads
+    ``"fp8_meta"``.
+
+    >>> import flax.linen as nn, jax, jax.numpy as jnp, fp8jax
+    >>> from fp8jax.flax import DenseGeneral, fp8_state_collection
+    >>> with fp8jax.autocast(recipe=fp8jax.DelayedScaling()), fp8_state_collection("fp8_state"):
+    ...     v = DenseGeneral(4).init(jax.random.key(0), jnp.ones((2, 8)))
+    >>> sorted(v)
+    ['fp8_probe', 'fp8_state', 'params']
+    """
+    if not isinstance(name, str) or not name or name in ("params", FP8_PROBE):
+        raise ValueError(
+            f"fp8_state_collection: name must be a collection name other than 'params' and "
+            f"{FP8_PROBE!r}, got {name!r}"
+        )
+    old = getattr(_state, "name", None)
+    _state.name = name
+    try:
+        yield
+    finally:
+        _state.name = old
 
 
 # This thread's running Linen methods, outermost first, while an autocast block is open.
@@ -171,34 +223,31 @@ def next_call_index(module: nn.Module) -> int:
 
 def _meta(module: nn.Module, recipe: DelayedScaling, n_roles: int) -> Fp8Meta:
     length = recipe.amax_history_len
-    if module.is_mutable_collection(FP8_META) and not module.is_initializing():
+    coll = meta_collection()
+    if module.is_mutable_collection(coll) and not module.is_initializing():
         raise ValueError(
-            f"{_where(module)}: apply was called with the {FP8_META!r} collection mutable, but "
+            f"{_where(module)}: apply was called with the {coll!r} collection mutable, but "
             f"nothing in the forward pass updates it: the output-gradient amax exists only in "
             f"the backward pass. The state is updated from the gradients of the "
             f"{FP8_PROBE!r} collection: use fp8jax.flax.Fp8TrainState (apply_gradients) or "
-            f"fp8jax.flax.update_fp8_variables. Pass {FP8_META!r} read-only (leave it out of "
+            f"fp8jax.flax.update_fp8_variables. Pass {coll!r} read-only (leave it out of "
             f"mutable; with mutable=True, list the collections you mean instead)."
         )
-    present = module.has_variable(FP8_META, "amax_history") and module.has_variable(
-        FP8_META, "scale"
-    )
-    if not present and _lifted_away(module, FP8_META):
-        raise ValueError(f"{_where(module)}: {_variable_axes_hint(FP8_META)}")
-    if not present and not module.is_mutable_collection(FP8_META):
+    present = module.has_variable(coll, "amax_history") and module.has_variable(coll, "scale")
+    if not present and _lifted_away(module, coll):
+        raise ValueError(f"{_where(module)}: {_variable_axes_hint(coll)}")
+    if not present and not module.is_mutable_collection(coll):
         raise ValueError(
-            f"{_where(module)}: FP8 is enabled with DelayedScaling but the {FP8_META!r} variables "
+            f"{_where(module)}: FP8 is enabled with DelayedScaling but the {coll!r} variables "
             f"(amax_history, scale) are missing. Initialise the model inside "
             f"fp8jax.autocast(enabled=True, recipe=DelayedScaling(...)) (init creates them) "
-            f"and pass the {FP8_META!r} collection to apply."
+            f"and pass the {coll!r} collection to apply."
         )
-    hist = module.variable(
-        FP8_META, "amax_history", jnp.zeros, (n_roles, length), jnp.float32
-    ).value
-    scale = module.variable(FP8_META, "scale", jnp.ones, (n_roles,), jnp.float32).value
+    hist = module.variable(coll, "amax_history", jnp.zeros, (n_roles, length), jnp.float32).value
+    scale = module.variable(coll, "scale", jnp.ones, (n_roles,), jnp.float32).value
     if jnp.shape(hist) != (n_roles, length) or jnp.shape(scale) != (n_roles,):
         raise ValueError(
-            f"{_where(module)}: {FP8_META!r} has amax_history {jnp.shape(hist)} and scale "
+            f"{_where(module)}: {coll!r} has amax_history {jnp.shape(hist)} and scale "
             f"{jnp.shape(scale)}; the recipe (amax_history_len={length}) wants "
             f"({n_roles}, {length}) and ({n_roles},). Was the model initialised under another "
             "recipe? (Under nn.scan, give fp8_meta a variable axis.)"
@@ -249,7 +298,8 @@ def _probe(module: nn.Module, n_roles: int) -> tuple[jax.Array | None, Any, int]
             f"{_where(module)}: {FP8_PROBE!r} is broadcast over a lifted transform (nn.scan's "
             f"variable_broadcast, nn.vmap's None axis), so every iteration would share one probe "
             f"and autodiff would add up their observations. Give {FP8_PROBE!r} a variable axis: "
-            f"variable_axes={{'{FP8_PROBE}': 0, ...}}, and {FP8_META!r} the axis params have "
+            f"variable_axes={{'{FP8_PROBE}': 0, ...}}, and {meta_collection()!r} the axis "
+            "params have "
             f"(0 for stacked layers; broadcast, with params, for one layer applied at every "
             "step: the probe gradients then have a leading axis that the update max-reduces)."
         )
@@ -270,7 +320,7 @@ def _state_gradient_refusal(module: nn.Module, index: int, has_probe: bool) -> s
     next FP8 state; fp8jax hands that out (:func:`fp8jax.state.state_gradient_link`) where it is
     exact: one call per state. Otherwise taking that gradient is this error at trace time."""
     head = (
-        f"{_where(module)}: the gradient of the {FP8_META!r} collection was taken (as "
+        f"{_where(module)}: the gradient of the {meta_collection()!r} collection was taken (as "
         "TransformerEngine's train step does, to use it as the next FP8 state), but "
     )
     tail = (
@@ -297,9 +347,10 @@ def _state_gradient_refusal(module: nn.Module, index: int, has_probe: bool) -> s
         )
     if _state_broadcast(module, f"call_{index}"):
         return head + (
-            f"{FP8_META!r} is broadcast over a lifted transform (nn.scan, nn.vmap, ...) in "
-            f"which {FP8_PROBE!r} has an axis, so every iteration uses the same state and "
-            f"autodiff would add up their next states. Give {FP8_META!r} the variable axis "
+            f"{meta_collection()!r} is broadcast over a lifted transform (nn.scan, nn.vmap, "
+            f"...) in which {FP8_PROBE!r} has an axis, so every iteration uses the same state "
+            f"and autodiff would add up their next states. Give {meta_collection()!r} the "
+            "variable axis "
             f"{FP8_PROBE!r} has." + tail
         )
     return None
@@ -325,7 +376,7 @@ def _state_broadcast(module: nn.Module, probe_name: str) -> bool:
     """Whether a lifted transform between the apply and ``module`` gives the probe more stacked
     dims than the state (the state is broadcast over iterations that each have a probe)."""
     probe = _outer_ndim(module, FP8_PROBE, probe_name)
-    scale = _outer_ndim(module, FP8_META, "scale")
+    scale = _outer_ndim(module, meta_collection(), "scale")
     return probe is not None and scale is not None and probe > scale
 
 
