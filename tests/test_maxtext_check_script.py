@@ -23,7 +23,8 @@ def test_script_parses_and_helps():
     help_ = _bash(str(SCRIPT), "--help")
     assert help_.returncode == 0
     assert "te_fp8_delayedscaling" in help_.stdout
-    assert "TODO(issue 50)" in help_.stdout and "cudnn_flash_te" in help_.stdout
+    assert "TODO" not in help_.stdout  # cudnn_flash_te is run (issue 50 landed)
+    assert "--attention dot_product|cudnn_flash_te" in help_.stdout and "TEATTN" in help_.stdout
     assert "set -euo" not in help_.stdout  # the header only
 
 

@@ -2,6 +2,7 @@
 # MaxText's TransformerEngine options on fp8jax (issue 51 item 3): train a tiny decoder on CPU.
 #
 #   bash tools/maxtext_check.sh [--steps N] [--only QUANT] [--scan true|false]
+#                               [--attention dot_product|cudnn_flash_te]
 #
 # 1. Creates (once) a Python 3.12 venv at $FP8JAX_MAXTEXT_VENV (default
 #    ${FP8JAX_CACHE:-~/.cache/fp8jax}/maxtext-venv) and installs maxtext==0.2.5 plus the pinned
@@ -27,9 +28,12 @@
 # scales moved off their initial 1 (MaxText's step updates the _overwrite_with_gradient
 # collection). Logs and summary.json: $FP8JAX_MAXTEXT_OUT (default ./maxtext_runs).
 #
-# TODO(issue 50): attention=cudnn_flash_te needs fp8jax.te's DotProductAttention with
-# context_parallel_axis / context_parallel_causal_load_balanced=True (branch issue50). Once it
-# is merged, add "cudnn_flash_te" to ATTENTIONS below. te_nvfp4 is not run: fp8jax has no NVFP4
+# attention=cudnn_flash_te (MaxText's TE attention: transformer_engine's DotProductAttention,
+# here fp8jax.te's, with context_parallel_axis="context", an axis of size 1 on one CPU device)
+# runs under none, fp8 and te_fp8_delayedscaling; each such run passes when, besides the above,
+# it logged the TE attention's arguments ("TEATTN" lines, from a subclass that sitecustomize
+# puts at TE's path) and its last loss is within MAXTEXT_ATTN_RTOL (default 0.01) of the
+# attention=dot_product run's. te_nvfp4 is not run: fp8jax has no NVFP4
 # (recipe.NVFP4BlockScaling raises NotImplementedError when used).
 
 set -euo pipefail
@@ -37,13 +41,15 @@ set -euo pipefail
 STEPS=10
 QUANTS=(none fp8 te_fp8_delayedscaling te_fp8_currentscaling te_mxfp8)
 SCANS=(true false)
-ATTENTIONS=(dot_product)  # TODO(issue 50): add cudnn_flash_te
+ATTENTIONS=(dot_product cudnn_flash_te)
+TE_ATTENTION_QUANTS=" none fp8 te_fp8_delayedscaling "  # the ones run with cudnn_flash_te
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) STEPS="$2"; shift 2 ;;
     --only) QUANTS=(none fp8 "$2"); shift 2 ;;
     --scan) SCANS=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    --attention) ATTENTIONS=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "maxtext_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -56,6 +62,7 @@ PY312="${FP8JAX_PYTHON312:-$HOME/.pyenv/versions/3.12.1/bin/python}"
 MAXTEXT_VERSION="${MAXTEXT_VERSION:-0.2.5}"
 RTOL="${MAXTEXT_LOSS_RTOL:-0.10}"
 FP8_RTOL="${MAXTEXT_FP8_RTOL:-0.01}"
+ATTN_RTOL="${MAXTEXT_ATTN_RTOL:-0.01}"
 mkdir -p "$OUT"
 
 if ! "$VENV/bin/python" -c "import maxtext, ml_collections, datasets" >/dev/null 2>&1; then
@@ -117,6 +124,33 @@ if os.environ.get("FP8JAX_MAXTEXT_TRACE"):
         return qs
 
     module.TransformerEngineBase.generate_quantizer_set = generate_quantizer_set
+
+    import flax.linen as nn
+
+    from fp8jax.te.jax.flax import transformer
+
+    class DotProductAttention(transformer.DotProductAttention):
+        """fp8jax.te's, logging what MaxText passes (once per trace)."""
+
+        @nn.compact
+        def __call__(self, query, key, value, sequence_descriptor=None, *args, **kwargs):
+            mesh = jax.sharding.get_abstract_mesh()
+            axis = self.context_parallel_axis
+            size = None if mesh.empty or axis not in mesh.axis_names else mesh.shape[axis]
+            desc = getattr(sequence_descriptor, "shape", type(sequence_descriptor).__name__)
+            print(
+                f"TEATTN class={type(self).__mro__[1].__module__} q={tuple(query.shape)} "
+                f"attn_mask_type={self.attn_mask_type} qkv_layout={self.qkv_layout} "
+                f"scale_factor={self.scale_factor} window_size={self.window_size} "
+                f"context_parallel_axis={axis} size={size} "
+                f"strategy={self.context_parallel_strategy} "
+                f"load_balanced={self.context_parallel_causal_load_balanced} "
+                f"sequence_descriptor={desc}",
+                flush=True,
+            )
+            return super().__call__(query, key, value, sequence_descriptor, *args, **kwargs)
+
+    transformer.DotProductAttention = DotProductAttention
 PY
 
 CONFIG="$SITE_PACKAGES/maxtext/configs/base.yml"
@@ -144,6 +178,7 @@ status=0
 for attention in "${ATTENTIONS[@]}"; do
   for scan in "${SCANS[@]}"; do
     for quant in "${QUANTS[@]}"; do
+      [[ $attention == cudnn_flash_te && $TE_ATTENTION_QUANTS != *" $quant "* ]] && continue
       run "$quant" "$scan" "$attention" || {
         echo "FAIL $quant scan_layers=$scan attention=$attention (see $OUT/$quant-scan$scan-$attention.log)"
         status=1
@@ -152,12 +187,14 @@ for attention in "${ATTENTIONS[@]}"; do
   done
 done
 
-"$VENV/bin/python" - "$OUT" "$RTOL" "$FP8_RTOL" "$STEPS" "${QUANTS[*]}" "${SCANS[*]}" "${ATTENTIONS[*]}" <<'PY' || status=1
+"$VENV/bin/python" - "$OUT" "$RTOL" "$FP8_RTOL" "$STEPS" "${QUANTS[*]}" "${SCANS[*]}" "${ATTENTIONS[*]}" \
+  "$ATTN_RTOL" "$TE_ATTENTION_QUANTS" <<'PY' || status=1
 import json, os, re, sys
 import importlib.metadata as md
 
 out, rtol, fp8_rtol, steps = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 quants, scans, attentions = (a.split() for a in sys.argv[5:8])
+attn_rtol, te_attention_quants = float(sys.argv[8]), sys.argv[9].split()
 times = dict(line.split(" ", 1) for line in open(f"{out}/times.txt").read().splitlines())
 
 def parse(name):
@@ -165,17 +202,27 @@ def parse(name):
     text = open(path, errors="replace").read() if os.path.exists(path) else ""
     losses = [float(v) for v in re.findall(r"completed step: \d+, .*?\bloss: ([0-9.eE+-]+)", text)]
     state = [dict(re.findall(r"(\w+)=([0-9.eE+-]+)", m)) for m in re.findall(r"^FP8STATE .*$", text, re.M)]
-    return losses, [{k: float(v) for k, v in s.items()} for s in state]
+    attn = re.findall(r"^TEATTN (.*)$", text, re.M)
+    return losses, [{k: float(v) for k, v in s.items()} for s in state], attn
 
 ok, runs = True, []
 for attention in attentions:
     for scan in scans:
-        base, _ = parse(f"none-scan{scan}-{attention}")
-        ref, _ = parse(f"fp8-scan{scan}-{attention}")
+        base, _, _ = parse(f"none-scan{scan}-{attention}")
+        ref, _, _ = parse(f"fp8-scan{scan}-{attention}")
         for q in quants:
+            if attention == "cudnn_flash_te" and q not in te_attention_quants:
+                continue
             name = f"{q}-scan{scan}-{attention}"
-            losses, state = parse(name)
+            losses, state, attn = parse(name)
             good = len(losses) == steps and losses[-1] < losses[0]
+            rel_dp = None
+            if attention == "cudnn_flash_te":  # fp8jax.te's attention ran, and tracks dot_product's
+                dp = parse(f"{q}-scan{scan}-dot_product")[0] if "dot_product" in attentions else None
+                rel_dp = (losses[-1] - dp[-1]) / dp[-1] if dp and losses else None
+                good &= bool(attn) and (rel_dp is None or abs(rel_dp) <= attn_rtol)
+            else:
+                good &= not attn
             rel = rel_fp8 = None
             if q != "none" and base and losses:
                 rel = (losses[-1] - base[-1]) / base[-1]
@@ -193,6 +240,7 @@ for attention in attentions:
             ok &= good
             runs.append({"quantization": q, "scan_layers": scan, "attention": attention,
                          "ok": good, "losses": losses, "rel_to_none_last": rel, "rel_to_fp8_last": rel_fp8,
+                         "rel_to_dot_product_last": rel_dp, "te_attention": attn[0] if attn else None,
                          "state_lines": len(state), "state_moved": moved,
                          "last_state": state[-1] if state else None,
                          "time": times.get(name, "").strip()})
@@ -200,10 +248,12 @@ for attention in attentions:
                   f"{losses[-1] if losses else None} (first {losses[0] if losses else None}), "
                   f"vs none {'' if rel is None else f'{100 * rel:+.2f}%'}, "
                   f"vs fp8 {'' if rel_fp8 is None else f'{100 * rel_fp8:+.2f}%'}, "
+                  f"vs dot_product {'' if rel_dp is None else f'{100 * rel_dp:+.2f}%'}, "
                   f"state lines {len(state)}, moved {moved}; {times.get(name, '').strip()}")
 versions = {p: md.version(p) for p in ("maxtext", "jax", "jaxlib", "flax", "optax")}
 versions["python"] = sys.version.split()[0]
-json.dump({"steps": steps, "rtol": rtol, "fp8_rtol": fp8_rtol, "versions": versions, "runs": runs},
+json.dump({"steps": steps, "rtol": rtol, "fp8_rtol": fp8_rtol, "attn_rtol": attn_rtol,
+           "versions": versions, "runs": runs},
           open(f"{out}/summary.json", "w"), indent=1)
 print("versions:", versions)
 sys.exit(0 if ok else 1)

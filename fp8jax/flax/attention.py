@@ -105,7 +105,8 @@ class DotProductAttention(nn.Module):
 
     Differences from TE: ``dtype`` is the computation/output dtype (default: ``query``'s),
     not a param dtype; ``float32_logits`` has no further effect (the logits and softmax are
-    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects and
+    always float32); the ``THD`` layouts, ``SequenceDescriptor`` objects (which
+    :class:`fp8jax.te.jax.flax.transformer.DotProductAttention` takes) and
     ``max_segments_per_seq`` are not supported (use ``segment_ids``; their TE arguments,
     and ``softmax_type``, ``score_mod``, ``score_mod_bprop``, are accepted at TE's defaults
     only, ValueError otherwise); fully masked rows

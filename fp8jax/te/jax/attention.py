@@ -1,9 +1,13 @@
 """TransformerEngine's ``transformer_engine.jax.attention``: ``SequenceDescriptor`` and the
 mask/layout enums, for the layouts fp8jax's attention supports (padded ``BSHD``/``SBHD``
-batches, with or without segment ids; packed ``THD`` is not implemented).
+batches, with or without segment ids; packed ``THD`` is not implemented), and the context
+parallelism names (``CPStrategy``, ``ReorderStrategy``, ``reorder_causal_load_balancing``,
+``inverse_reorder_causal_load_balancing``: fp8jax's, with TE's members and arguments).
 
-fp8jax's :class:`~fp8jax.flax.DotProductAttention` takes its mask and segment ids as arrays:
-:meth:`SequenceDescriptor.segment_ids_pair` gives the ``segment_ids`` argument.
+:class:`fp8jax.te.jax.flax.transformer.DotProductAttention` takes a ``SequenceDescriptor`` as
+its ``sequence_descriptor``, as TE's does; fp8jax's own :class:`~fp8jax.flax.DotProductAttention`
+takes segment ids as an array: :meth:`SequenceDescriptor.segment_ids_pair` gives its
+``segment_ids`` argument.
 
 >>> import jax.numpy as jnp
 >>> d = SequenceDescriptor.from_seqlens((jnp.array([2, 3]), jnp.array([2, 3])))
@@ -20,7 +24,23 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-__all__ = ["AttnBiasType", "AttnMaskType", "QKVLayout", "SequenceDescriptor"]
+from fp8jax.functional.context_parallel import CPStrategy
+from fp8jax.functional.load_balancing import (
+    ReorderStrategy,
+    inverse_reorder_causal_load_balancing,
+    reorder_causal_load_balancing,
+)
+
+__all__ = [
+    "AttnBiasType",
+    "AttnMaskType",
+    "CPStrategy",
+    "QKVLayout",
+    "ReorderStrategy",
+    "SequenceDescriptor",
+    "inverse_reorder_causal_load_balancing",
+    "reorder_causal_load_balancing",
+]
 
 
 class AttnMaskType(enum.Enum):
