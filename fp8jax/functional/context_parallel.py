@@ -248,13 +248,33 @@ def _ring_bwd(cfg: _Ring, res: tuple, g_out: jax.Array) -> tuple:
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _gather_tokens(t: jax.Array, axis: str) -> jax.Array:
+    """The keys or values of every device along ``axis`` (their dim 1, tokens), in order."""
+    return jax.lax.all_gather(t, axis, axis=1, tiled=True)
+
+
+def _gather_tokens_fwd(t: jax.Array, axis: str) -> tuple[jax.Array, None]:
+    return _gather_tokens(t, axis), None
+
+
+def _gather_tokens_bwd(axis: str, _: None, g: jax.Array) -> tuple[jax.Array]:
+    # Each device's share of the gathered gradient, summed over the axis in float32 (as the
+    # ring's travelling dK/dV): a bfloat16 reduce-scatter, what autodiff of all_gather gives,
+    # also aborts XLA:CPU's compiler (AllReducePromotion: "Invalid binary instruction opcode
+    # copy", JAX 0.12).
+    part = jax.lax.psum_scatter(g.astype(jnp.float32), axis, scatter_dimension=1, tiled=True)
+    return (part.astype(g.dtype),)
+
+
+_gather_tokens.defvjp(_gather_tokens_fwd, _gather_tokens_bwd)
+
+
 def _all_gather(cfg: _Ring, q, k, v, qpos, kpos, qseg, kseg) -> jax.Array:
     """All-gather attention on one device's queries (inside the ``shard_map``)."""
-
-    def gather(t):
-        return None if t is None else jax.lax.all_gather(t, cfg.axis, axis=1, tiled=True)
-
-    k, v, kseg = gather(k), gather(v), gather(kseg)
+    k, v = _gather_tokens(k, cfg.axis), _gather_tokens(v, cfg.axis)
+    if kseg is not None:
+        kseg = jax.lax.all_gather(kseg, cfg.axis, axis=1, tiled=True)
     kpos = jax.lax.all_gather(kpos, cfg.axis, axis=0, tiled=True)
     o, _, l_ = block_attention(q, k, v, cfg.scale, _allowed(cfg.mask, qpos, kpos, qseg, kseg))
     return (o / _rows(l_)).astype(cfg.dtype)
