@@ -483,8 +483,9 @@ class Float8RowwiseScaling(Recipe):
     Scale rule (per row): ``scale = fp8_max / max(amax, amax_epsilon)``, 1 for an amax of 0,
     subnormal, inf or NaN, rounded down to a power of two with ``power_2_scale`` (the rule of
     ``Float8BlockScaling``'s blocks, a row being one block; NaNs are left out of the amax, so a
-    NaN stays NaN without changing its row's scale). Reference path only: no kernels yet
-    (issue 49), so the casts and GEMMs run as XLA ops on every platform.
+    NaN stays NaN without changing its row's scale). The casts are kernels
+    (:func:`fp8jax.ops.rowwise_quantize`); the GEMM is XLA's reference unless
+    ``gemm_options(rowwise_cublaslt=True)`` sends it to cuBLASLt (opt-in, never run on a GPU).
 
     >>> Float8RowwiseScaling()  # doctest: +NORMALIZE_WHITESPACE
     Float8RowwiseScaling(fp8_format=Format.E4M3, power_2_scale=True, amax_epsilon=0.0,
